@@ -1,0 +1,63 @@
+"""nbddp: run multi-GPU (or multi-CPU) PyTorch training from a notebook.
+
+Public API only; see README.md. Importing nbddp in a notebook or script
+starts the forkserver in the background (torch preloaded, CUDA untouched)
+so the first launch is fast; set ``NBDDP_PREWARM=0`` to opt out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+from .config import LaunchConfig
+from .errors import (
+    ConfigError,
+    LaunchTimeout,
+    NbddpError,
+    PayloadError,
+    RankError,
+    RankExitedError,
+    WorkerError,
+)
+from .launch import Launcher, launch, notebook_launcher, spawn
+from .metrics import log
+from .run import Run, RunResult
+from .starters import ZYGOTE
+
+__all__ = [
+    "ConfigError",
+    "LaunchConfig",
+    "LaunchTimeout",
+    "Launcher",
+    "NbddpError",
+    "PayloadError",
+    "RankError",
+    "RankExitedError",
+    "Run",
+    "RunResult",
+    "WorkerError",
+    "launch",
+    "log",
+    "notebook_launcher",
+    "shutdown",
+    "spawn",
+]
+
+__version__ = "0.1.0"
+
+
+def shutdown() -> None:
+    """Stop nbddp's background forkserver (it restarts on the next launch)."""
+    ZYGOTE.close()
+
+
+def _prewarm() -> None:
+    # Only the notebook (or script) prewarms: never a worker or the zygote itself.
+    if os.environ.get("NBDDP_ROLE") or os.environ.get("NBDDP_PREWARM", "1") == "0":
+        return
+    ZYGOTE.prewarm()
+
+
+atexit.register(shutdown)
+_prewarm()

@@ -1,0 +1,89 @@
+"""Which GPUs the notebook can see, found without initialising CUDA here.
+
+Contract: ``visible_gpus()`` returns the GPUs as the notebook addresses them
+(ordinals 0..n-1 after ``CUDA_VISIBLE_DEVICES``), each paired with the token
+that selects it in a child's ``CUDA_VISIBLE_DEVICES``. It never creates a
+CUDA context in the notebook process: ``torch.cuda.device_count()`` calls
+``cudaGetDeviceCount``, which initialises the driver, and a driver that was
+initialised before a fork is what breaks fork-based launchers. So we count
+the GPUs the NVIDIA kernel driver lists under ``/proc`` and apply
+``CUDA_VISIBLE_DEVICES`` the way the CUDA runtime does. When the notebook
+has already initialised CUDA itself, asking torch costs nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+NVIDIA_PROC_DIR = Path("/proc/driver/nvidia/gpus")
+
+
+@dataclass(frozen=True)
+class VisibleGpus:
+    """The GPUs the notebook sees. ``tokens[i]`` selects notebook GPU ``i`` in a child."""
+
+    tokens: tuple[str, ...]
+    source: str  # what the count was read from, for error messages
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def describe(self) -> str:
+        """A short phrase for messages: "2 visible (CUDA_VISIBLE_DEVICES=0,1)"."""
+        return f"{len(self.tokens)} visible ({self.source})"
+
+
+def parse_visible_devices(value: str, physical_count: int) -> tuple[str, ...]:
+    """Apply ``CUDA_VISIBLE_DEVICES`` as the CUDA runtime does.
+
+    Entries are integers or UUID/MIG names; the runtime stops at the first
+    entry that is invalid (an index out of range, a negative number, garbage)
+    and ignores the rest. An empty value hides every GPU.
+    """
+    tokens: list[str] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            break
+        if entry.startswith(("GPU-", "MIG-")):
+            tokens.append(entry)
+            continue
+        try:
+            index = int(entry)
+        except ValueError:
+            break
+        if index < 0 or index >= physical_count or str(index) in tokens:
+            break
+        tokens.append(str(index))
+    return tuple(tokens)
+
+
+def _count_physical(proc_dir: Path) -> int:
+    try:
+        return sum(1 for _ in proc_dir.iterdir())
+    except OSError:
+        return 0
+
+
+def visible_gpus(
+    environ: Mapping[str, str] | None = None, proc_dir: Path = NVIDIA_PROC_DIR
+) -> VisibleGpus:
+    """The GPUs this process may use, without initialising CUDA (see module doc)."""
+    env = os.environ if environ is None else environ
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        count = int(torch.cuda.device_count())
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        if cvd is not None:
+            tokens = tuple(t.strip() for t in cvd.split(","))[:count]
+            return VisibleGpus(tokens, f"CUDA_VISIBLE_DEVICES={cvd}")
+        return VisibleGpus(tuple(str(i) for i in range(count)), "torch.cuda")
+    physical = _count_physical(proc_dir)
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return VisibleGpus(tuple(str(i) for i in range(physical)), f"{physical} in {proc_dir}")
+    return VisibleGpus(parse_visible_devices(cvd, physical), f"CUDA_VISIBLE_DEVICES={cvd}")

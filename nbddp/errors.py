@@ -1,0 +1,83 @@
+"""The exceptions nbddp raises in the notebook.
+
+Contract: configuration and payload problems raise *before* any process
+starts (``ConfigError``, ``PayloadError``); problems of a running job raise
+after every rank has been stopped and its output collected (``RankError``
+and its subclasses, ``LaunchTimeout``). A rank's own exception is re-raised
+with its original type whenever it can be unpickled in the notebook; the
+classes here are the fallback and the carriers of rank information.
+"""
+
+from __future__ import annotations
+
+
+class NbddpError(Exception):
+    """Base class of every error nbddp itself raises."""
+
+
+class ConfigError(NbddpError, ValueError):
+    """A launch option is invalid. Raised before any process starts."""
+
+
+class PayloadError(NbddpError, TypeError):
+    """The function or its arguments cannot be sent to the workers."""
+
+
+class RankError(NbddpError, RuntimeError):
+    """A rank failed. ``rank`` is the failing rank, ``log_path`` its full log."""
+
+    def __init__(self, message: str, *, rank: int, log_path: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.log_path = log_path
+
+
+class WorkerError(RankError):
+    """A rank raised an exception whose type could not be rebuilt here.
+
+    ``remote_type`` is the qualified name of the original type and
+    ``remote_traceback`` the traceback text as the rank printed it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        remote_type: str,
+        remote_traceback: str,
+        log_path: str | None = None,
+    ) -> None:
+        super().__init__(message, rank=rank, log_path=log_path)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+
+class RankExitedError(RankError):
+    """A rank ended without returning: a non-zero exit code or a signal."""
+
+    def __init__(
+        self, message: str, *, rank: int, exit_code: int | None, log_path: str | None = None
+    ) -> None:
+        super().__init__(message, rank=rank, log_path=log_path)
+        self.exit_code = exit_code
+
+
+class LaunchTimeout(NbddpError, TimeoutError):
+    """The run exceeded its ``timeout`` and was stopped."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's traceback text as the ``__cause__`` of the re-raised exception.
+
+    Python prints a cause before the exception itself, so the notebook shows
+    the rank's own traceback (where the error really happened) and then the
+    local line that re-raised it.
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb

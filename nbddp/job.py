@@ -1,0 +1,295 @@
+"""The job: the one object that owns a run's processes.
+
+Contract: ``Job(config, payload).start()`` chooses the port, starts one
+worker per rank, sends each its ``RunOrder`` and hands its fds to a
+``Relay``. From then on the job's state changes only on the relay loop
+thread, in the ``RelaySink`` callbacks; other threads read it through
+``snapshot()``-style properties and ``events`` (a queue of display events),
+and ask for changes with ``stop()`` / ``dump_stacks()``.
+
+Policy: when a rank fails (raises, exits non-zero, dies by a signal) the
+others get ``failure_grace`` seconds to report their own errors, then are
+stopped: they would otherwise block in a collective until the backend's
+timeout. Stopping a rank sends SIGTERM to its whole process group (its
+DataLoader workers too), then SIGKILL after ``kill_grace``. ``timeout``
+dumps every rank's stacks into its output, then stops the run. ``done``
+is set once every rank has exited and all its output has been read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from threading import Event
+from typing import Any
+
+import psutil
+
+from . import protocol
+from .config import LaunchConfig
+from .ports import choose_port
+from .protocol import ErrorInfo, RunOrder
+from .relay import Relay, RankPipes
+from .starters import PARENT_FDS, Child, ChildFds, starter
+
+ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
+
+
+@dataclass
+class RankState:
+    """What the notebook knows about one rank. Written on the relay loop only."""
+
+    rank: int
+    pid: int | None = None
+    state: str = "starting"  # starting, running, done, failed, stopped
+    exit_code: int | None = None
+    exited: bool = False
+    closed: bool = False
+    value: bytes | None = None
+    error: ErrorInfo | None = None
+    exit_request: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first failure of a run: its root cause."""
+
+    rank: int
+    kind: str  # error, exit, signal, lost, start
+    error: ErrorInfo | None = None
+    exit_code: int | None = None
+
+
+def run_base_dir() -> Path:
+    """Where run directories go: a per-user directory under the temp dir, mode 0700."""
+    base = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
+        # Someone else made it, or it is open to others: do not write logs there.
+        base = Path(tempfile.mkdtemp(prefix="nbddp-"))
+    return base
+
+
+class Job:
+    """One run's processes (see module contract)."""
+
+    def __init__(self, config: LaunchConfig, payload: bytes) -> None:
+        self.config = config
+        self.payload = payload
+        self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.log_dir = Path(tempfile.mkdtemp(prefix=f"run-{self.run_id}-", dir=run_base_dir()))
+        self.ranks = [RankState(r) for r in range(config.world_size)]
+        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.done = Event()
+        self.port: int | None = None
+        self.failure: Failure | None = None
+        self.stop_reason: str | None = None  # stopped, failed, timeout, interrupted
+        self.started_at = time.monotonic()
+        self.ended_at: float | None = None
+        self._relay = Relay(self.log_dir, self)
+        self._loop = self._relay.loop
+        self._stop_scheduled = False
+        self._pipes: dict[int, RankPipes] = {}
+
+    # -- starting ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every rank (caller thread). Raises if a worker cannot be started."""
+        self.port, notice = choose_port(
+            self.config.master_addr, self.config.port, fallback=self.config.port_fallback
+        )
+        if notice:
+            self.events.put(("notice", notice))
+        start = starter(self.config.start_method)
+        base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
+        links: list[tuple[socket.socket, RunOrder]] = []
+        try:
+            for state in self.ranks:
+                env = {**base_env, **self.config.rank_env(state.rank, self.port)}
+                links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
+        except BaseException:
+            self.stop("failed")
+            raise
+        for state, (sock, order) in zip(self.ranks, links, strict=True):
+            try:
+                # Blocking send: the worker reads its order as soon as it runs.
+                protocol.send(sock, "run", order)
+            except OSError:
+                pass  # it already died; the relay reports how
+            self._relay.attach(state.rank, self._pipes[state.rank])
+        if self.config.timeout is not None:
+            self._loop.call(self._arm_timeout, self.config.timeout)
+
+    def _start_rank(self, start: Any, state: RankState, env: dict[str, str]) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        PARENT_FDS.update((ours.fileno(), out_r, err_r))
+        try:
+            child: Child = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
+        finally:
+            theirs.close()
+            os.close(out_w)
+            os.close(err_w)
+        PARENT_FDS.add(child.status_fd)
+        state.pid = child.pid
+        self._pipes[state.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
+        return ours
+
+    def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
+        return RunOrder(
+            rank=rank,
+            env=env,
+            payload=self.payload,
+            sys_path=list(sys.path),
+            cwd=os.getcwd(),
+            init_process_group=self.config.init_process_group,
+            backend=self.config.backend,
+            set_cuda_device=self.config.device == "cuda",
+        )
+
+    # -- requests from other threads --------------------------------------
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop every rank (any thread): SIGTERM to each process group, SIGKILL after grace."""
+        self._loop.call(self._stop, reason)
+
+    def dump_stacks(self) -> None:
+        """Ask every running rank to write all its threads' Python stacks to its stderr."""
+        self._loop.call(self._signal_all, signal.SIGUSR1, False)
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid of the ranks started so far."""
+        return {s.rank: s.pid for s in self.ranks if s.pid is not None}
+
+    # -- relay callbacks (loop thread) -------------------------------------
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        """Forward output to the display queue."""
+        self.events.put(("output", rank, stream, text))
+
+    def on_message(self, rank: int, kind: str, body: Any) -> None:
+        """Handle a worker message."""
+        state = self.ranks[rank]
+        if kind == "started":
+            state.state = "running"
+            self.events.put(("state", rank, "running"))
+        elif kind == "result":
+            state.value = body
+        elif kind == "error":
+            state.error = body
+            self._fail(Failure(rank, "error", error=body))
+        elif kind == "exit":
+            state.exit_request = int(body)
+        elif kind == "metric":
+            self.events.put(("metric", rank, body))
+
+    def on_exit(self, rank: int, code: int | None) -> None:
+        """Classify a rank's exit; a failure stops the others."""
+        state = self.ranks[rank]
+        state.exited, state.exit_code, state.ended_at = True, code, time.monotonic()
+        if state.error is not None:
+            state.state = "failed"
+        elif code == 0:
+            state.state = "done"
+        elif self.stop_reason is not None and state.value is None:
+            state.state = "stopped"
+        else:
+            state.state = "failed"
+            kind = "exit" if code is not None and code > 0 else ("signal" if code else "lost")
+            self._fail(Failure(rank, kind, exit_code=code))
+        self.events.put(("state", rank, state.state))
+        if not state.closed:
+            # Children the rank left (DataLoader workers) may still hold its pipes.
+            self._loop.call_later(ORPHAN_GRACE, self._reap_orphans, rank)
+
+    def on_closed(self, rank: int) -> None:
+        """A rank's output is complete; the job is done when all are."""
+        state = self.ranks[rank]
+        state.closed = True
+        if all(s.closed for s in self.ranks):
+            self.ended_at = time.monotonic()
+            self.events.put(("done",))
+            self.done.set()
+
+    # -- loop-thread internals ---------------------------------------------
+
+    def _fail(self, failure: Failure) -> None:
+        if self.failure is None:
+            self.failure = failure
+        if not self._stop_scheduled:
+            self._stop_scheduled = True
+            self._loop.call_later(self.config.failure_grace, self._stop, "failed")
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop_scheduled = True
+        if self._signal_all(signal.SIGTERM, True):
+            self._loop.call_later(self.config.kill_grace, self._signal_all, signal.SIGKILL, True)
+
+    def _signal_all(self, sig: int, include_orphans: bool) -> bool:
+        """Signal each rank's process group; True if any process was still there.
+
+        An exited rank is signalled only with ``include_orphans`` and only
+        until its pipes close: its group id cannot be reused while members
+        remain, but once they are gone the number could name someone else's.
+        """
+        any_alive = False
+        for state in self.ranks:
+            if state.pid is None or state.closed or (state.exited and not include_orphans):
+                continue
+            any_alive |= _signal_group(state.pid, sig, tree=not state.exited)
+        return any_alive
+
+    def _reap_orphans(self, rank: int) -> None:
+        state = self.ranks[rank]
+        if state.closed or state.pid is None:
+            return
+        _signal_group(state.pid, signal.SIGKILL, tree=False)
+        self._loop.call_later(ORPHAN_GRACE, self._relay.force_close, rank)
+
+    def _arm_timeout(self, seconds: float) -> None:
+        def expire() -> None:
+            if self.done.is_set():
+                return
+            self.events.put(("notice", f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+            self._signal_all(signal.SIGUSR1, False)
+            self.stop_reason = self.stop_reason or "timeout"
+            # Give faulthandler a moment to write the stacks before SIGTERM.
+            self._loop.call_later(0.5, self._stop, "timeout")
+
+        self._loop.call_later(seconds, expire)
+
+
+def _signal_group(pid: int, sig: int, *, tree: bool) -> bool:
+    """Signal the process group led by ``pid``; with ``tree``, its live descendants too.
+
+    ``tree`` only while ``pid`` is known to be our live rank: a reaped pid
+    may already belong to another process.
+    """
+    alive = False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+        alive = True
+    if not tree:
+        return alive
+    # Descendants that left the group (setsid) are still found through the tree.
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+                alive = True
+    return alive
+

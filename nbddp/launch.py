@@ -1,0 +1,218 @@
+"""The launch entry points: ``launch``, ``Launcher``, ``notebook_launcher``, ``spawn``.
+
+Contract: each validates its options (``LaunchConfig``) and serialises the
+call (``Payload``) before any process starts, then starts a ``Job`` and
+either waits for it (showing output live, returning rank 0's value,
+raising a failing rank's error) or, with ``block=False``, returns the
+``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
+signatures of accelerate's and torch.multiprocessing's functions so that
+changing the import is the whole migration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+
+from .config import LaunchConfig
+from .devices import visible_gpus
+from .display.text import TextDisplay
+from .errors import ConfigError
+from .job import Job
+from .payload import LARGE_PAYLOAD_BYTES, Payload
+from .run import Display, Run
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Output = Literal["all", "rank0", "none"]
+
+
+def make_display(output: str) -> Display | None:
+    """The display for ``output``: every rank, rank 0 only, or nothing but notices."""
+    if output == "all":
+        return TextDisplay()
+    if output == "rank0":
+        return TextDisplay(ranks={0})
+    if output == "none":
+        return TextDisplay(ranks=set())
+    raise ConfigError(f"unknown output {output!r}; choose one of all, rank0, none")
+
+
+def start_run(config: LaunchConfig, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any], output: str = "all") -> Run:
+    """Serialise the call, start the job and return its handle (the shared core)."""
+    display = make_display(output)
+    payload = Payload.serialize(fn, args, kwargs)
+    if display is not None:
+        for notice in config.notices:
+            display.notice(notice)
+        if len(payload) > LARGE_PAYLOAD_BYTES:
+            display.notice(
+                f"the payload is {len(payload) >> 20} MiB and is copied to every rank; "
+                "load large data inside the function instead"
+            )
+    job = Job(config, payload)
+    job.start()
+    return Run(job, display)
+
+
+@dataclass(frozen=True)
+class Launcher(Generic[P, R]):
+    """Launch options held apart from the call, so ``run`` keeps ``fn``'s exact types.
+
+    ``Launcher(procs=2).run(train, data, epochs=3)`` is ``launch(train, data,
+    epochs=3, procs=2)`` for type checkers that check ``train``'s parameters.
+    """
+
+    options: dict[str, Any] = field(default_factory=dict)
+    output: str = "all"
+
+    def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's value."""
+        config = LaunchConfig.build(**self.options)
+        result = start_run(config, fn, args, kwargs, self.output).wait()
+        return result.values.get(0)  # type: ignore[no-any-return]
+
+
+@overload
+def launch(
+    fn: Callable[..., R], *args: Any, block: Literal[True] = ..., **kwargs: Any
+) -> R: ...
+@overload
+def launch(fn: Callable[..., R], *args: Any, block: Literal[False], **kwargs: Any) -> Run: ...
+def launch(  # noqa: PLR0913 - mirrors the documented public signature
+    fn: Callable[..., R],
+    *args: Any,
+    gpus: int | Sequence[int] | None = None,
+    procs: int | None = None,
+    start_method: str = "forkserver",
+    master_addr: str = "127.0.0.1",
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    mixed_precision: str = "no",
+    backend: str | None = None,
+    init_process_group: bool = False,
+    output: str = "all",
+    block: bool = True,
+    **kwargs: Any,
+) -> R | Run:
+    """Run ``fn(*args, **kwargs)`` on every rank and return rank 0's return value.
+
+    ``gpus``: a count or a list of GPU ids (one process each, nccl).
+    ``procs``: that many CPU processes (gloo), GPUs hidden from them.
+    With neither: every visible GPU, or 2 CPU processes and a notice.
+    ``port``: the rendezvous port (default: a free one per run).
+    ``env``: extra environment variables for every rank.
+    ``timeout``: seconds before the run is stopped (stacks dumped first).
+    ``mixed_precision``: no, fp16, bf16 or fp8, seen by ``Accelerator()``.
+    ``init_process_group``: initialise the default group before calling ``fn``.
+    ``output``: all, rank0 or none (every rank's output is logged regardless).
+    ``block=False``: return the ``Run`` handle at once.
+
+    Keyword arguments not listed here go to ``fn``; to pass ``fn`` an
+    argument that has one of these names, bind it with ``functools.partial``.
+    For exact static typing of ``fn``'s parameters use ``Launcher``.
+    """
+    config = LaunchConfig.build(
+        gpus=gpus,
+        procs=procs,
+        start_method=start_method,
+        master_addr=master_addr,
+        port=port,
+        env=env,
+        timeout=timeout,
+        mixed_precision=mixed_precision,
+        backend=backend,
+        init_process_group=init_process_group,
+    )
+    run = start_run(config, fn, args, kwargs, output)
+    if not block:
+        return run
+    return run.wait().values.get(0)  # type: ignore[no-any-return]
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> Any:
+    """accelerate's ``notebook_launcher``, done right: returns rank 0's value.
+
+    Works after the notebook used CUDA (forkserver, not fork); on a machine
+    without GPUs runs ``num_processes`` CPU ranks that form one gloo group;
+    picks another port when ``use_port`` is busy (and says so); exports
+    ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
+    ``mixed_precision``. Multi-node options raise ``ConfigError`` for now.
+    ``monitor_interval`` and ``log_line_prefix_template`` are accepted and unused.
+    """
+    del monitor_interval, log_line_prefix_template, rdzv_id, rdzv_conf
+    if num_nodes != 1 or node_rank != 0 or rdzv_endpoint or rdzv_backend != "static":
+        raise ConfigError(
+            "multi-node launches (num_nodes, node_rank, rdzv_*) are not supported yet; "
+            "run on one machine with num_nodes=1"
+        )
+    if max_restarts:
+        raise ConfigError("max_restarts is not supported yet; use max_restarts=0")
+    use_gpus = len(visible_gpus()) > 0
+    config = LaunchConfig.build(
+        gpus=num_processes if use_gpus else None,
+        procs=None if use_gpus else num_processes,
+        mixed_precision=mixed_precision,
+        master_addr=master_addr,
+        port=use_port,
+        port_fallback=True,
+    )
+    return start_run(config, function, tuple(args), {}).wait().values.get(0)
+
+
+@dataclass(frozen=True)
+class _WithRank:
+    """``fn(rank, *args)``, as torch.multiprocessing.spawn calls it."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(int(os.environ["RANK"]), *args)
+
+
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    nprocs: int = 1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str | None = None,
+) -> Run | None:
+    """torch.multiprocessing's ``spawn``: ``fn(rank, *args)`` on ``nprocs`` processes.
+
+    As with torch, the ranks see the notebook's devices and choose their own
+    (``cuda:rank``); the torch.distributed environment variables are set too.
+    ``start_method`` defaults to nbddp's forkserver (torch's default, a
+    fresh interpreter per process, is ``"spawn"``). With ``join=False``
+    returns the ``Run`` (its ``join()`` waits). ``daemon`` is accepted and
+    unused: ranks never outlive the notebook anyway.
+    """
+    del daemon
+    config = LaunchConfig.build(
+        procs=nprocs, inherit_devices=True, start_method=start_method or "forkserver"
+    )
+    run = start_run(config, _WithRank(fn), tuple(args), {})
+    if not join:
+        return run
+    run.wait()
+    return None

@@ -1,0 +1,159 @@
+"""The payload: the function and its arguments, serialised once with cloudpickle.
+
+Contract: ``Payload.serialize(fn, args, kwargs)`` returns bytes that every
+rank unpickles with ``Payload.from_bytes``. Functions, lambdas, closures and
+classes defined in ``__main__`` (a notebook or a script) travel by value,
+so workers never re-import or re-run the script. When something cannot be
+pickled, ``PayloadError`` names the object, the path by which it was
+reached (``train -> closure 'conn' (sqlite3.Connection)``) and what to do;
+this happens before any process starts.
+
+Non-goals: sharing large tensors without copying (a later stage), and
+objects that only make sense in one process (locks, open files, sockets,
+generators, database connections): those must be created inside the function.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from .errors import PayloadError
+
+LARGE_PAYLOAD_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a rank calls: ``fn(*args, **kwargs)``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class Payload:
+    """Serialisation of a ``Call`` (see module contract)."""
+
+    @staticmethod
+    def serialize(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        """Pickle the call once; ``PayloadError`` explains any failure."""
+        if not callable(fn):
+            raise PayloadError(
+                f"the function to launch must be callable, got {type(fn).__name__} {fn!r:.60}"
+            )
+        try:
+            return bytes(cloudpickle.dumps(Call(fn, tuple(args), dict(kwargs))))
+        except Exception as exc:
+            raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Call:
+        """Rebuild the call in a worker."""
+        call = cloudpickle.loads(data)
+        if not isinstance(call, Call):
+            raise TypeError(f"payload holds {type(call).__name__}, not a Call")
+        return call
+
+
+def _explain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> str:
+    roots: list[tuple[str, Any]] = [(_name(fn), fn)]
+    roots += [(f"argument {i}", a) for i, a in enumerate(args)]
+    roots += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for label, obj in roots:
+        path = _find_unpicklable(obj, [label], set(), depth=0)
+        if path is not None:
+            culprit = path[-1]
+            return (
+                f"cannot send {' -> '.join(path[:-1])} to the workers: "
+                f"{culprit} cannot be pickled ({_short(exc)}). "
+                "Create it inside the function instead of capturing it, "
+                "or pass what is needed to build it (a path, a config)."
+            )
+    return (
+        f"cannot send {_name(fn)} and its arguments to the workers: {_short(exc)}. "
+        "Create unpicklable objects (locks, open files, connections) inside the function."
+    )
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _name(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+def _pickles(obj: object) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+def _describe(obj: object) -> str:
+    cls = type(obj)
+    mod = cls.__module__
+    return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
+
+
+def _find_unpicklable(obj: object, path: list[str], seen: set[int], depth: int) -> list[str] | None:
+    """The path to the innermost object that fails to pickle, or None if ``obj`` pickles."""
+    if id(obj) in seen or depth > 12 or _pickles(obj):
+        return None
+    seen.add(id(obj))
+    for label, child in _children(obj):
+        found = _find_unpicklable(child, [*path, label], seen, depth + 1)
+        if found is not None:
+            return found
+    # Nothing inside fails on its own: this object is the culprit.
+    return [*path, f"({_describe(obj)})"]
+
+
+def _children(obj: object) -> Iterator[tuple[str, object]]:
+    """The objects pickling ``obj`` would also pickle, labelled for a path."""
+    if isinstance(obj, types.FunctionType):
+        yield from _function_children(obj)
+    elif isinstance(obj, types.MethodType):
+        yield "bound to", obj.__self__
+        yield _name(obj.__func__), obj.__func__
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r:.40}]", value
+    elif isinstance(obj, list | tuple | set | frozenset):
+        for i, value in enumerate(obj):
+            yield f"[{i}]", value
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType):
+        for key, value in vars(obj).items():
+            yield f".{key}", value
+
+
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[str, object]]:
+    code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            yield f"closure {name!r}", cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+    for name in _global_names(code):
+        if name in fn.__globals__:
+            value = fn.__globals__[name]
+            if not isinstance(value, types.ModuleType):
+                yield f"global {name!r}", value
+    for i, default in enumerate(fn.__defaults__ or ()):
+        yield f"default {i}", default
+    for key, default in (fn.__kwdefaults__ or {}).items():
+        yield f"default {key!r}", default
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)

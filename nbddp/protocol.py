@@ -1,0 +1,108 @@
+"""Messages between the notebook and a worker, over a private socketpair.
+
+Contract: a message is ``(kind, body)`` pickled and framed with an 8-byte
+length. The socketpair is created by the notebook and inherited by exactly
+one worker, so the only peer that can write to it is that worker: there is
+no address anyone else could connect to (see DESIGN.md, Safety).
+
+Kinds, worker -> notebook: ``started`` (pid), ``result`` (cloudpickled
+value), ``error`` (``ErrorInfo``), ``metric`` (dict), ``exit`` (code a
+rank asked for with ``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+HEADER = struct.Struct("!Q")
+MAX_FRAME = 1 << 40
+
+
+@dataclass(frozen=True)
+class RunOrder:
+    """What a worker needs to run its rank."""
+
+    rank: int
+    env: dict[str, str]
+    payload: bytes
+    sys_path: list[str]
+    cwd: str
+    init_process_group: bool
+    backend: str
+    set_cuda_device: bool
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A rank's exception, in a form that always crosses the process boundary."""
+
+    type_name: str
+    message: str
+    traceback: str
+    exc_bytes: bytes | None  # the exception itself, when it survives a pickle round trip
+
+
+def encode(kind: str, body: Any) -> bytes:
+    """One framed message."""
+    data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+def send(sock: socket.socket, kind: str, body: Any) -> None:
+    """Send one message (blocking). Callers that share ``sock`` hold a lock."""
+    sock.sendall(encode(kind, body))
+
+
+def recv(sock: socket.socket) -> tuple[str, Any] | None:
+    """Receive one message (blocking); None when the peer has closed."""
+    header = _recv_exact(sock, HEADER.size)
+    if header is None:
+        return None
+    (length,) = HEADER.unpack(header)
+    data = _recv_exact(sock, length)
+    if data is None:
+        return None
+    kind, body = pickle.loads(data)
+    return str(kind), body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+class FrameReader:
+    """Incremental, non-blocking decoder for the notebook side's event loop."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[str, Any]]:
+        """Add received bytes; return every message now complete."""
+        self._buf += data
+        out: list[tuple[str, Any]] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > MAX_FRAME:
+                raise ValueError(f"frame of {length} bytes: the channel is corrupt")
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            kind, body = pickle.loads(bytes(self._buf[HEADER.size : end]))
+            del self._buf[:end]
+            out.append((str(kind), body))
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still buffered."""
+        return len(self._buf)

@@ -1,0 +1,207 @@
+"""The relay: reads every rank's stdout, stderr, messages and exit status.
+
+Contract: one event loop thread per notebook process (``loop()``) serves
+every run. ``Relay.attach(rank, pipes)`` hands a rank's notebook-side fds to
+it; from then on, on the loop thread and without ever blocking on a rank,
+the relay appends each stdout/stderr chunk to the rank's log file (raw
+bytes, nothing dropped) and reports to its ``RelaySink``:
+``on_output`` (decoded text, in order per stream), ``on_message``,
+``on_exit`` (exit code, None if it was lost), then ``on_closed`` once every
+fd of the rank has reached EOF and been closed. A rank's output is complete
+when ``on_closed`` is called. Sinks must return quickly: they run on the
+shared loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .protocol import FrameReader
+from .starters import PARENT_FDS, STATUS
+
+READ_SIZE = 1 << 16
+
+
+class EventLoopThread:
+    """An asyncio loop running forever in one daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="nbddp-relay", daemon=True)
+        self.thread.start()
+
+    def call(self, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` on the loop thread (from any thread)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def call_later(self, delay: float, fn: Callable[..., object], *args: object) -> asyncio.TimerHandle:
+        """Schedule ``fn(*args)``; only call this on the loop thread."""
+        return self.loop.call_later(delay, fn, *args)
+
+
+_LOOP: EventLoopThread | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def loop() -> EventLoopThread:
+    """The process-wide relay loop, started on first use."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = EventLoopThread()
+        return _LOOP
+
+
+class RelaySink(Protocol):
+    """Receives a run's events on the loop thread."""
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        """Decoded text a rank wrote to ``stream`` ("stdout" or "stderr")."""
+
+    def on_message(self, rank: int, kind: str, body: Any) -> None:
+        """A message the rank's worker sent (see ``protocol``)."""
+
+    def on_exit(self, rank: int, code: int | None) -> None:
+        """The rank's process exited with ``code`` (None: status lost)."""
+
+    def on_closed(self, rank: int) -> None:
+        """Every fd of the rank is closed: its output is complete."""
+
+
+@dataclass
+class RankPipes:
+    """The notebook's ends of one rank's fds."""
+
+    out: int
+    err: int
+    ctrl: socket.socket
+    status: int
+
+    def fds(self) -> list[int]:
+        """All of them, as numbers."""
+        return [self.out, self.err, self.ctrl.fileno(), self.status]
+
+
+@dataclass
+class _RankState:
+    pipes: RankPipes
+    log: int
+    open_fds: set[int] = field(default_factory=set)
+    decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+    frames: FrameReader = field(default_factory=FrameReader)
+    exit_reported: bool = False
+    ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
+
+
+class Relay:
+    """One run's reader (see module contract)."""
+
+    def __init__(self, log_dir: Path, sink: RelaySink) -> None:
+        self.log_dir = log_dir
+        self.sink = sink
+        self.loop = loop()
+        self._ranks: dict[int, _RankState] = {}
+
+    def log_path(self, rank: int) -> Path:
+        """Where ``rank``'s full output is kept."""
+        return self.log_dir / f"rank{rank}.log"
+
+    def attach(self, rank: int, pipes: RankPipes) -> None:
+        """Start relaying ``rank`` (any thread). The relay now owns ``pipes``."""
+        for fd in pipes.fds():
+            PARENT_FDS.add(fd)
+        self.loop.call(self._attach, rank, pipes)
+
+    def force_close(self, rank: int) -> None:
+        """Stop reading ``rank`` now (loop thread): used when orphans hold its pipes."""
+        state = self._ranks.get(rank)
+        if state is not None:
+            for fd in list(state.open_fds):
+                self._close_fd(rank, state, fd)
+
+    def _attach(self, rank: int, pipes: RankPipes) -> None:
+        log = os.open(self.log_path(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        state = _RankState(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
+        self._ranks[rank] = state
+        for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
+            state.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            os.set_blocking(fd, False)
+            self.loop.loop.add_reader(fd, self._on_stream, rank, stream, fd)
+        pipes.ctrl.setblocking(False)
+        self.loop.loop.add_reader(pipes.ctrl.fileno(), self._on_ctrl, rank)
+        os.set_blocking(pipes.status, False)
+        self.loop.loop.add_reader(pipes.status, self._on_status, rank)
+
+    def _on_stream(self, rank: int, stream: str, fd: int) -> None:
+        state = self._ranks[rank]
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        decoder = state.decoders[stream]
+        if not data:
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                self.sink.on_output(rank, stream, tail)
+            self._close_fd(rank, state, fd)
+            return
+        os.write(state.log, data)
+        text = decoder.decode(data)
+        if text:
+            self.sink.on_output(rank, stream, text)
+
+    def _on_ctrl(self, rank: int) -> None:
+        state = self._ranks[rank]
+        sock = state.pipes.ctrl
+        try:
+            data = sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(rank, state, state.ctrl_fd)
+            return
+        for kind, body in state.frames.feed(data):
+            self.sink.on_message(rank, kind, body)
+
+    def _on_status(self, rank: int) -> None:
+        state = self._ranks[rank]
+        fd = state.pipes.status
+        try:
+            data = os.read(fd, STATUS.size)
+        except BlockingIOError:
+            return
+        code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
+        state.exit_reported = True
+        self.sink.on_exit(rank, code)
+        self._close_fd(rank, state, fd)
+
+    def _close_fd(self, rank: int, state: _RankState, fd: int) -> None:
+        if fd not in state.open_fds:
+            return
+        state.open_fds.discard(fd)
+        self.loop.loop.remove_reader(fd)
+        PARENT_FDS.discard(fd)
+        if fd == state.ctrl_fd:
+            state.pipes.ctrl.close()
+        else:
+            os.close(fd)
+        if fd == state.pipes.status and not state.exit_reported:
+            # Forced close before the exit code arrived: report it as lost.
+            state.exit_reported = True
+            self.sink.on_exit(rank, None)
+        if not state.open_fds:
+            os.close(state.log)
+            self.sink.on_closed(rank)
+

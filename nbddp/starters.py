@@ -1,0 +1,246 @@
+"""Starting one worker process, by forkserver (the zygote), spawn or fork.
+
+Contract: ``starter(method).start(fds, env)`` starts a process that is the
+leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
+``worker.serve`` on ``fds.ctrl``; it returns a ``Child`` whose
+``status_fd`` becomes readable once, with the 8-byte exit code (negative:
+killed by that signal), when the process has exited. The caller keeps
+ownership of ``fds`` and closes its copies after ``start`` returns.
+
+Every start method runs the same worker and none re-imports ``__main__``:
+spawn execs ``python -c`` (never the user's script), and fork/zygote
+children go straight to ``worker.serve``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from . import worker
+
+STATUS = struct.Struct("!q")
+ZYGOTE_REPLY_TIMEOUT = 120.0
+
+PARENT_FDS: set[int] = set()
+"""File descriptors the notebook keeps for itself (relay ends, zygote link).
+
+A forked child must close them: a rank that held another rank's pipe, or
+its own link's notebook end, would keep those from ever reaching EOF."""
+
+
+@dataclass(frozen=True)
+class ChildFds:
+    """The child's ends: its link to the notebook, and the stdout/stderr pipe write ends."""
+
+    ctrl: int
+    out: int
+    err: int
+
+
+@dataclass(frozen=True)
+class Child:
+    """A started worker: its pid and the fd that reports its exit code."""
+
+    pid: int
+    status_fd: int
+
+
+class Starter(Protocol):
+    """Starts workers one way (see module contract)."""
+
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+        """Start one worker."""
+        ...
+
+
+def package_pythonpath(env: dict[str, str]) -> str:
+    """``PYTHONPATH`` for a fresh interpreter that must import this very nbddp."""
+    root = str(Path(__file__).resolve().parent.parent)
+    parts = [root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]]
+    return os.pathsep.join(parts)
+
+
+def _report_exit(status_w: int, code: int) -> None:
+    os.write(status_w, STATUS.pack(code))
+    os.close(status_w)
+
+
+class SpawnStarter:
+    """A fresh interpreter per rank: slowest (imports torch each time), always safe."""
+
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+        child_env = dict(env, PYTHONPATH=package_pythonpath(env))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import nbddp.worker as w; w.spawned_main()", str(fds.ctrl)],
+            stdin=subprocess.DEVNULL,
+            stdout=fds.out,
+            stderr=fds.err,
+            pass_fds=(fds.ctrl,),
+            env=child_env,
+            start_new_session=True,
+        )
+        status_r, status_w = os.pipe()
+        # Why a thread: the notebook is the parent and must reap; Popen.wait blocks.
+        threading.Thread(
+            target=lambda: _report_exit(status_w, proc.wait()), name="nbddp-reap", daemon=True
+        ).start()
+        return Child(proc.pid, status_r)
+
+
+def run_forked_worker(fds: ChildFds, close: set[int]) -> None:
+    """The body of a forked child (fork starter and zygote): never returns."""
+    code = 1
+    try:
+        os.setsid()
+        for fd in close - {fds.ctrl, fds.out, fds.err}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        worker.reset_signals()
+        worker.redirect_stdio(fds.out, fds.err)
+        code = worker.serve(socket.socket(fileno=fds.ctrl))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+class ForkStarter:
+    """Fork the notebook itself, as accelerate does: breaks if the notebook used CUDA."""
+
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+        status_r, status_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            run_forked_worker(fds, {*PARENT_FDS, status_r, status_w})
+
+        def reap() -> None:
+            _, status = os.waitpid(pid, 0)
+            _report_exit(status_w, os.waitstatus_to_exitcode(status))
+
+        # Why a thread: the notebook is the parent and must reap; waitpid blocks.
+        threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
+        return Child(pid, status_r)
+
+
+class ZygoteStarter:
+    """Fork from the zygote: a server process with torch imported that never touches CUDA.
+
+    One zygote per notebook process, started on first use (or by
+    ``prewarm``). It exits when the notebook closes the link or dies.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The zygote's pid while it runs."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def prewarm(self) -> None:
+        """Start the zygote now so that its torch import overlaps the user's work."""
+        with self._lock:
+            self._ensure_running()
+
+    def _ensure_running(self) -> socket.socket:
+        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
+            return self._sock
+        self._close_locked()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ, NBDDP_ROLE="zygote")
+        env["PYTHONPATH"] = package_pythonpath(env)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", "import nbddp.zygote as z; z.main()", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
+            )
+        self._sock = ours
+        PARENT_FDS.add(ours.fileno())
+        return ours
+
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+        with self._lock:
+            for attempt in (1, 2):
+                sock = self._ensure_running()
+                status_r, status_w = os.pipe()
+                try:
+                    socket.send_fds(sock, [b"F"], [status_w, fds.ctrl, fds.out, fds.err])
+                except OSError:
+                    os.close(status_r)
+                    os.close(status_w)
+                    self._close_locked()  # the zygote died: start a new one once
+                    if attempt == 2:
+                        raise
+                    continue
+                os.close(status_w)
+                return Child(self._read_pid(status_r), status_r)
+        raise AssertionError("unreachable")
+
+    def _read_pid(self, status_r: int) -> int:
+        # Why a timeout: the first request waits for the zygote's torch import
+        # (seconds); a zygote that never answers must not hang the notebook.
+        ready, _, _ = select.select([status_r], [], [], ZYGOTE_REPLY_TIMEOUT)
+        data = os.read(status_r, STATUS.size) if ready else b""
+        if len(data) != STATUS.size:
+            os.close(status_r)
+            self._close_locked()
+            raise RuntimeError(
+                "nbddp's forkserver did not start a worker (see the kernel's log); "
+                "retry, or use start_method='spawn'"
+            )
+        return int(STATUS.unpack(data)[0])
+
+    def close(self) -> None:
+        """Stop the zygote (running workers are not affected)."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._sock is not None:
+            PARENT_FDS.discard(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+ZYGOTE = ZygoteStarter()
+
+
+def starter(method: str) -> Starter:
+    """The starter for a start method name (validated by ``LaunchConfig``)."""
+    if method == "forkserver":
+        return ZYGOTE
+    if method == "spawn":
+        return SpawnStarter()
+    if method == "fork":
+        return ForkStarter()
+    raise ValueError(f"unknown start method {method!r}")

@@ -1,0 +1,269 @@
+"""The worker: the entry point of one rank's process.
+
+Contract: ``serve(ctrl)`` waits for one ``RunOrder`` on ``ctrl``, sets up the
+rank (environment, ``sys.path``, working directory, torch threads, CUDA
+device, optionally the process group), calls the function and sends back
+exactly one of ``result`` / ``error`` / ``exit``, then returns the process
+exit code. The worker is one-shot: it serves one order and exits.
+
+Before ``serve`` the starter has already made the process the leader of its
+own session (so stopping it can signal the whole group, DataLoader workers
+included) and pointed fd 1 and fd 2 at pipes the notebook reads, so C/C++
+output and faulthandler dumps reach the notebook like ``print`` does, and
+every byte written before a crash is already out of this process.
+
+The worker watches its link to the notebook: if the notebook goes away
+(kernel restart, kernel killed), the link reaches EOF and the worker kills
+its own process group at once.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from . import protocol
+from .payload import Payload
+from .protocol import ErrorInfo, RunOrder
+
+
+class Channel:
+    """The rank's side of its link to the notebook; safe to use from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, body: Any) -> None:
+        """Send one message; silently dropped if the notebook has gone (we are dying then)."""
+        data = protocol.encode(kind, body)
+        with self._lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                pass
+
+
+CHANNEL: Channel | None = None
+"""The running rank's channel; None outside a worker (``nbddp.log`` is then a no-op)."""
+
+
+def redirect_stdio(out_fd: int, err_fd: int) -> None:
+    """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over them.
+
+    Used by starters that fork (a spawned worker gets its fds from Popen).
+    Line buffering matches a terminal: a line leaves the process when it
+    ends, and ``flush()`` (which tqdm calls) sends partial lines.
+    """
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    for fd in {out_fd, err_fd} - {1, 2}:
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = _text_stream(1)
+    sys.stderr = _text_stream(2)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+
+
+def reset_signals() -> None:
+    """Give the rank default signal behaviour, whatever its parent had installed."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+
+
+def _watch_link(sock: socket.socket) -> None:
+    """Block on the link; when the notebook is gone, take the whole group down."""
+    while True:
+        try:
+            msg = protocol.recv(sock)
+        except OSError:
+            msg = None
+        if msg is None:
+            break
+    # Why SIGKILL to the group: the notebook that would collect our output and
+    # stop our children no longer exists; nothing of this rank may outlive it.
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _apply_order(order: RunOrder) -> None:
+    os.environ.clear()
+    os.environ.update(order.env)
+    sys.path[:] = order.sys_path
+    try:
+        os.chdir(order.cwd)
+    except OSError as exc:
+        print(f"nbddp: could not enter {order.cwd}: {exc}", file=sys.stderr)
+
+
+def _prepare_torch(order: RunOrder) -> None:
+    torch = sys.modules.get("torch")
+    threads = order.env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit():
+        # torch was imported before this rank's environment was set (forkserver,
+        # fork), so apply the thread count it would have read at import.
+        torch.set_num_threads(int(threads))
+    if order.set_cuda_device or order.init_process_group:
+        import torch as torch_mod
+
+        if order.set_cuda_device:
+            torch_mod.cuda.set_device(int(order.env["LOCAL_RANK"]))
+        if order.init_process_group:
+            import torch.distributed as dist
+
+            dist.init_process_group(backend=order.backend)
+
+
+def _destroy_process_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # the run's outcome is already decided; report and go on
+        print(f"nbddp: destroy_process_group failed: {exc}", file=sys.stderr)
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every CUDA tensor in plain containers moved to the CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value
+    if isinstance(value, dict):
+        return type(value)((k, to_cpu(v)) for k, v in value.items()) if _rebuildable(value) else value
+    if isinstance(value, list | tuple) and _rebuildable(value):
+        items = [to_cpu(v) for v in value]
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    return value
+
+
+def _rebuildable(value: object) -> bool:
+    return type(value) in (dict, list, tuple) or hasattr(value, "_fields")
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """Describe ``exc`` so that the notebook can re-raise it (see ``protocol.ErrorInfo``)."""
+    tb = exc.__traceback__
+    # Drop the worker's own frame: the user wants to see their code.
+    text = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+    try:
+        exc_bytes: bytes | None = cloudpickle.dumps(exc)
+        pickle.loads(exc_bytes)
+    except Exception:
+        exc_bytes = None
+    return ErrorInfo(
+        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=str(exc),
+        traceback=text,
+        exc_bytes=exc_bytes,
+    )
+
+
+def _call(order: RunOrder) -> Any:
+    _prepare_torch(order)
+    call = Payload.from_bytes(order.payload)
+    return call.fn(*call.args, **call.kwargs)
+
+
+def serve(ctrl: socket.socket) -> int:
+    """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
+    global CHANNEL
+    msg = protocol.recv(ctrl)
+    if msg is None or msg[0] != "run":
+        return 1  # the notebook went away before sending work
+    order: RunOrder = msg[1]
+    _apply_order(order)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    channel = CHANNEL = Channel(ctrl)
+    threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
+    channel.send("started", os.getpid())
+    try:
+        value = _call(order)
+    except SystemExit as exc:
+        return _report_exit(channel, exc)
+    except BaseException as exc:
+        channel.send("error", error_info(exc))
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        _flush()
+        return 1
+    finally:
+        _destroy_process_group()
+    return _report_result(channel, value)
+
+
+def _report_exit(channel: Channel, exc: SystemExit) -> int:
+    code = exc.code
+    if code is None or code == 0:
+        channel.send("result", cloudpickle.dumps(None))
+        _flush()
+        return 0
+    if not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    channel.send("exit", code)
+    _flush()
+    return code
+
+
+def _report_result(channel: Channel, value: Any) -> int:
+    try:
+        data = cloudpickle.dumps(to_cpu(value))
+    except Exception as exc:
+        err = TypeError(
+            f"the return value ({type(value).__name__}) cannot be pickled: {exc}; "
+            "return plain data (numbers, tensors, dicts) instead"
+        )
+        channel.send("error", error_info(err))
+        _flush()
+        return 1
+    channel.send("result", data)
+    _flush()
+    return 0
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def spawned_main() -> None:
+    """Entry of a spawned worker: ``python -c "...spawned_main()" CTRL_FD``.
+
+    The spawn starter already set the session, stdio and environment. This
+    runs as ``nbddp.worker`` (not ``__main__``) so ``nbddp.log`` finds ``CHANNEL``.
+    """
+    ctrl = socket.socket(fileno=int(sys.argv[1]))
+    code = serve(ctrl)
+    _flush()
+    # Why os._exit: like multiprocessing's children, a rank does not wait for
+    # non-daemon threads the user's code left behind, nor run their atexit hooks.
+    os._exit(code)
