@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from .devices import VisibleGpus, visible_gpus
 from .errors import ConfigError
@@ -66,7 +66,7 @@ class LaunchConfig:
     """One-line notices for the user about defaults that were chosen."""
 
     @classmethod
-    def build(  # noqa: C901 - one flat list of checks reads best in one place
+    def build(
         cls,
         *,
         gpus: int | Sequence[int] | None = None,
@@ -118,8 +118,10 @@ class LaunchConfig:
                 f"no GPU visible: running {DEFAULT_CPU_PROCS} CPU processes (gloo); "
                 "pass procs=N to choose how many"
             )
-        start = _choice("start_method", start_method, StartMethod)
-        mp = _choice("mixed_precision", str(mixed_precision).lower(), MixedPrecision)
+        start: StartMethod = _choice("start_method", start_method, StartMethod)
+        mp: MixedPrecision = _choice(
+            "mixed_precision", str(mixed_precision).lower(), MixedPrecision
+        )
         chosen_backend: Backend
         if backend is None:
             chosen_backend = "nccl" if device == "cuda" else "gloo"
@@ -200,7 +202,7 @@ def _select_gpus(gpus: int | Sequence[int], vis: VisibleGpus) -> tuple[str, ...]
             )
         return vis.tokens[:count]
     try:
-        ids = list(gpus)
+        ids = list(cast(Sequence[int], gpus))
     except TypeError:
         raise ConfigError(f"gpus must be a count or a list of GPU ids, got {gpus!r}") from None
     if not ids:
@@ -215,11 +217,12 @@ def _select_gpus(gpus: int | Sequence[int], vis: VisibleGpus) -> tuple[str, ...]
     return tuple(vis.tokens[i] for i in ids)
 
 
-def _choice(name: str, value: object, options: object) -> str:
+def _choice(name: str, value: object, options: Any) -> Any:
+    """``value`` if it is one of the ``Literal`` type ``options``, else ConfigError."""
     allowed: tuple[str, ...] = get_args(options)
     if value not in allowed:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
-    return str(value)
+    return value
 
 
 def _master_addr(addr: object) -> str:

@@ -38,7 +38,7 @@ from . import protocol
 from .config import LaunchConfig
 from .ports import choose_port
 from .protocol import ErrorInfo, RunOrder
-from .relay import Relay, RankPipes
+from .relay import RankPipes, Relay
 from .starters import PARENT_FDS, Child, ChildFds, starter
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
@@ -264,7 +264,9 @@ class Job:
         def expire() -> None:
             if self.done.is_set():
                 return
-            self.events.put(("notice", f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+            self.events.put(
+                ("notice", f"timeout of {seconds:g}s reached: dumping stacks, stopping")
+            )
             self._signal_all(signal.SIGUSR1, False)
             self.stop_reason = self.stop_reason or "timeout"
             # Give faulthandler a moment to write the stacks before SIGTERM.
@@ -292,4 +294,3 @@ def _signal_group(pid: int, sig: int, *, tree: bool) -> bool:
                 proc.send_signal(sig)
                 alive = True
     return alive
-

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
 from .config import LaunchConfig
 from .devices import visible_gpus
@@ -40,8 +40,13 @@ def make_display(output: str) -> Display | None:
     raise ConfigError(f"unknown output {output!r}; choose one of all, rank0, none")
 
 
-def start_run(config: LaunchConfig, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], output: str = "all") -> Run:
+def start_run(
+    config: LaunchConfig,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    output: str = "all",
+) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
     display = make_display(output)
     payload = Payload.serialize(fn, args, kwargs)
@@ -73,16 +78,14 @@ class Launcher(Generic[P, R]):
         """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's value."""
         config = LaunchConfig.build(**self.options)
         result = start_run(config, fn, args, kwargs, self.output).wait()
-        return result.values.get(0)  # type: ignore[no-any-return]
+        return cast(R, result.values.get(0))
 
 
 @overload
-def launch(
-    fn: Callable[..., R], *args: Any, block: Literal[True] = ..., **kwargs: Any
-) -> R: ...
+def launch(fn: Callable[..., R], *args: Any, block: Literal[True] = ..., **kwargs: Any) -> R: ...
 @overload
 def launch(fn: Callable[..., R], *args: Any, block: Literal[False], **kwargs: Any) -> Run: ...
-def launch(  # noqa: PLR0913 - mirrors the documented public signature
+def launch(
     fn: Callable[..., R],
     *args: Any,
     gpus: int | Sequence[int] | None = None,
@@ -131,7 +134,7 @@ def launch(  # noqa: PLR0913 - mirrors the documented public signature
     run = start_run(config, fn, args, kwargs, output)
     if not block:
         return run
-    return run.wait().values.get(0)  # type: ignore[no-any-return]
+    return cast(R, run.wait().values.get(0))
 
 
 def notebook_launcher(

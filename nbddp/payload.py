@@ -60,7 +60,9 @@ class Payload:
         return call
 
 
-def _explain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> str:
+def _explain(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception
+) -> str:
     roots: list[tuple[str, Any]] = [(_name(fn), fn)]
     roots += [(f"argument {i}", a) for i, a in enumerate(args)]
     roots += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]

@@ -35,14 +35,18 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="nbddp-relay", daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="nbddp-relay", daemon=True
+        )
         self.thread.start()
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` on the loop thread (from any thread)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def call_later(self, delay: float, fn: Callable[..., object], *args: object) -> asyncio.TimerHandle:
+    def call_later(
+        self, delay: float, fn: Callable[..., object], *args: object
+    ) -> asyncio.TimerHandle:
         """Schedule ``fn(*args)``; only call this on the loop thread."""
         return self.loop.call_later(delay, fn, *args)
 
@@ -204,4 +208,3 @@ class Relay:
         if not state.open_fds:
             os.close(state.log)
             self.sink.on_closed(rank)
-

@@ -191,8 +191,9 @@ class Run:
         job = self.job
         values: dict[int, Any] = {}
         for state in job.ranks:
-            if state.value is not None:
-                values[state.rank] = cloudpickle.loads(state.value)
+            data = state.value
+            if data is not None:
+                values[state.rank] = cloudpickle.loads(data)
         failure: BaseException | None = None
         if job.failure is not None:
             failure = build_error(job.failure, self.log_dir)
@@ -221,7 +222,7 @@ def _main_thread() -> bool:
 
 
 def describe_exit(code: int | None) -> str:
-    """"exit code 3", "signal SIGSEGV (Segmentation fault)", or "an unknown status"."""
+    """ "exit code 3", "signal SIGSEGV (Segmentation fault)", or "an unknown status"."""
     if code is None:
         return "an unknown status (its exit code was lost)"
     if code >= 0:

@@ -155,7 +155,9 @@ def to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu() if value.device.type != "cpu" else value
     if isinstance(value, dict):
-        return type(value)((k, to_cpu(v)) for k, v in value.items()) if _rebuildable(value) else value
+        return (
+            type(value)((k, to_cpu(v)) for k, v in value.items()) if _rebuildable(value) else value
+        )
     if isinstance(value, list | tuple) and _rebuildable(value):
         items = [to_cpu(v) for v in value]
         return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
@@ -171,9 +173,11 @@ def error_info(exc: BaseException) -> ErrorInfo:
     tb = exc.__traceback__
     # Drop the worker's own frame: the user wants to see their code.
     text = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+    exc_bytes: bytes | None
     try:
-        exc_bytes: bytes | None = cloudpickle.dumps(exc)
-        pickle.loads(exc_bytes)
+        data = cloudpickle.dumps(exc)
+        pickle.loads(data)  # only ship what the notebook will be able to rebuild
+        exc_bytes = data
     except Exception:
         exc_bytes = None
     return ErrorInfo(

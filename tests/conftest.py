@@ -1,0 +1,36 @@
+"""Shared fixtures. Every test that starts processes checks that none is left.
+
+``NBDDP_TEST_SESSION`` is set before nbddp is imported, so the zygote, the
+workers and any kernel a test starts all carry it (see ``tests/procs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("NBDDP_TEST_SESSION", uuid.uuid4().hex)
+
+from tests.procs import ours, wait_gone
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    """Fail the test if any worker (or a worker's child) outlives it."""
+    before = {p.pid for p in ours()}
+    yield
+    survivors = [p for p in wait_gone(timeout=10.0) if p.pid not in before]
+    for proc in survivors:
+        proc.kill()
+    assert not survivors, f"worker processes left behind: {[p.pid for p in survivors]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests under multiproc/ and kernel/ start processes: all get the check.
+    for item in items:
+        path = str(item.path)
+        if "/multiproc/" in path or "/kernel/" in path:
+            item.fixturenames.insert(0, "no_leftovers")
