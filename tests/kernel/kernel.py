@@ -1,0 +1,141 @@
+"""Drive a real IPython kernel from tests (jupyter_client), grouping messages by cell.
+
+``Kernel`` starts a kernel in a fresh process (it inherits the test
+session's environment, so its nbddp workers carry the leftover marker),
+runs cells, and returns every iopub message the cell produced, in order.
+Nothing here sleeps: every wait is a blocking receive with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class CellResult:
+    """What one executed cell produced."""
+
+    status: str  # "ok", "error" or "aborted"
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, *types: str) -> list[dict[str, Any]]:
+        """The iopub messages of the given types."""
+        return [m for m in self.messages if m["msg_type"] in types]
+
+    @property
+    def stdout(self) -> str:
+        """All text the cell streamed to stdout."""
+        return "".join(
+            m["content"]["text"] for m in self.of_type("stream") if m["content"]["name"] == "stdout"
+        )
+
+    @property
+    def stderr(self) -> str:
+        """All text the cell streamed to stderr."""
+        return "".join(
+            m["content"]["text"] for m in self.of_type("stream") if m["content"]["name"] == "stderr"
+        )
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The content of the cell's ``error`` message, if it failed."""
+        errors = self.of_type("error")
+        return errors[-1]["content"] if errors else None
+
+    def text(self) -> str:
+        """Every text/plain and stream output, in order (what a person would read)."""
+        parts = []
+        for m in self.messages:
+            content = m["content"]
+            if m["msg_type"] == "stream":
+                parts.append(content["text"])
+            elif m["msg_type"] in ("execute_result", "display_data", "update_display_data"):
+                parts.append(content.get("data", {}).get("text/plain", "") + "\n")
+            elif m["msg_type"] == "error":
+                parts.append("\n".join(content["traceback"]) + "\n")
+        return "".join(parts)
+
+
+class Kernel:
+    """A live kernel for one test (use as a context manager)."""
+
+    def __init__(self, cwd: str | None = None) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        # Use this interpreter (the test venv), whatever the installed kernelspec says.
+        self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        self.cwd = cwd
+
+    def __enter__(self) -> Kernel:
+        self.km.start_kernel(cwd=self.cwd, env=dict(os.environ))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+    @property
+    def pid(self) -> int:
+        """The kernel process id."""
+        provisioner = self.km.provisioner
+        assert provisioner is not None
+        return int(provisioner.process.pid)  # type: ignore[attr-defined]
+
+    def execute(self, code: str, timeout: float = 120.0) -> CellResult:
+        """Run ``code`` as a cell and collect its messages until the kernel is idle."""
+        msg_id = self.kc.execute(code, store_history=True)
+        return self.collect(msg_id, timeout)
+
+    def collect(self, msg_id: str, timeout: float = 120.0) -> CellResult:
+        """The iopub messages of the cell ``msg_id``, up to its idle status, and its reply."""
+        messages: list[dict[str, Any]] = []
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"cell did not finish within {timeout}s") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                if msg["content"]["execution_state"] == "idle":
+                    break
+                continue
+            messages.append(msg)
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+        return CellResult(reply["content"]["status"], messages, reply["content"])
+
+    def wait_for_output(
+        self, msg_id: str, needle: str, timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Read iopub messages of ``msg_id`` until one contains ``needle``; return them."""
+        seen: list[dict[str, Any]] = []
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"{needle!r} did not appear within {timeout}s") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            seen.append(msg)
+            if needle in str(msg["content"]):
+                return seen
+
+    def interrupt(self) -> None:
+        """Interrupt the kernel as the notebook's stop button does (SIGINT)."""
+        self.km.interrupt_kernel()
+
+    def kill(self) -> None:
+        """SIGKILL the kernel process, as the OOM killer would."""
+        os.kill(self.pid, signal.SIGKILL)
