@@ -189,7 +189,10 @@ def _positive_int(name: str, value: object) -> int:
 
 def _select_gpus(gpus: int | Sequence[int], vis: VisibleGpus) -> tuple[str, ...]:
     if isinstance(gpus, str):
-        raise ConfigError(f"gpus must be a count or a list of GPU ids, got the string {gpus!r}")
+        raise ConfigError(
+            "gpus must be a count or a list of GPU ids such as gpus=[0, 1], "
+            f"got the string {gpus!r}"
+        )
     if isinstance(gpus, int) and not isinstance(gpus, bool):
         count = _positive_int("gpus", gpus)
         if count > len(vis):

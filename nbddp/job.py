@@ -66,9 +66,8 @@ class Failure:
     """The first failure of a run: its root cause."""
 
     rank: int
-    kind: str  # error, exit, signal, lost, start
+    kind: str  # error (raised), exit (sys.exit), died (ended without a word)
     error: ErrorInfo | None = None
-    exit_code: int | None = None
 
 
 def run_base_dir() -> Path:
@@ -192,8 +191,21 @@ class Job:
             self._fail(Failure(rank, "error", error=body))
         elif kind == "exit":
             state.exit_request = int(body)
+            self._fail(Failure(rank, "exit"))
         elif kind == "metric":
             self.events.put(("metric", rank, body))
+
+    def on_link_closed(self, rank: int) -> None:
+        """A link that closes before its rank said how it ended means the rank died.
+
+        This is the earliest sign of a crash (the kernel closes a dead
+        process's sockets at once), so it is recorded before the errors the
+        other ranks raise when their collectives break.
+        """
+        state = self.ranks[rank]
+        said = state.value is not None or state.error is not None or state.exit_request is not None
+        if not said and self.stop_reason is None:
+            self._fail(Failure(rank, "died"))
 
     def on_exit(self, rank: int, code: int | None) -> None:
         """Classify a rank's exit; a failure stops the others."""
@@ -203,12 +215,11 @@ class Job:
             state.state = "failed"
         elif code == 0:
             state.state = "done"
-        elif self.stop_reason is not None and state.value is None:
-            state.state = "stopped"
+        elif self.stop_reason is not None and (self.failure is None or self.failure.rank != rank):
+            state.state = "stopped"  # we ended it; the run's root cause is elsewhere
         else:
             state.state = "failed"
-            kind = "exit" if code is not None and code > 0 else ("signal" if code else "lost")
-            self._fail(Failure(rank, kind, exit_code=code))
+            self._fail(Failure(rank, "died"))
         self.events.put(("state", rank, state.state))
         if not state.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.

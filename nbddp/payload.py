@@ -69,10 +69,9 @@ def _explain(
     for label, obj in roots:
         path = _find_unpicklable(obj, [label], set(), depth=0)
         if path is not None:
-            culprit = path[-1]
             return (
-                f"cannot send {' -> '.join(path[:-1])} to the workers: "
-                f"{culprit} cannot be pickled ({_short(exc)}). "
+                f"cannot send {' -> '.join(path[:-1])} {path[-1]} to the workers: "
+                f"it cannot be pickled ({_short(exc)}). "
                 "Create it inside the function instead of capturing it, "
                 "or pass what is needed to build it (a path, a config)."
             )

@@ -73,6 +73,9 @@ class RelaySink(Protocol):
     def on_message(self, rank: int, kind: str, body: Any) -> None:
         """A message the rank's worker sent (see ``protocol``)."""
 
+    def on_link_closed(self, rank: int) -> None:
+        """The rank's link reached EOF: normally because its process ended."""
+
     def on_exit(self, rank: int, code: int | None) -> None:
         """The rank's process exited with ``code`` (None: status lost)."""
 
@@ -199,6 +202,7 @@ class Relay:
         PARENT_FDS.discard(fd)
         if fd == state.ctrl_fd:
             state.pipes.ctrl.close()
+            self.sink.on_link_closed(rank)
         else:
             os.close(fd)
         if fd == state.pipes.status and not state.exit_reported:

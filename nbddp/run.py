@@ -178,12 +178,17 @@ class Run:
         # Why ignore SIGINT here: a second Ctrl-C while ranks are being
         # stopped must not leave them running.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        # The display is left out while stopping: whatever it raises (it may
+        # be what was interrupted) must not cut the stop short. The logs keep
+        # everything the ranks write meanwhile.
+        display, self.display = self.display, None
         try:
             self.job.stop("interrupted")
             self._pump(time.monotonic() + self.job.config.kill_grace + STOP_WAIT)
         except TimeoutError:
             print("nbddp: some ranks did not stop in time", file=sys.__stderr__)
         finally:
+            self.display = display
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
 
@@ -196,7 +201,7 @@ class Run:
                 values[state.rank] = cloudpickle.loads(data)
         failure: BaseException | None = None
         if job.failure is not None:
-            failure = build_error(job.failure, self.log_dir)
+            failure = build_error(job.failure, job.ranks[job.failure.rank].exit_code, self.log_dir)
         elif job.stop_reason == "timeout":
             failure = LaunchTimeout(
                 f"the run exceeded its timeout of {job.config.timeout:g}s and was stopped; "
@@ -234,18 +239,18 @@ def describe_exit(code: int | None) -> str:
     return f"signal {sig.name} ({signal.strsignal(sig) or sig.name})"
 
 
-def build_error(failure: Failure, log_dir: Path) -> BaseException:
+def build_error(failure: Failure, exit_code: int | None, log_dir: Path) -> BaseException:
     """The exception to raise in the notebook for a run's root-cause failure."""
     rank = failure.rank
     log = str(log_dir / f"rank{rank}.log")
     info = failure.error
     if info is None:
-        what = describe_exit(failure.exit_code)
-        verb = "was killed by" if failure.kind == "signal" else "ended with"
+        what = describe_exit(exit_code)
+        verb = "was killed by" if exit_code is not None and exit_code < 0 else "ended with"
         return RankExitedError(
             f"rank {rank} {verb} {what} before returning; its output is in {log}",
             rank=rank,
-            exit_code=failure.exit_code,
+            exit_code=exit_code,
             log_path=log,
         )
     exc: BaseException | None = None

@@ -84,7 +84,10 @@ class Zygote:
             run_forked_worker(ChildFds(ctrl, out, err), own)
         for fd in (ctrl, out, err):
             os.close(fd)
-        os.write(status_w, STATUS.pack(pid))
+        try:
+            os.write(status_w, STATUS.pack(pid))
+        except OSError:
+            pass  # the requester is gone; the child will find its link closed
         self.children[pid] = status_w
         return True
 
@@ -100,6 +103,8 @@ class Zygote:
             if fd is not None:
                 try:
                     os.write(fd, STATUS.pack(os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    pass  # the notebook is gone: nobody is waiting for this status
                 finally:
                     os.close(fd)
 
@@ -107,5 +112,8 @@ class Zygote:
 def main() -> None:
     """Entry point: ``python -c "import nbddp.zygote as z; z.main()" FD``."""
     sock = socket.socket(fileno=int(sys.argv[1]))
+    from .worker import set_process_name
+
+    set_process_name("nbddp-zygote")
     _preload()
     Zygote(sock).serve()

@@ -1,0 +1,160 @@
+"""Tiny module-level entry points for multi-process tests: return, raise, exit, crash, hang.
+
+Workers import this module by reference (it is on the notebook's sys.path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+
+def all_reduce_sum(x: float) -> float:
+    """Init gloo, all_reduce rank + x, return the sum."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + x])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item()}")
+    dist.destroy_process_group()
+    return float(t.item())
+
+
+def environment() -> dict[str, Any]:
+    """The rank's view of its environment and torch state."""
+    import torch
+
+    keys = [
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "OMP_NUM_THREADS",
+        "ACCELERATE_MIXED_PRECISION",
+        "PYTHONUNBUFFERED",
+        "EXTRA",
+    ]
+    return {
+        "env": {k: os.environ.get(k) for k in keys},
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "threads": torch.get_num_threads(),
+        "cwd": os.getcwd(),
+        "pgid_is_pid": os.getpgrp() == os.getpid(),
+    }
+
+
+def talk() -> str:
+    """Write through every path: print, sys.stderr, fd 1 and 2 directly, and C stdio."""
+    rank = os.environ["RANK"]
+    print(f"py-stdout {rank}")
+    print(f"py-stderr {rank}", file=sys.stderr)
+    os.write(1, f"fd1 {rank}\n".encode())
+    os.write(2, f"fd2 {rank}\n".encode())
+    libc = ctypes.CDLL(None)
+    libc.puts(f"c-puts {rank}".encode())
+    libc.fflush(None)
+    return rank
+
+
+def wait_on_fifo(path: str) -> str:
+    """Print 'ready', then block until the test writes a line into the FIFO ``path.RANK``."""
+    rank = os.environ["RANK"]
+    print(f"ready {rank}", flush=True)
+    with open(f"{path}.{rank}") as fifo:
+        return fifo.readline().strip()
+
+
+class CustomError(Exception):
+    """An exception type the notebook can rebuild."""
+
+
+class Unpicklable(Exception):
+    """An exception that cannot cross processes (it holds a lock)."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+def fail_on(rank_to_fail: int, how: str) -> str:
+    """Fail on one rank in the way ``how`` says; the other ranks block in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == rank_to_fail:
+        print(f"rank {rank} about to {how}", flush=True)
+        if how == "raise":
+            raise CustomError(f"boom on rank {rank}")
+        if how == "unpicklable":
+            raise Unpicklable("holds a lock")
+        if how == "sys.exit":
+            sys.exit(3)
+        if how == "os._exit":
+            os._exit(9)
+        if how == "segfault":
+            ctypes.string_at(0)
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # blocks: the failing rank never joins
+    return "unreachable"
+
+
+def dataloader_then_fail(fifo: str | None = None) -> None:
+    """Iterate a DataLoader with 2 worker processes, then raise (or block) mid-epoch."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            print(f"ready {os.environ['RANK']}", flush=True)
+            if fifo is not None:
+                with open(fifo) as f:
+                    f.readline()
+            raise RuntimeError("failed while DataLoader workers run")
+
+
+def hang() -> None:
+    """Block forever in Python."""
+    print("hanging", flush=True)
+    threading.Event().wait()
+
+
+def accelerate_view() -> dict[str, Any]:
+    """What accelerate's Accelerator() sees inside the launch."""
+    from accelerate import Accelerator
+
+    acc = Accelerator()
+    t = acc.reduce(__import__("torch").tensor([1.0]), reduction="sum")
+    acc.print(f"accelerate sees {acc.num_processes} processes")
+    return {
+        "num_processes": acc.num_processes,
+        "process_index": acc.process_index,
+        "mixed_precision": acc.mixed_precision,
+        "distributed_type": str(acc.distributed_type),
+        "reduced": float(t.item()),
+    }
+
+
+def spawn_style(rank: int, world_size: int, out_dir: str) -> None:
+    """torch.multiprocessing.spawn's calling convention: fn(rank, *args)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(f"{dist.get_rank()}/{dist.get_world_size()}")
+    dist.destroy_process_group()

@@ -1,0 +1,234 @@
+"""launch / notebook_launcher / spawn on 2 gloo CPU ranks: results, output, errors, cleanup.
+
+Every test here gets the leftover-process check (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nbddp
+from nbddp.config import LaunchConfig
+from nbddp.errors import RemoteTraceback
+from nbddp.launch import start_run
+from tests.multiproc import fns
+
+METHODS = ["forkserver", "spawn", "fork"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_launch_returns_rank0_value_and_relays_each_rank(method: str, capsys: Any) -> None:
+    value = nbddp.launch(fns.all_reduce_sum, 0.5, procs=2, start_method=method)
+    assert value == 2.0  # (0 + 0.5) + (1 + 0.5)
+    out = capsys.readouterr().out.splitlines()
+    assert "[rank 0] rank 0 of 2: sum 2.0" in out
+    assert "[rank 1] rank 1 of 2: sum 2.0" in out
+
+
+def test_block_false_gives_a_run_with_every_ranks_value() -> None:
+    run = nbddp.launch(fns.all_reduce_sum, 1.0, procs=2, block=False, output="none")
+    result = run.wait()
+    assert result.values == {0: 3.0, 1: 3.0}
+    assert result.exit_codes == {0: 0, 1: 0}
+    assert run.status == "done"
+    assert run.rank_states() == {0: "done", 1: "done"}
+    assert "sum 3.0" in run.output(1)
+
+
+def test_ranks_get_the_torch_distributed_environment(tmp_path: Path) -> None:
+    os.chdir(tmp_path)
+    run = nbddp.launch(
+        fns.environment, procs=2, env={"EXTRA": "x"}, port=None, block=False, mixed_precision="bf16"
+    )
+    values = run.wait().values
+    port = values[0]["env"]["MASTER_PORT"]
+    for rank in (0, 1):
+        env = values[rank]["env"]
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert (env["GROUP_RANK"], env["NODE_RANK"], env["MASTER_ADDR"]) == ("0", "0", "127.0.0.1")
+        assert env["MASTER_PORT"] == port and port.isdigit()
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+        assert env["EXTRA"] == "x"
+        assert env["OMP_NUM_THREADS"] is not None
+        assert values[rank]["threads"] == int(env["OMP_NUM_THREADS"])
+        assert values[rank]["cuda_initialized"] is False
+        assert values[rank]["cwd"] == str(tmp_path)
+        assert values[rank]["pgid_is_pid"]  # own process group: stop reaches its children
+
+
+def test_fd_level_output_reaches_the_cell_and_the_log(capsys: Any) -> None:
+    run = nbddp.launch(fns.talk, procs=2, block=False)
+    run.wait()
+    captured = capsys.readouterr()
+    for rank in (0, 1):
+        for line in (f"py-stdout {rank}", f"fd1 {rank}", f"c-puts {rank}"):
+            assert f"[rank {rank}] {line}" in captured.out.splitlines()
+        for line in (f"py-stderr {rank}", f"fd2 {rank}"):
+            assert f"[rank {rank}] {line}" in captured.err.splitlines()
+        log = run.output(rank)
+        assert all(w in log for w in ("py-stdout", "py-stderr", "fd1", "fd2", "c-puts"))
+    assert stat.S_IMODE(run.log_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((run.log_dir / "rank0.log").stat().st_mode) == 0o600
+
+
+def test_output_arrives_while_the_run_goes_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "go"
+    for rank in (0, 1):
+        os.mkfifo(f"{fifo}.{rank}")
+    seen: list[str] = []
+
+    class Watch:
+        def output(self, rank: int, stream: str, text: str) -> None:
+            seen.append(text)
+            if sum("ready" in t for t in seen) == 2:
+                # Both ranks are still blocked on the FIFO, yet their output is here.
+                for rank in (0, 1):
+                    with open(f"{fifo}.{rank}", "w") as f:
+                        f.write("go\n")
+
+        def notice(self, text: str) -> None: ...
+        def state(self, rank: int, state: str) -> None: ...
+        def metric(self, rank: int, row: dict[str, Any]) -> None: ...
+        def close(self) -> None: ...
+
+    run = nbddp.launch(fns.wait_on_fifo, str(fifo), procs=2, block=False)
+    run.display = Watch()
+    assert run.wait().values == {0: "go", 1: "go"}
+
+
+def test_rank_exception_is_raised_with_its_type_and_traceback_and_others_stop() -> None:
+    with pytest.raises(fns.CustomError, match="boom on rank 1") as info:
+        nbddp.launch(fns.fail_on, 1, "raise", procs=2, output="none")
+    exc = info.value
+    assert isinstance(exc.__cause__, RemoteTraceback)
+    assert 'raise CustomError(f"boom on rank {rank}")' in str(exc.__cause__)
+    assert "rank 1" in str(exc.__cause__)
+    assert any("raised on rank 1" in note for note in exc.__notes__)
+
+
+def test_exception_that_cannot_be_rebuilt_becomes_worker_error() -> None:
+    with pytest.raises(nbddp.WorkerError) as info:
+        nbddp.launch(fns.fail_on, 0, "unpicklable", procs=2, output="none")
+    assert info.value.rank == 0
+    assert info.value.remote_type == "tests.multiproc.fns.Unpicklable"
+    assert "holds a lock" in str(info.value)
+    assert "Unpicklable" in info.value.remote_traceback
+
+
+@pytest.mark.parametrize(
+    ("how", "needle", "code"),
+    [
+        ("sys.exit", "rank 1 ended with exit code 3", 3),
+        ("os._exit", "rank 1 ended with exit code 9", 9),
+        ("segfault", "rank 1 was killed by signal SIGSEGV", -11),
+        ("sigkill", "rank 1 was killed by signal SIGKILL", -9),
+    ],
+)
+def test_a_rank_that_dies_is_named_with_its_exit_code_or_signal(
+    how: str, needle: str, code: int
+) -> None:
+    run = nbddp.launch(fns.fail_on, 1, how, procs=2, output="none", block=False)
+    with pytest.raises(nbddp.RankExitedError, match=needle) as info:
+        run.wait()
+    assert info.value.exit_code == code
+    assert info.value.rank == 1
+    assert f"rank 1 about to {how}" in run.output(1)  # written just before dying: kept
+    if how == "segfault":
+        assert "Fatal Python error: Segmentation fault" in run.output(1)
+
+
+def test_keyboard_interrupt_stops_every_rank_and_reraises() -> None:
+    class InterruptWhenHanging:
+        def output(self, rank: int, stream: str, text: str) -> None:
+            if "hanging" in text:
+                raise KeyboardInterrupt  # as Ctrl-C / kernel interrupt would, in wait()
+
+        def notice(self, text: str) -> None: ...
+        def state(self, rank: int, state: str) -> None: ...
+        def metric(self, rank: int, row: dict[str, Any]) -> None: ...
+        def close(self) -> None: ...
+
+    run = nbddp.launch(fns.hang, procs=2, block=False)
+    run.display = InterruptWhenHanging()
+    with pytest.raises(KeyboardInterrupt):
+        run.wait()
+    assert run.status == "interrupted"
+    assert run.rank_states() == {0: "stopped", 1: "stopped"}
+    assert all(s.exit_code is not None and s.exit_code < 0 for s in run.job.ranks)
+
+
+def test_dataloader_worker_processes_are_stopped_with_their_rank() -> None:
+    # The leftover check (conftest) covers the DataLoader workers: they carry the marker.
+    with pytest.raises(RuntimeError, match="failed while DataLoader workers run"):
+        nbddp.launch(fns.dataloader_then_fail, procs=2, output="none")
+
+
+def test_timeout_dumps_every_ranks_stacks_then_stops() -> None:
+    run = nbddp.launch(fns.hang, procs=2, timeout=2, block=False, output="none")
+    with pytest.raises(nbddp.LaunchTimeout, match="timeout of 2s"):
+        run.wait()
+    for rank in (0, 1):
+        log = run.output(rank)
+        assert "Current thread" in log or "Thread 0x" in log
+        assert "in hang" in log  # the stack shows where the rank was stuck
+
+
+def test_unpicklable_function_fails_before_any_process_starts() -> None:
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(nbddp.PayloadError, match=r"closure 'lock' \(_thread.lock\)"):
+        nbddp.launch(lambda: lock.locked(), procs=2)
+
+
+def test_notebook_launcher_forms_one_group_that_accelerate_sees() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        value = nbddp.notebook_launcher(
+            fns.accelerate_view, num_processes=2, mixed_precision="bf16", use_port=str(port)
+        )
+    assert value["num_processes"] == 2
+    assert value["process_index"] == 0
+    assert value["mixed_precision"] == "bf16"
+    assert value["reduced"] == 2.0
+    assert "MULTI_CPU" in value["distributed_type"]
+
+
+def test_notebook_launcher_says_which_port_it_took_instead(capsys: Any) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        nbddp.notebook_launcher(fns.all_reduce_sum, args=(0.0,), num_processes=2, use_port=port)
+    assert f"port {port} on 127.0.0.1 is in use; using port" in capsys.readouterr().err
+
+
+def test_notebook_launcher_rejects_multi_node_options_clearly() -> None:
+    with pytest.raises(nbddp.ConfigError, match="not supported yet"):
+        nbddp.notebook_launcher(fns.all_reduce_sum, args=(0.0,), num_processes=2, num_nodes=2)
+
+
+def test_spawn_calls_fn_with_rank_first(tmp_path: Path) -> None:
+    assert nbddp.spawn(fns.spawn_style, args=(2, str(tmp_path)), nprocs=2) is None
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["0/2", "1/2"]
+    run = nbddp.spawn(fns.spawn_style, args=(2, str(tmp_path)), nprocs=2, join=False)
+    assert run is not None and run.join() is True
+
+
+def test_stop_ends_a_running_job() -> None:
+    config = LaunchConfig.build(procs=2)
+    run = start_run(config, fns.hang, (), {}, output="none")
+    run.stop()
+    with pytest.raises(nbddp.RankError, match="the run was stopped"):
+        run.wait()
+    assert run.status == "stopped"

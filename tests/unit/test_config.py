@@ -1,0 +1,122 @@
+"""LaunchConfig validation: every bad input is a one-line ConfigError, before any process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nbddp.config import LaunchConfig
+from nbddp.devices import VisibleGpus, parse_visible_devices, visible_gpus
+from nbddp.errors import ConfigError
+
+NO_GPU = VisibleGpus((), "0 in /proc/driver/nvidia/gpus")
+TWO_GPUS = VisibleGpus(("4", "5"), "CUDA_VISIBLE_DEVICES=4,5")
+
+
+def build(**kw: object) -> LaunchConfig:
+    kw.setdefault("visible", NO_GPU)
+    return LaunchConfig.build(**kw)  # type: ignore[arg-type]
+
+
+def test_defaults_without_gpu_are_two_cpu_ranks_with_a_notice() -> None:
+    cfg = build()
+    assert (cfg.world_size, cfg.device, cfg.backend) == (2, "cpu", "gloo")
+    assert cfg.notices and "procs=N" in cfg.notices[0]
+
+
+def test_defaults_with_gpus_take_every_visible_gpu_and_nccl() -> None:
+    cfg = build(visible=TWO_GPUS)
+    assert (cfg.world_size, cfg.device, cfg.backend, cfg.gpu_tokens) == (
+        2,
+        "cuda",
+        "nccl",
+        ("4", "5"),
+    )
+    assert not cfg.notices
+
+
+def test_gpu_ids_map_through_the_notebooks_visible_devices() -> None:
+    cfg = build(visible=TWO_GPUS, gpus=[1])
+    assert cfg.gpu_tokens == ("5",)
+    assert cfg.rank_env(0, 1234)["CUDA_VISIBLE_DEVICES"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"procs": 0}, "procs must be at least 1"),
+        ({"procs": -2}, "procs must be at least 1"),
+        ({"procs": 1.5}, "positive whole number"),
+        ({"procs": True}, "positive whole number"),
+        ({"procs": "2"}, "positive whole number"),
+        ({"gpus": 0, "visible": TWO_GPUS}, "gpus must be at least 1"),
+        ({"gpus": 4, "visible": TWO_GPUS}, "use gpus=2, or procs=4 to run on CPU"),
+        ({"gpus": 1}, "use procs=1 to run on CPU"),
+        ({"gpus": [0, 0], "visible": TWO_GPUS}, "lists a GPU twice"),
+        ({"gpus": [3], "visible": TWO_GPUS}, "GPU id 3 is not visible"),
+        ({"gpus": [], "visible": TWO_GPUS}, "selects no GPU"),
+        ({"gpus": "0,1", "visible": TWO_GPUS}, "got the string"),
+        ({"gpus": 2, "procs": 2, "visible": TWO_GPUS}, "not both"),
+        ({"start_method": "thread"}, "choose one of forkserver, spawn, fork"),
+        ({"backend": "mpi"}, "choose one of nccl, gloo"),
+        ({"backend": "nccl"}, "backend 'nccl' needs GPUs"),
+        ({"mixed_precision": "fp64"}, "unknown mixed_precision"),
+        ({"port": 70000}, "port must be a number from 1 to 65535"),
+        ({"port": "http"}, "port must be a number"),
+        ({"env": {1: "x"}}, "env keys must be non-empty strings"),
+        ({"env": {"A=B": "x"}}, "without '='"),
+        ({"env": {"A": object()}}, "must be a string"),
+        ({"env": ["A"]}, "env must be a dict"),
+        ({"timeout": 0}, "timeout must be positive"),
+        ({"timeout": -1}, "timeout must be positive"),
+        ({"timeout": "soon"}, "number of seconds"),
+        ({"master_addr": ""}, "master_addr must be a host name"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_that_says_what_to_do(
+    kwargs: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(**kwargs)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_rank_env_has_the_torch_distributed_variables() -> None:
+    cfg = build(procs=3, env={"EXTRA": "1"}, mixed_precision="BF16")
+    env = cfg.rank_env(2, 29999)
+    assert env["RANK"] == env["LOCAL_RANK"] == "2"
+    assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
+    assert (env["GROUP_RANK"], env["NODE_RANK"]) == ("0", "0")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29999")
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # CPU ranks do not see GPUs
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["EXTRA"] == "1"
+
+
+def test_inherit_devices_leaves_cuda_visible_devices_alone() -> None:
+    env = build(procs=2, inherit_devices=True).rank_env(0, 1)
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_string_port_from_accelerate_signature_is_accepted() -> None:
+    assert build(port="29500").port == 29500
+
+
+def test_cuda_visible_devices_parsing_follows_the_runtime() -> None:
+    assert parse_visible_devices("0,2", 4) == ("0", "2")
+    assert parse_visible_devices("1,7,0", 4) == ("1",)  # stops at the first invalid entry
+    assert parse_visible_devices("", 4) == ()
+    assert parse_visible_devices("GPU-abc,MIG-def", 0) == ("GPU-abc", "MIG-def")
+    assert parse_visible_devices("0,0", 2) == ("0",)
+
+
+def test_visible_gpus_reads_the_driver_listing_without_cuda(tmp_path: Path) -> None:
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (tmp_path / bus).mkdir()
+    assert visible_gpus({}, tmp_path).tokens == ("0", "1", "2")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,0"}, tmp_path).tokens == ("2", "0")
+    assert len(visible_gpus({}, tmp_path / "missing")) == 0

@@ -1,0 +1,35 @@
+"""Port choice: a given busy port raises, or is replaced with a notice in fallback mode."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from nbddp.errors import ConfigError
+from nbddp.ports import choose_port, port_is_free
+
+
+def test_auto_port_is_free() -> None:
+    port, notice = choose_port("127.0.0.1", None, fallback=False)
+    assert notice is None
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_busy_port_raises_or_falls_back_with_a_notice() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        busy = sock.getsockname()[1]
+        with pytest.raises(
+            ConfigError, match=f"port {busy} on 127.0.0.1 is in use; pass port=None"
+        ):
+            choose_port("127.0.0.1", busy, fallback=False)
+        port, notice = choose_port("127.0.0.1", busy, fallback=True)
+    assert port != busy
+    assert notice == f"port {busy} on 127.0.0.1 is in use; using port {port} instead"
+
+
+def test_unbindable_address_says_what_to_use() -> None:
+    with pytest.raises(ConfigError, match=r"master_addr='127\.0\.0\.1'"):
+        choose_port("203.0.113.7", None, fallback=False)
