@@ -1,0 +1,124 @@
+"""Warm launch latency, nbddp side by side with the alternatives, in one run.
+
+    .venv/bin/python tests/bench/launch.py [--reps 7]
+
+The task on each of 2 CPU ranks: initialise a gloo process group, one
+all_reduce, return. Every launcher runs it ``--reps`` times after one
+warm-up launch; the table shows the median and best wall time from the
+call to its return, and each launcher's median as a ratio of nbddp's
+(forkserver). Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def task() -> float:
+    """The measured work: join the group (unless the launcher did), all_reduce, return."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return float(t.item())
+
+
+def task_keep_group() -> float:
+    """For accelerate's debug_launcher: it made the group (a FileStore whose file it
+    deletes itself afterwards, so the ranks must not destroy the group)."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def task_with_rank(rank: int, world_size: int, port: int) -> None:
+    """torch.multiprocessing's convention: the function sets up the group itself."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+
+def task_in_group() -> float:
+    """torchrunx initialises the group before calling the function."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def launchers() -> dict[str, Callable[[], object]]:
+    """Name -> a call that runs the task once on 2 ranks and returns when done."""
+    import nbddp
+    from nbddp.ports import free_port
+
+    out: dict[str, Callable[[], object]] = {
+        "nbddp (forkserver)": lambda: nbddp.launch(task, procs=2, output="none"),
+        "nbddp (fork)": lambda: nbddp.launch(task, procs=2, start_method="fork", output="none"),
+        "nbddp (spawn)": lambda: nbddp.launch(task, procs=2, start_method="spawn", output="none"),
+    }
+    from accelerate import debug_launcher
+
+    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(
+        task_keep_group, num_processes=2
+    )
+    from torch.multiprocessing import start_processes
+
+    out["torch.multiprocessing (spawn)"] = lambda: start_processes(
+        task_with_rank, args=(2, free_port("127.0.0.1")), nprocs=2, start_method="spawn"
+    )
+    import logging
+
+    import torchrunx
+
+    logging.getLogger("torchrunx").setLevel(logging.ERROR)
+    trx = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=2, backend="gloo")
+    trx.set_logging_handlers(None)
+    out["torchrunx"] = lambda: trx.run(task_in_group)
+    return out
+
+
+def measure(fn: Callable[[], object], reps: int) -> list[float]:
+    """Wall times of ``reps`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    """Run every launcher and print the side-by-side table."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    rows = []
+    for name, fn in launchers().items():
+        try:
+            times = measure(fn, args.reps)
+        except Exception as exc:  # keep the other rows when one launcher fails here
+            print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        rows.append((name, statistics.median(times), min(times)))
+    base = rows[0][1]
+    print(
+        f"\nwarm launch, 2 CPU ranks, gloo init + all_reduce; {args.reps} reps, {os.cpu_count()} cores"
+    )
+    print("| launcher | median (s) | best (s) | median / nbddp |\n|---|---|---|---|")
+    for name, med, best in rows:
+        print(f"| {name} | {med:.3f} | {best:.3f} | {med / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
