@@ -36,7 +36,7 @@ def train(epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
     x, y = load_digits(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(x / 16.0, y, test_size=0.25, random_state=0)
     train_set = TensorDataset(torch.tensor(x_train, dtype=torch.float32), torch.tensor(y_train))
-    sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+    sampler: DistributedSampler[Any] = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
 
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)

@@ -113,7 +113,8 @@ def main() -> None:
         rows.append((name, statistics.median(times), min(times)))
     base = rows[0][1]
     print(
-        f"\nwarm launch, 2 CPU ranks, gloo init + all_reduce; {args.reps} reps, {os.cpu_count()} cores"
+        "\nwarm launch, 2 CPU ranks, gloo init + all_reduce; "
+        f"{args.reps} reps, {os.cpu_count()} cores"
     )
     print("| launcher | median (s) | best (s) | median / nbddp |\n|---|---|---|---|")
     for name, med, best in rows:
