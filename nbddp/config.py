@@ -57,6 +57,11 @@ class LaunchConfig:
     """Exported as ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees it."""
     init_process_group: bool = False
     """Initialise the default process group before calling the function."""
+    host_store: bool = True
+    """The notebook hosts the rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``, as
+    torchrun's agent does) on a socket bound to ``master_addr`` only; otherwise rank 0
+    hosts it and torch binds it on every interface. Off for ``spawn()``, whose users
+    often set ``MASTER_PORT`` themselves inside the function."""
     failure_grace: float = 1.0
     """Seconds the other ranks get after one fails (to report their own
     errors) before they are stopped; they would otherwise hang in a collective."""
@@ -80,6 +85,7 @@ class LaunchConfig:
         mixed_precision: str = "no",
         backend: str | None = None,
         init_process_group: bool = False,
+        host_store: bool = True,
         inherit_devices: bool = False,
         failure_grace: float = 1.0,
         kill_grace: float = 3.0,
@@ -142,6 +148,7 @@ class LaunchConfig:
             timeout=_positive_float("timeout", timeout),
             mixed_precision=mp,
             init_process_group=init_process_group,
+            host_store=bool(host_store),
             failure_grace=_non_negative("failure_grace", failure_grace),
             kill_grace=_non_negative("kill_grace", kill_grace),
             notices=tuple(notices),
@@ -164,6 +171,8 @@ class LaunchConfig:
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
             "TORCHELASTIC_RUN_ID": "nbddp",
         }
+        if self.host_store:
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_tokens)
         elif self.device == "cpu":

@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from threading import Event
 from typing import Any
@@ -36,12 +37,13 @@ import psutil
 
 from . import protocol
 from .config import LaunchConfig
-from .ports import choose_port
+from .ports import choose_port, listen
 from .protocol import ErrorInfo, RunOrder
 from .relay import RankPipes, Relay
 from .starters import PARENT_FDS, Child, ChildFds, starter
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
+STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
 
 
 @dataclass
@@ -100,14 +102,13 @@ class Job:
         self._loop = self._relay.loop
         self._stop_scheduled = False
         self._pipes: dict[int, RankPipes] = {}
+        self._store: object | None = None  # the rendezvous store, while the run lasts
 
     # -- starting ---------------------------------------------------------
 
     def start(self) -> None:
         """Start every rank (caller thread). Raises if a worker cannot be started."""
-        self.port, notice = choose_port(
-            self.config.master_addr, self.config.port, fallback=self.config.port_fallback
-        )
+        notice = self._rendezvous()
         if notice:
             self.events.put(("notice", notice))
         start = starter(self.config.start_method)
@@ -119,6 +120,7 @@ class Job:
                 links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
         except BaseException:
             self.stop("failed")
+            self._store = None
             raise
         for state, (sock, order) in zip(self.ranks, links, strict=True):
             try:
@@ -129,6 +131,28 @@ class Job:
             self._relay.attach(state.rank, self._pipes[state.rank])
         if self.config.timeout is not None:
             self._loop.call(self._arm_timeout, self.config.timeout)
+
+    def _rendezvous(self) -> str | None:
+        """Choose the port; when the notebook hosts the store, start it (see LaunchConfig)."""
+        cfg = self.config
+        if not cfg.host_store:
+            self.port, notice = choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
+            return notice
+        sock, notice = listen(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
+        self.port = int(sock.getsockname()[1])
+        import torch.distributed as dist  # not CUDA: safe in the notebook
+
+        # The store takes the socket over (and closes it when it is destroyed).
+        self._store = dist.TCPStore(
+            cfg.master_addr,
+            self.port,
+            None,
+            True,
+            timedelta(seconds=STORE_TIMEOUT),
+            wait_for_workers=False,
+            master_listen_fd=sock.detach(),
+        )
+        return notice
 
     def _start_rank(self, start: Any, state: RankState, env: dict[str, str]) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -231,6 +255,7 @@ class Job:
         state.closed = True
         if all(s.closed for s in self.ranks):
             self.ended_at = time.monotonic()
+            self._store = None  # shuts the store's server down
             self.events.put(("done",))
             self.done.set()
 

@@ -212,7 +212,10 @@ def spawn(
     """
     del daemon
     config = LaunchConfig.build(
-        procs=nprocs, inherit_devices=True, start_method=start_method or "forkserver"
+        procs=nprocs,
+        inherit_devices=True,
+        start_method=start_method or "forkserver",
+        host_store=False,
     )
     run = start_run(config, _WithRank(fn), tuple(args), {})
     if not join:

@@ -1,8 +1,11 @@
 """Choosing the rendezvous port (``MASTER_PORT``) for a run.
 
-Contract: ``choose_port`` returns a port that was free on ``master_addr``
-a moment ago. Between that check and rank 0 binding it another program
-could take it; the window is a few milliseconds, the same as torchrun's.
+Contract: ``listen`` binds the port on ``master_addr`` and returns the
+listening socket: the notebook hosts the rendezvous store on it, so the
+port cannot be taken between the choice and its use. ``choose_port``
+returns a port that was free a moment ago, for runs where rank 0 binds it
+itself (``spawn``); there another program could take it in between, as
+with torchrun.
 """
 
 from __future__ import annotations
@@ -59,3 +62,33 @@ def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, st
             "use master_addr='127.0.0.1'"
         ) from exc
     return chosen, f"port {port} on {addr} is in use; using port {chosen} instead"
+
+
+def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socket, str | None]:
+    """A socket listening on ``addr:port`` (any free port if None), and a notice if the
+    requested port was busy and ``fallback`` took another. ``ConfigError`` otherwise."""
+    sock = socket.socket(_family(addr), socket.SOCK_STREAM)
+    notice = None
+    try:
+        try:
+            sock.bind((addr, port or 0))
+        except OSError as exc:
+            if port is None or exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+            if not fallback:
+                raise ConfigError(
+                    f"port {port} on {addr} is in use; pass port=None to let nbddp pick a free one"
+                ) from None
+            sock.bind((addr, 0))
+            notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on master_addr {addr!r} ({exc.strerror}); for a run on this "
+            "machine use master_addr='127.0.0.1'"
+        ) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock, notice

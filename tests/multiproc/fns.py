@@ -158,3 +158,43 @@ def spawn_style(rank: int, world_size: int, out_dir: str) -> None:
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
         f.write(f"{dist.get_rank()}/{dist.get_world_size()}")
     dist.destroy_process_group()
+
+
+def return_early_on(rank_to_return: int) -> str:
+    """One rank returns at once; the other waits in a collective that can never complete."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == rank_to_return:
+        return "left early"
+    dist.all_reduce(torch.zeros(1))
+    return "unreachable"
+
+
+def write_then_sigkill(nbytes: int) -> None:
+    """Write ``nbytes`` of numbered lines to stdout, then die by SIGKILL without flushing."""
+    line = 0
+    written = 0
+    while written < nbytes:
+        chunk = f"line {line:08d}\n"
+        sys.stdout.write(chunk)
+        written += len(chunk)
+        line += 1
+    sys.stdout.flush()
+    os.write(2, b"last words on fd 2\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def listening_sockets() -> list[tuple[str, int]]:
+    """The rank's own listening TCP sockets, after joining the group."""
+    import psutil
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    conns = psutil.Process().net_connections("inet")
+    listening = sorted({(c.laddr.ip, c.laddr.port) for c in conns if c.status == "LISTEN"})
+    dist.barrier()
+    dist.destroy_process_group()
+    return listening

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.ports import choose_port, port_is_free
+from nbddp.ports import choose_port, listen, port_is_free
 
 
 def test_auto_port_is_free() -> None:
@@ -33,3 +33,17 @@ def test_busy_port_raises_or_falls_back_with_a_notice() -> None:
 def test_unbindable_address_says_what_to_use() -> None:
     with pytest.raises(ConfigError, match=r"master_addr='127\.0\.0\.1'"):
         choose_port("203.0.113.7", None, fallback=False)
+
+
+def test_listen_holds_the_port_and_falls_back_or_raises_when_busy() -> None:
+    sock, notice = listen("127.0.0.1", None, fallback=False)
+    with sock:
+        busy = sock.getsockname()[1]
+        assert notice is None and not port_is_free("127.0.0.1", busy)
+        with pytest.raises(ConfigError, match=f"port {busy} on 127.0.0.1 is in use"):
+            listen("127.0.0.1", busy, fallback=False)
+        other, notice = listen("127.0.0.1", busy, fallback=True)
+        with other:
+            assert notice == (
+                f"port {busy} on 127.0.0.1 is in use; using port {other.getsockname()[1]} instead"
+            )
