@@ -108,7 +108,8 @@ class Job:
 
     def start(self) -> None:
         """Start every rank (caller thread). Raises if a worker cannot be started."""
-        notice = self._rendezvous()
+        port, notice = self._rendezvous()
+        self.port = port
         if notice:
             self.events.put(("notice", notice))
         start = starter(self.config.start_method)
@@ -116,7 +117,7 @@ class Job:
         links: list[tuple[socket.socket, RunOrder]] = []
         try:
             for state in self.ranks:
-                env = {**base_env, **self.config.rank_env(state.rank, self.port)}
+                env = {**base_env, **self.config.rank_env(state.rank, port)}
                 links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
         except BaseException:
             self.stop("failed")
@@ -132,27 +133,26 @@ class Job:
         if self.config.timeout is not None:
             self._loop.call(self._arm_timeout, self.config.timeout)
 
-    def _rendezvous(self) -> str | None:
+    def _rendezvous(self) -> tuple[int, str | None]:
         """Choose the port; when the notebook hosts the store, start it (see LaunchConfig)."""
         cfg = self.config
         if not cfg.host_store:
-            self.port, notice = choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
-            return notice
+            return choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
         sock, notice = listen(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
-        self.port = int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
         import torch.distributed as dist  # not CUDA: safe in the notebook
 
         # The store takes the socket over (and closes it when it is destroyed).
-        self._store = dist.TCPStore(
+        self._store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
             cfg.master_addr,
-            self.port,
+            port,
             None,
             True,
             timedelta(seconds=STORE_TIMEOUT),
             wait_for_workers=False,
             master_listen_fd=sock.detach(),
         )
-        return notice
+        return port, notice
 
     def _start_rank(self, start: Any, state: RankState, env: dict[str, str]) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
