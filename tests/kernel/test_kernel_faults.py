@@ -1,0 +1,73 @@
+"""When the notebook goes away mid-run (interrupt, restart, SIGKILL), every worker and
+every worker's child is gone within 5 seconds, and after an interrupt the kernel works."""
+
+from __future__ import annotations
+
+import queue
+import re
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.kernel.kernel import Kernel
+from tests.procs import wait_procs_gone
+
+HANG = """
+import os, threading, nbddp
+def hang():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    it = iter(DataLoader(TensorDataset(torch.zeros(8)), num_workers=1))
+    next(it)
+    print("ready", os.getpid(), flush=True)
+    threading.Event().wait()
+nbddp.launch(hang, procs=2)
+"""
+
+
+def start_hanging_run(kernel: Kernel) -> tuple[str, list[psutil.Process]]:
+    """Run HANG in the kernel until both ranks say ready; return the cell id and the
+    ranks with their children."""
+    msg_id = kernel.kc.execute(HANG)
+    text = ""
+    while len(re.findall(r"\[rank \d\] ready (\d+)", text)) < 2:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=60)
+        except queue.Empty:
+            raise TimeoutError(f"ranks did not start; saw {text!r}") from None
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+    ranks = [psutil.Process(int(pid)) for pid in re.findall(r"\[rank \d\] ready (\d+)", text)]
+    tree = ranks + [c for r in ranks for c in r.children(recursive=True)]
+    assert len(tree) == 4  # 2 ranks, one DataLoader worker each
+    return msg_id, tree
+
+
+@pytest.fixture
+def kernel() -> Iterator[Kernel]:
+    with Kernel() as k:
+        yield k
+
+
+def test_interrupt_stops_every_rank_and_the_kernel_goes_on(kernel: Kernel) -> None:
+    msg_id, tree = start_hanging_run(kernel)
+    kernel.interrupt()
+    cell = kernel.collect(msg_id)
+    assert cell.status == "error"
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    assert wait_procs_gone(tree, timeout=5.0) == []
+    again = kernel.execute("nbddp.launch(lambda: 'fine', procs=2, output='none')")
+    assert again.status == "ok" and "'fine'" in again.text()
+
+
+def test_kernel_restart_takes_every_rank_down(kernel: Kernel) -> None:
+    _, tree = start_hanging_run(kernel)
+    kernel.km.restart_kernel(now=True)
+    assert wait_procs_gone(tree, timeout=5.0) == []
+
+
+def test_kernel_killed_takes_every_rank_down(kernel: Kernel) -> None:
+    _, tree = start_hanging_run(kernel)
+    kernel.kill()
+    assert wait_procs_gone(tree, timeout=5.0) == []
