@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 
 from .config import LaunchConfig
 from .errors import (
@@ -52,11 +53,22 @@ def shutdown() -> None:
     ZYGOTE.close()
 
 
+def _import_store_support() -> None:
+    # The notebook hosts each run's rendezvous store, which needs torch.distributed
+    # (seconds to import; never initialises CUDA). Importing it in the background
+    # now keeps that off the first launch.
+    try:
+        import torch.distributed  # noqa: F401
+    except Exception:
+        pass  # e.g. the interpreter is shutting down; a launch imports it again
+
+
 def _prewarm() -> None:
     # Only the notebook (or script) prewarms: never a worker or the zygote itself.
     if os.environ.get("NBDDP_ROLE") or os.environ.get("NBDDP_PREWARM", "1") == "0":
         return
     ZYGOTE.prewarm()
+    threading.Thread(target=_import_store_support, name="nbddp-prewarm", daemon=True).start()
 
 
 atexit.register(shutdown)

@@ -74,8 +74,11 @@ def visible_gpus(
 ) -> VisibleGpus:
     """The GPUs this process may use, without initialising CUDA (see module doc)."""
     env = os.environ if environ is None else environ
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    # getattr: torch may be half-imported (nbddp imports it in the background);
+    # a torch that is not fully imported cannot have initialised CUDA.
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        torch = sys.modules["torch"]
         count = int(torch.cuda.device_count())
         cvd = env.get("CUDA_VISIBLE_DEVICES")
         if cvd is not None:

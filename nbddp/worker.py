@@ -148,17 +148,6 @@ def _prepare_torch(order: RunOrder) -> None:
             dist.init_process_group(backend=order.backend)
 
 
-def _destroy_process_group() -> None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    try:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception as exc:  # the run's outcome is already decided; report and go on
-        print(f"nbddp: destroy_process_group failed: {exc}", file=sys.stderr)
-
-
 def to_cpu(value: Any) -> Any:
     """``value`` with every CUDA tensor in plain containers moved to the CPU."""
     torch = sys.modules.get("torch")
@@ -230,8 +219,8 @@ def serve(ctrl: socket.socket) -> int:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         _flush()
         return 1
-    finally:
-        _destroy_process_group()
+    # The process group is not destroyed here: the rank exits right after
+    # (os._exit, no destructors), which is what torchrun's workers do too.
     return _report_result(channel, value)
 
 

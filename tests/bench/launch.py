@@ -23,18 +23,12 @@ import torch.distributed as dist
 
 
 def task() -> float:
-    """The measured work: join the group (unless the launcher did), all_reduce, return."""
+    """The measured work: join the group (unless the launcher did), all_reduce, return.
+
+    The group is not destroyed: accelerate's debug_launcher deletes its FileStore's
+    file itself afterwards, which fails if the ranks destroyed the group first."""
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
-    return float(t.item())
-
-
-def task_keep_group() -> float:
-    """For accelerate's debug_launcher: it made the group (a FileStore whose file it
-    deletes itself afterwards, so the ranks must not destroy the group)."""
     t = torch.ones(1)
     dist.all_reduce(t)
     return float(t.item())
@@ -46,7 +40,6 @@ def task_with_rank(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     t = torch.ones(1)
     dist.all_reduce(t)
-    dist.destroy_process_group()
 
 
 def task_in_group() -> float:
@@ -68,9 +61,7 @@ def launchers() -> dict[str, Callable[[], object]]:
     }
     from accelerate import debug_launcher
 
-    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(
-        task_keep_group, num_processes=2
-    )
+    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(task, num_processes=2)
     from torch.multiprocessing import start_processes
 
     out["torch.multiprocessing (spawn)"] = lambda: start_processes(
