@@ -97,11 +97,30 @@ class SpawnStarter:
         return Child(proc.pid, status_r)
 
 
+WORKER_NAME = "nbddp-worker"
+"""The process name of a forked rank (what ``ps`` and ``top`` show)."""
+
+
+def name_forked_worker() -> None:
+    """Name this process ``WORKER_NAME`` (Linux; elsewhere a no-op).
+
+    Why: a forked rank's environment as the OS reports it
+    (``/proc/PID/environ``) is still its parent's, ``NBDDP_ROLE`` included;
+    the name is what tells a rank from the zygote it was forked from.
+    """
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(WORKER_NAME)
+    except OSError:
+        pass
+
+
 def run_forked_worker(fds: ChildFds, close: set[int]) -> None:
     """The body of a forked child (fork starter and zygote): never returns."""
     code = 1
     try:
         os.setsid()
+        name_forked_worker()
         for fd in close - {fds.ctrl, fds.out, fds.err}:
             try:
                 os.close(fd)
