@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from typing import Any
 
 from .config import LaunchConfig
 from .errors import (
@@ -39,10 +40,12 @@ __all__ = [
     "RunResult",
     "WorkerError",
     "launch",
+    "load_ipython_extension",
     "log",
     "notebook_launcher",
     "shutdown",
     "spawn",
+    "unload_ipython_extension",
 ]
 
 __version__ = "0.1.0"
@@ -61,6 +64,21 @@ def _import_store_support() -> None:
         import torch.distributed  # noqa: F401
     except Exception:
         pass  # e.g. the interpreter is shutting down; a launch imports it again
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config`` and ``%ddp_status``."""
+    # Imported here: importing nbddp must not import IPython (ranks import it).
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbddp``: remove the magics."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
 
 
 def _prewarm() -> None:

@@ -23,6 +23,10 @@ class PayloadError(NbddpError, TypeError):
     """The function or its arguments cannot be sent to the workers."""
 
 
+class CellError(NbddpError, ValueError):
+    """A ``%%ddp`` cell cannot run as written (empty, or a value that cannot come back)."""
+
+
 class RankError(NbddpError, RuntimeError):
     """A rank failed. ``rank`` is the failing rank, ``log_path`` its full log."""
 

@@ -212,6 +212,9 @@ class Job:
             state.value = body
         elif kind == "error":
             state.error = body
+            # The worker does not print its traceback (it is raised here once);
+            # the rank's log keeps it after everything the rank wrote.
+            self._relay.log_at_end(rank, body.traceback)
             self._fail(Failure(rank, "error", error=body))
         elif kind == "exit":
             state.exit_request = int(body)

@@ -7,9 +7,10 @@ the relay appends each stdout/stderr chunk to the rank's log file (raw
 bytes, nothing dropped) and reports to its ``RelaySink``:
 ``on_output`` (decoded text, in order per stream), ``on_message``,
 ``on_exit`` (exit code, None if it was lost), then ``on_closed`` once every
-fd of the rank has reached EOF and been closed. A rank's output is complete
-when ``on_closed`` is called. Sinks must return quickly: they run on the
-shared loop.
+fd of the rank has reached EOF and been closed, and what ``log_at_end`` was
+given (the rank's reported traceback) has been appended to its log. A
+rank's output is complete when ``on_closed`` is called. Sinks must return
+quickly: they run on the shared loop.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class _RankState:
     frames: FrameReader = field(default_factory=FrameReader)
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
+    log_tail: list[str] = field(default_factory=list)
 
 
 class Relay:
@@ -133,6 +135,12 @@ class Relay:
         if state is not None:
             for fd in list(state.open_fds):
                 self._close_fd(rank, state, fd)
+
+    def log_at_end(self, rank: int, text: str) -> None:
+        """Append ``text`` to ``rank``'s log once its output is complete (loop thread)."""
+        state = self._ranks.get(rank)
+        if state is not None:
+            state.log_tail.append(text)
 
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = os.open(self.log_path(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -210,5 +218,7 @@ class Relay:
             state.exit_reported = True
             self.sink.on_exit(rank, None)
         if not state.open_fds:
+            for text in state.log_tail:
+                os.write(state.log, text.encode("utf-8", "backslashreplace"))
             os.close(state.log)
             self.sink.on_closed(rank)

@@ -169,11 +169,21 @@ def _rebuildable(value: object) -> bool:
     return type(value) in (dict, list, tuple) or hasattr(value, "_fields")
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
     """Describe ``exc`` so that the notebook can re-raise it (see ``protocol.ErrorInfo``)."""
     tb = exc.__traceback__
-    # Drop the worker's own frame: the user wants to see their code.
-    text = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+    # Drop nbddp's own outer frames (serve, _call, the %%ddp cell program):
+    # the user wants to see their code, starting where it was called.
+    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
     exc_bytes: bytes | None
     try:
         data = cloudpickle.dumps(exc)
@@ -215,8 +225,10 @@ def serve(ctrl: socket.socket) -> int:
     except SystemExit as exc:
         return _report_exit(channel, exc)
     except BaseException as exc:
+        # Not printed here: the notebook raises it once, with this traceback,
+        # and adds it to the rank's log (printing it too would show it once
+        # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         _flush()
         return 1
     # The process group is not destroyed here: the rank exits right after

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 
 import psutil
 
@@ -29,15 +30,20 @@ def _descendants() -> set[int]:
         return set()
 
 
-def ours(roles: tuple[str, ...] = ("worker",)) -> list[psutil.Process]:
+def ours(
+    roles: tuple[str, ...] = ("worker",), pids: Collection[int] | None = None
+) -> list[psutil.Process]:
     """Live processes of this test session with one of ``roles``.
 
     ``zygote``: nbddp's forkserver; ``worker``: every other nbddp process
-    (ranks and their children)."""
+    (ranks and their children). With ``pids``, only those processes (e.g.
+    what one kernel started)."""
     session = os.environ[MARKER]
     mine = _descendants()
     found = []
     for proc in psutil.process_iter():
+        if pids is not None and proc.pid not in pids:
+            continue
         try:
             if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
@@ -73,6 +79,10 @@ def wait_procs_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.
     return alive
 
 
-def wait_gone(roles: tuple[str, ...] = ("worker",), timeout: float = 10.0) -> list[psutil.Process]:
+def wait_gone(
+    roles: tuple[str, ...] = ("worker",),
+    timeout: float = 10.0,
+    pids: Collection[int] | None = None,
+) -> list[psutil.Process]:
     """Wait until no process of this session with ``roles`` is left; return survivors."""
-    return wait_procs_gone(ours(roles), timeout)
+    return wait_procs_gone(ours(roles, pids), timeout)

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from jupyter_client.manager import KernelManager
 
 
@@ -43,6 +44,12 @@ class CellResult:
         return "".join(
             m["content"]["text"] for m in self.of_type("stream") if m["content"]["name"] == "stderr"
         )
+
+    @property
+    def result(self) -> str | None:
+        """The text/plain of the cell's ``execute_result`` (its Out[n]), if any."""
+        results = self.of_type("execute_result")
+        return results[-1]["content"]["data"]["text/plain"] if results else None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -91,6 +98,10 @@ class Kernel:
         assert provisioner is not None
         return int(provisioner.process.pid)  # type: ignore[attr-defined]
 
+    def descendants(self) -> set[int]:
+        """Pids of every live process the kernel started, directly or not (zygote, ranks)."""
+        return {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+
     def execute(self, code: str, timeout: float = 120.0) -> CellResult:
         """Run ``code`` as a cell and collect its messages until the kernel is idle."""
         msg_id = self.kc.execute(code, store_history=True)
@@ -119,7 +130,10 @@ class Kernel:
     def wait_for_output(
         self, msg_id: str, needle: str, timeout: float = 60.0
     ) -> list[dict[str, Any]]:
-        """Read iopub messages of ``msg_id`` until one contains ``needle``; return them."""
+        """Read iopub messages of ``msg_id`` until one contains ``needle``; return them.
+
+        The cell's own code (``execute_input``) is not output: it is not searched.
+        """
         seen: list[dict[str, Any]] = []
         while True:
             try:
@@ -129,7 +143,7 @@ class Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             seen.append(msg)
-            if needle in str(msg["content"]):
+            if msg["msg_type"] != "execute_input" and needle in str(msg["content"]):
                 return seen
 
     def interrupt(self) -> None:

@@ -1,0 +1,367 @@
+"""The ``%%ddp`` cell program: a notebook cell turned into a call every rank makes.
+
+Contract: ``CellProgram.build(...)`` parses the cell in the notebook (a
+``SyntaxError`` is raised there, before any process starts), finds the
+notebook names the cell reads (``names_read``) and keeps those the notebook
+has (``select_names``). The program pickles with cloudpickle; in each rank,
+calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``,
+runs the cell body in a fresh namespace seeded with the shipped names, and
+evaluates a trailing expression. Rank 0 returns a ``CellValues`` holding the
+``--out`` names and that expression's value, each pickled on its own with
+every tensor moved to the CPU; the other ranks return None, so nothing is
+shipped back that nobody reads. ``CellValues.restore`` unpickles them in the
+notebook.
+
+The cell's source is registered in ``linecache`` under the program's
+filename (``<ddp cell [N]>``), in the rank and in the notebook, with the
+``%%ddp`` line as line 1: tracebacks show the user's lines with the
+numbers the notebook shows.
+
+Non-goals: IPython syntax inside the cell (``!cmd``, ``%magic``) is not
+translated, and the name analysis is static: a name reached only through
+``eval``/``exec``/``globals()`` is not found (pass it explicitly).
+This module must not import IPython: ranks unpickle the program.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import linecache
+import os
+import re
+import symtable
+import sys
+import tokenize
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from .errors import CellError
+
+# Names IPython keeps in the user namespace for itself: input/output history
+# (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
+# shipped, even if the cell mentions them.
+_INTERNAL = re.compile(r"_{1,3}|_i{1,3}|_i?\d+|_[oid]h|In|Out|get_ipython|exit|quit|__\w+__")
+
+
+def names_read(source: str) -> frozenset[str]:
+    """The global names ``source`` may read from outside itself.
+
+    Every name the cell's top level reads, and every global name read by the
+    functions, classes, lambdas and comprehensions it defines; minus the
+    names whose every read follows an unconditional top-level binding
+    (assignment, import, def, class) or is a loop's or ``with``'s read of
+    its own target. Conditional bindings (inside ``if``/``for``/``try``...)
+    do not count: when in doubt a name is read, as shipping a name too many
+    costs bytes, while one too few fails.
+    """
+    tree = ast.parse(source)
+    table = symtable.symtable(source, "<ddp cell>", "exec")
+    top_level = {sym.get_name() for sym in table.get_symbols()}
+    read = {sym.get_name() for sym in table.get_symbols() if sym.is_referenced()}
+    # ``x += 1`` reads x, but symtable records only the binding.
+    read |= _augmented_names(tree) & top_level
+    for scope in _nested_scopes(table):
+        read |= {
+            sym.get_name()
+            for sym in scope.get_symbols()
+            if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
+        }
+    return frozenset(read & _read_before_bound(tree.body))
+
+
+def _nested_scopes(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:
+    for child in table.get_children():
+        yield child
+        yield from _nested_scopes(child)
+
+
+def _augmented_names(tree: ast.AST) -> set[str]:
+    return {
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
+    }
+
+
+_UNCONDITIONAL = (
+    ast.Assign,
+    ast.AnnAssign,
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+)
+
+
+def _read_before_bound(body: list[ast.stmt]) -> set[str]:
+    """Names read by a top-level statement before one unconditionally bound them."""
+    bound: set[str] = set()
+    read: set[str] = set()
+    for stmt in body:
+        # A statement's reads happen before its binding (``x = x + 1``), and
+        # a read anywhere, even inside a function body, counts.
+        read |= _reads(stmt) - bound
+        if isinstance(stmt, _UNCONDITIONAL):
+            bound |= _bindings(stmt)
+    return read
+
+
+def _reads(node: ast.AST) -> set[str]:
+    """Names ``node`` reads; a ``for``/``with`` body's reads of its own targets are not."""
+    if isinstance(node, ast.For | ast.AsyncFor):
+        inner = set().union(*(_reads(n) for n in [*node.body, *node.orelse]))
+        return _reads(node.iter) | (inner - _stored(node.target))
+    if isinstance(node, ast.With | ast.AsyncWith):
+        heads = [item.context_expr for item in node.items]
+        targets = set().union(*(_stored(i.optional_vars) for i in node.items if i.optional_vars))
+        inner = set().union(*(_reads(n) for n in node.body))
+        return set().union(*(_reads(h) for h in heads)) | (inner - targets)
+    found = {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)
+    }
+    return found | _augmented_names(node)
+
+
+def _stored(target: ast.AST) -> set[str]:
+    return {
+        n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+
+
+def _bindings(stmt: ast.stmt) -> set[str]:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {stmt.name}
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return {
+            (alias.asname or alias.name).split(".")[0] for alias in stmt.names if alias.name != "*"
+        }
+    if isinstance(stmt, ast.Assign):
+        return set().union(*(_stored(target) for target in stmt.targets))
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:  # ``x: int`` binds nothing
+        return _stored(stmt.target)
+    return set()
+
+
+def select_names(
+    user_ns: Mapping[str, Any], names: Iterable[str], hidden: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The ``names`` that ``user_ns`` holds, minus IPython's own (``hidden`` and history)."""
+    skip = set(hidden)
+    return {
+        name: user_ns[name]
+        for name in sorted(names)
+        if name in user_ns and name not in skip and not _INTERNAL.fullmatch(name)
+    }
+
+
+def register_source(filename: str, text: str) -> None:
+    """Make ``text`` the source of ``filename`` for tracebacks (``linecache``)."""
+    lines = text.splitlines(keepends=True)
+    # mtime None: ``linecache.checkcache`` leaves the entry alone.
+    linecache.cache[filename] = (len(text), None, lines, filename)
+
+
+def is_quiet(source: str) -> bool:
+    """True if the cell ends with ``;``: as in IPython, its value is not displayed."""
+    last = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in (
+                tokenize.NEWLINE,
+                tokenize.NL,
+                tokenize.COMMENT,
+                tokenize.INDENT,
+                tokenize.DEDENT,
+                tokenize.ENDMARKER,
+            ):
+                last = tok
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return last is not None and last.type == tokenize.OP and last.string == ";"
+
+
+def compile_cell(
+    source: str, filename: str, *, quiet: bool = False
+) -> tuple[types.CodeType, types.CodeType | None]:
+    """The cell as (body, trailing expression or None), line 1 being the ``%%ddp`` line.
+
+    Raises ``SyntaxError`` for invalid code and ``CellError`` for an empty cell.
+    """
+    # The leading newline stands for the %%ddp line, so that line numbers
+    # (in tracebacks and syntax errors) match the notebook's.
+    tree = ast.parse("\n" + source, filename, "exec")
+    if not tree.body:
+        raise CellError(
+            "%%ddp: the cell is empty; write the code every rank runs below the %%ddp line"
+        )
+    last: ast.Expression | None = None
+    final = tree.body[-1]
+    if isinstance(final, ast.Expr) and not quiet:
+        tree.body.pop()
+        last = ast.Expression(final.value)
+    body = compile(tree, filename, "exec", dont_inherit=True)
+    expr = compile(last, filename, "eval", dont_inherit=True) if last is not None else None
+    return body, expr
+
+
+@dataclass(frozen=True)
+class CellValues:
+    """What rank 0 sends back: each value pickled on its own (tensors on the CPU)."""
+
+    out: dict[str, bytes]
+    """The ``--out`` names."""
+    last: bytes | None = None
+    """The trailing expression's value, if it pickled."""
+    last_repr: str | None = None
+    """Its ``repr``, when the value itself could not be pickled."""
+
+    def restore(self) -> tuple[dict[str, Any], Any]:
+        """(``--out`` name -> value, trailing expression's value) in the notebook."""
+        out: dict[str, Any] = {}
+        for name, data in self.out.items():
+            try:
+                out[name] = cloudpickle.loads(data)
+            except Exception as exc:
+                raise CellError(
+                    f"--out {name}: rank 0 sent it but it cannot be rebuilt in the notebook "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
+        if self.last is not None:
+            return out, cloudpickle.loads(self.last)
+        return out, _Repr(self.last_repr) if self.last_repr is not None else None
+
+
+@dataclass(frozen=True)
+class _Repr:
+    """Shows a value that stayed in rank 0 by the ``repr`` it had there."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class CellProgram:
+    """What every rank runs for a ``%%ddp`` cell (see module contract)."""
+
+    source: str
+    """The cell body (without the ``%%ddp`` line)."""
+    header: str
+    """The ``%%ddp`` line, shown as line 1 in tracebacks."""
+    filename: str
+    """The name the cell's code is compiled under, e.g. ``<ddp cell [3]>``."""
+    device: str
+    """``cuda``: ``device`` is ``cuda:LOCAL_RANK``; anything else: the CPU."""
+    names: dict[str, Any] = field(default_factory=dict)
+    """The notebook names the cell reads."""
+    out: tuple[str, ...] = ()
+    """Names rank 0 sends back."""
+    quiet: bool = False
+    """The cell ends with ``;``: its last expression is not shown."""
+
+    @classmethod
+    def build(
+        cls,
+        source: str,
+        *,
+        header: str,
+        filename: str,
+        device: str,
+        user_ns: Mapping[str, Any],
+        hidden: Iterable[str] = (),
+        out: Iterable[str] = (),
+    ) -> CellProgram:
+        """Check and analyse the cell here, in the notebook (see module contract)."""
+        register_source(filename, header + "\n" + source)
+        quiet = is_quiet(source)
+        compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
+        names = select_names(user_ns, names_read(source), hidden)
+        return cls(source, header, filename, device, names, tuple(out), quiet)
+
+    def __call__(self) -> CellValues | None:
+        """Run the cell on this rank (see module contract)."""
+        import torch
+
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        register_source(self.filename, self.header + "\n" + self.source)
+        body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
+        # One dict as the globals: functions and classes the cell defines see
+        # each other and the shipped names, as they would in the notebook.
+        ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        ns.update(self.names)
+        ns.update(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=int(os.environ["WORLD_SIZE"]),
+            device=torch.device("cuda", local_rank)
+            if self.device == "cuda"
+            else torch.device("cpu"),
+        )
+        exec(body, ns)
+        value = eval(expr, ns) if expr is not None else None
+        if rank != 0:
+            return None
+        return _collect(ns, self.out, value)
+
+
+def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues:
+    missing = [name for name in out if name not in ns]
+    if missing:
+        raise NameError(
+            f"--out {','.join(missing)}: the cell did not define "
+            f"{' or '.join(repr(n) for n in missing)} on rank 0"
+        )
+    sent: dict[str, bytes] = {}
+    for name in out:
+        try:
+            sent[name] = dumps_cpu(ns[name])
+        except Exception as exc:
+            raise TypeError(
+                f"--out {name}: {type(ns[name]).__name__} cannot be sent to the notebook "
+                f"({type(exc).__name__}: {exc}); send plain data instead "
+                "(tensors, numbers, lists, dicts, a state_dict())"
+            ) from None
+    if value is None:
+        return CellValues(sent)
+    try:
+        return CellValues(sent, last=dumps_cpu(value))
+    except Exception:
+        # The value is only for display: its repr is enough.
+        return CellValues(sent, last_repr=repr(value))
+
+
+class _CpuPickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with every tensor anywhere in the value copied to the CPU."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = _torch()
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            cpu = obj.detach().cpu()
+            if isinstance(obj, torch.nn.Parameter):
+                return torch.nn.Parameter, (cpu, obj.requires_grad)
+            return _same, (cpu,)
+        return super().reducer_override(obj)
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def dumps_cpu(value: Any) -> bytes:
+    """``cloudpickle.dumps(value)`` with tensors (nested anywhere) moved to the CPU."""
+    buffer = io.BytesIO()
+    _CpuPickler(buffer).dump(value)
+    return buffer.getvalue()

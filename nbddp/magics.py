@@ -1,0 +1,269 @@
+"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_status`` (``%load_ext nbddp``).
+
+Contract: the magics only parse their arguments (IPython's
+``magic_arguments``; the launch options are declared once and shared by
+``%%ddp`` and ``%ddp_config``) and hand over to the kernel's
+``session.Session``. Bad options, invalid launch settings and an empty
+cell raise a one-line ``UsageError`` (no traceback); nothing given on a
+magic line is ever evaluated as Python. ``%%ddp?`` shows the options.
+
+Loading the extension twice keeps the first registration (and its session
+defaults); ``%reload_ext nbddp`` starts afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
+
+from IPython.core import magic_arguments as _ma
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic import cell_magic as _cell_magic
+from IPython.core.magic import line_magic as _line_magic
+
+from .errors import CellError, ConfigError
+from .session import OUTPUTS, Session
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# Typed faces of IPython's (unannotated) magic_arguments decorators.
+def argument(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+    """``magic_arguments.argument``: one ``add_argument`` call."""
+    return cast(Callable[[F], F], _ma.argument(*args, **kwargs))  # type: ignore[no-untyped-call]
+
+
+def argument_group(title: str) -> Callable[[F], F]:
+    """``magic_arguments.argument_group``: the options after it go in this group."""
+    return cast(Callable[[F], F], _ma.argument_group(title))  # type: ignore[no-untyped-call]
+
+
+def cell_magic(func: F) -> F:
+    """``magic.cell_magic``: register ``func`` as a cell magic of its class."""
+    return cast(F, _cell_magic(func))
+
+
+def line_magic(func: F) -> F:
+    """``magic.line_magic``: register ``func`` as a line magic of its class."""
+    return cast(F, _line_magic(func))
+
+
+def magic_arguments(name: str | None = None) -> Callable[[F], F]:
+    """``magic_arguments.magic_arguments``: builds the parser from the options above.
+
+    ``name`` is the one the usage line shows after IPython's ``%``.
+    Abbreviations are off: ``--out`` must not quietly mean ``--output``.
+    """
+    build = _ma.magic_arguments(name)  # type: ignore[no-untyped-call]
+
+    def decorate(func: F) -> F:
+        func = build(func)
+        func.parser.allow_abbrev = False  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def _gpus(text: str) -> int | list[int]:
+    """``2`` (a count) or ``0,1`` (GPU ids; one id as ``3,``)."""
+    parts = [p.strip() for p in text.strip().strip("[]").split(",")]
+    try:
+        if "," not in text:
+            return int(text)
+        return [int(p) for p in parts if p]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--gpus takes a count (2) or GPU ids (0,1; a single id as 3,), got {text!r}"
+        ) from None
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env takes NAME=VALUE, got {text!r}")
+    return key, value
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"--out takes Python names separated by commas (state,history), got {text!r}"
+        )
+    return names
+
+
+_LAUNCH_OPTIONS = (
+    argument_group("launch options (%ddp_config sets them for the session)"),
+    argument(
+        "--gpus",
+        type=_gpus,
+        metavar="N|IDS",
+        help="one process per GPU: a count (2) or GPU ids (0,1; one id as 3,); nccl",
+    ),
+    argument("--procs", type=int, metavar="N", help="N CPU processes (gloo), GPUs hidden"),
+    argument(
+        "--start-method",
+        choices=("forkserver", "spawn", "fork"),
+        help="how ranks start (default forkserver: torch preloaded, CUDA untouched)",
+    ),
+    argument("--port", type=int, help="rendezvous port (default: a free one per run)"),
+    argument("--master-addr", metavar="ADDR", help="rendezvous address (default 127.0.0.1)"),
+    argument("--timeout", type=float, metavar="SECONDS", help="stop the run after this long"),
+    argument(
+        "--env",
+        type=_env_pair,
+        action="append",
+        metavar="NAME=VALUE",
+        help="an environment variable for every rank (repeatable)",
+    ),
+    argument(
+        "--mixed-precision",
+        choices=("no", "fp16", "bf16", "fp8"),
+        help="exported as ACCELERATE_MIXED_PRECISION for Accelerator()",
+    ),
+    argument("--output", choices=OUTPUTS, help="whose output the cell shows (default all)"),
+)
+_LAUNCH_KEYS = (
+    "gpus",
+    "procs",
+    "start_method",
+    "port",
+    "master_addr",
+    "timeout",
+    "env",
+    "mixed_precision",
+    "output",
+)
+
+
+def _launch_arguments(func: F) -> F:
+    """Add the shared launch options to a magic (in the order declared above)."""
+    for decorator in reversed(_LAUNCH_OPTIONS):
+        func = decorator(func)
+    return func
+
+
+def launch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch options given on the line, as ``LaunchConfig.build`` keywords + output."""
+    given = {key: getattr(args, key) for key in _LAUNCH_KEYS if getattr(args, key) is not None}
+    if "env" in given:
+        given["env"] = dict(given["env"])
+    return given
+
+
+def parse(magic: Callable[..., Any], line: str, name: str) -> argparse.Namespace:
+    """Parse ``line`` for ``magic``; any problem is a one-line ``UsageError``."""
+    try:
+        args = _ma.parse_argstring(magic, line)  # type: ignore[no-untyped-call]
+    except UsageError as exc:
+        raise UsageError(f"{name}: {exc} ({name}? lists the options)") from None
+    except ValueError as exc:  # unbalanced quotes
+        raise UsageError(f"{name}: cannot split the options: {exc}") from None
+    return cast(argparse.Namespace, args)
+
+
+@contextlib.contextmanager
+def _as_usage_error() -> Iterator[None]:
+    # Why: a wrong option or an empty cell deserves one line, not a traceback.
+    try:
+        yield
+    except (ConfigError, CellError) as exc:
+        if hasattr(exc, "_render_traceback_"):
+            raise  # a rank's own error, already made to show its traceback
+        raise UsageError(str(exc)) from None
+
+
+@magics_class
+class DdpMagics(Magics):
+    """The nbddp magics of one kernel; their state is the instance's ``session``."""
+
+    def __init__(self, shell: InteractiveShell) -> None:
+        super().__init__(shell)
+        self.session = Session()
+
+    @cell_magic
+    @magic_arguments("%ddp")  # usage: %%ddp
+    @argument(
+        "--out",
+        type=_names,
+        action="append",
+        metavar="NAMES",
+        help="names to bring back from rank 0 into the notebook (comma-separated)",
+    )
+    @argument(
+        "--no-init",
+        action="store_true",
+        help="do not initialise the default process group (the cell does it)",
+    )
+    @_launch_arguments
+    def ddp(self, line: str, cell: str) -> Any:
+        """Run this cell on every rank (one process per GPU, or per CPU slot).
+
+        Before the cell, the default process group is initialised (nccl on
+        GPUs, gloo on CPU) and rank, local_rank, world_size and device are
+        defined. The notebook names the cell reads are sent to the ranks.
+        After it, the --out names come back from rank 0 (tensors on the
+        CPU) and a last expression on rank 0 is the cell's result. A rank
+        that raises fails the cell with that rank's traceback.
+        """
+        args = parse(self.ddp, line, "%%ddp")
+        shell = self.shell
+        assert shell is not None
+        with _as_usage_error():
+            out, last = self.session.run_cell(
+                cell,
+                header=f"%%ddp {line}".rstrip(),
+                filename=f"<ddp cell [{shell.execution_count}]>",
+                given=launch_options(args),
+                out=[name for names in args.out or () for name in names],
+                init=not args.no_init,
+                user_ns=shell.user_ns,
+                hidden=shell.user_ns_hidden,
+            )
+        shell.push(out)  # type: ignore[no-untyped-call]
+        return last
+
+    @line_magic
+    @magic_arguments()
+    @argument("--reset", action="store_true", help="forget the session defaults first")
+    @_launch_arguments
+    def ddp_config(self, line: str) -> None:
+        """Set the launch options every %%ddp cell starts from; with none, show them.
+
+        A cell's own options win; its --gpus or --procs replaces both.
+        """
+        args = parse(self.ddp_config, line, "%ddp_config")
+        given = launch_options(args)
+        if given or args.reset:
+            with _as_usage_error():
+                self.session.configure(given, reset=args.reset)
+        print(self.session.describe_defaults())
+
+    @line_magic
+    def ddp_status(self, line: str) -> None:
+        """Show the last %%ddp run: its state, each rank's state and exit, time, log dir."""
+        if line.strip():
+            raise UsageError("%ddp_status takes no arguments")
+        print(self.session.status())
+
+
+def load_ipython_extension(shell: InteractiveShell) -> None:
+    """Register the magics; a second load keeps the first (and its session)."""
+    if "DdpMagics" not in shell.magics_manager.registry:
+        shell.register_magics(DdpMagics(shell))
+
+
+def unload_ipython_extension(shell: InteractiveShell) -> None:
+    """Remove the magics (``%reload_ext nbddp`` then starts a fresh session)."""
+    magics = shell.magics_manager.registry.pop("DdpMagics", None)
+    if magics is None:
+        return
+    for kind, names in magics.magics.items():
+        for name in names:
+            shell.magics_manager.magics[kind].pop(name, None)

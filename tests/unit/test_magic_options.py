@@ -1,0 +1,124 @@
+"""%%ddp / %ddp_config argument parsing and session defaults, without a kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from nbddp.errors import ConfigError
+from nbddp.magics import DdpMagics, launch_options, parse
+from nbddp.session import Session, format_options, merge_options
+
+
+def cell_options(line: str) -> dict[str, Any]:
+    return launch_options(parse(DdpMagics.ddp, line, "%%ddp"))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("", {}),
+        ("--gpus 2", {"gpus": 2}),
+        ("--gpus 0,1", {"gpus": [0, 1]}),
+        ("--gpus 3,", {"gpus": [3]}),
+        ("--procs 2 --timeout 600", {"procs": 2, "timeout": 600.0}),
+        ("--env A=1 --env B=x=y", {"env": {"A": "1", "B": "x=y"}}),
+        ("--start-method spawn --port 29500", {"start_method": "spawn", "port": 29500}),
+        (
+            "--master-addr 10.0.0.1 --mixed-precision bf16",
+            {"master_addr": "10.0.0.1", "mixed_precision": "bf16"},
+        ),
+        ("--output rank0", {"output": "rank0"}),
+    ],
+)
+def test_launch_options(line: str, expected: dict[str, Any]) -> None:
+    assert cell_options(line) == expected
+
+
+def test_cell_only_options() -> None:
+    args = parse(DdpMagics.ddp, "--out state,history --out x --no-init", "%%ddp")
+    assert args.out == [["state", "history"], ["x"]]
+    assert args.no_init is True
+    assert parse(DdpMagics.ddp, "", "%%ddp").no_init is False
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--bogus", "unrecognized arguments: --bogus"),
+        ("--gpus two", "--gpus takes a count"),
+        ("--env NOVALUE", "--env takes NAME=VALUE"),
+        ("--out 1x", "--out takes Python names"),
+        ("--output some", "invalid choice: 'some'"),
+        ("--procs", "expected one argument"),
+        ("--env 'A=1", "cannot split the options"),
+        ("--proc 2", "unrecognized arguments: --proc"),  # no abbreviations
+    ],
+)
+def test_bad_options_are_one_line_usage_errors(line: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse(DdpMagics.ddp, line, "%%ddp")
+    text = str(info.value)
+    assert text.startswith("%%ddp: ") and message in text
+    assert "\n" not in text
+
+
+def test_config_shares_the_launch_options_but_not_the_cell_ones() -> None:
+    args = parse(DdpMagics.ddp_config, "--procs 2 --reset", "%ddp_config")
+    assert launch_options(args) == {"procs": 2} and args.reset
+    with pytest.raises(UsageError, match="unrecognized arguments: --out"):
+        parse(DdpMagics.ddp_config, "--out x", "%ddp_config")
+
+
+def test_help_lists_the_options() -> None:
+    doc = DdpMagics.ddp.__doc__ or ""
+    assert "Run this cell on every rank" in doc
+    for option in ("--gpus", "--procs", "--out", "--no-init", "--env", "launch options"):
+        assert option in doc
+
+
+def test_merge_options() -> None:
+    defaults = {"gpus": 2, "timeout": 600.0, "env": {"A": "1"}}
+    merged = merge_options(defaults, {"procs": 1, "env": {"B": "2"}})
+    assert merged == {"procs": 1, "timeout": 600.0, "env": {"A": "1", "B": "2"}}
+    assert merge_options(defaults, {}) == defaults
+
+
+@pytest.mark.parametrize(
+    "line", ["--procs 2 --timeout 600", "--gpus 0,1 --env A=1 --output none", "--gpus 3,"]
+)
+def test_format_options_round_trips(line: str) -> None:
+    options = cell_options(line)
+    assert cell_options(format_options(options)) == options
+
+
+def test_session_defaults_are_validated_and_shown() -> None:
+    session = Session()
+    assert "no session defaults" in session.describe_defaults()
+    session.configure({"procs": 2, "timeout": 600.0})
+    assert session.describe_defaults() == "%ddp_config --procs 2 --timeout 600"
+    with pytest.raises(ConfigError, match="procs must be at least 1"):
+        session.configure({"procs": 0})
+    assert session.defaults == {"procs": 2, "timeout": 600.0}  # unchanged by the bad call
+    session.configure({"output": "rank0"}, reset=True)
+    assert session.defaults == {"output": "rank0"}
+    assert "no %%ddp cell has run" in session.status()
+
+
+def test_importing_nbddp_does_not_import_ipython() -> None:
+    code = (
+        "import sys, nbddp; print('IPython' in sys.modules, callable(nbddp.load_ipython_extension))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NBDDP_PREWARM": "0"},
+    )
+    assert done.stdout.split() == ["False", "True"], done.stderr
