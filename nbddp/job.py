@@ -94,7 +94,7 @@ class Job:
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.done = Event()
         self.port: int | None = None
-        self.failure: Failure | None = None
+        self.failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
         self.stop_reason: str | None = None  # stopped, failed, timeout, interrupted
         self.started_at = time.monotonic()
         self.ended_at: float | None = None
@@ -242,7 +242,7 @@ class Job:
             state.state = "failed"
         elif code == 0:
             state.state = "done"
-        elif self.stop_reason is not None and (self.failure is None or self.failure.rank != rank):
+        elif self.stop_reason is not None and not self._has_failed(rank):
             state.state = "stopped"  # we ended it; the run's root cause is elsewhere
         else:
             state.state = "failed"
@@ -264,9 +264,27 @@ class Job:
 
     # -- loop-thread internals ---------------------------------------------
 
+    @property
+    def failure(self) -> Failure | None:
+        """The run's root cause: the earliest failure, except that a rank that died or
+        exited wins over ranks that raised within ``failure_grace`` of the first.
+
+        Why: a rank that crashes breaks the others' collectives, and their
+        "connection reset" errors can reach the notebook in the same instant
+        as the news of the crash; a raised error never makes another rank die.
+        """
+        if not self.failures:
+            return None
+        first = self.failures[0][0]
+        window = [f for when, f in self.failures if when - first <= self.config.failure_grace]
+        return next((f for f in window if f.kind != "error"), window[0])
+
+    def _has_failed(self, rank: int) -> bool:
+        return any(f.rank == rank for _, f in self.failures)
+
     def _fail(self, failure: Failure) -> None:
-        if self.failure is None:
-            self.failure = failure
+        if not self._has_failed(failure.rank):
+            self.failures.append((time.monotonic(), failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
             self._loop.call_later(self.config.failure_grace, self._stop, "failed")

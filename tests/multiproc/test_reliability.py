@@ -121,15 +121,20 @@ def test_stacks_can_be_dumped_from_a_running_job(tmp_path: Path) -> None:
     fifo = tmp_path / "go"
     for rank in (0, 1):
         os.mkfifo(f"{fifo}.{rank}")
-    seen: list[str] = []
-    run = nbddp.launch(fns.wait_on_fifo, str(fifo), procs=2, block=False, output="none")
+    text = {0: "", 1: ""}
+    run = nbddp.launch(fns.wait_on_fifo, str(fifo), procs=2, block=False, output="none", timeout=60)
 
     class DumpWhenReady:
-        def output(self, rank: int, stream: str, text: str) -> None:
-            seen.append(text)
-            if sum("ready" in t for t in seen) == 2:
+        dumped = False
+        released = False
+
+        def output(self, rank: int, stream: str, chunk: str) -> None:
+            text[rank] += chunk
+            if not self.dumped and all("ready" in t for t in text.values()):
+                self.dumped = True
                 run.dump_stacks()
-            if sum("in wait_on_fifo" in t for t in seen) == 2:
+            if not self.released and all("in wait_on_fifo" in t for t in text.values()):
+                self.released = True
                 for r in (0, 1):
                     with open(f"{fifo}.{r}", "w") as f:
                         f.write("go\n")
