@@ -37,6 +37,7 @@ import psutil
 
 from . import protocol
 from .config import LaunchConfig
+from .payload import Serialized
 from .ports import choose_port, listen
 from .protocol import ErrorInfo, RunOrder
 from .relay import RankPipes, Relay
@@ -85,7 +86,7 @@ def run_base_dir() -> Path:
 class Job:
     """One run's processes (see module contract)."""
 
-    def __init__(self, config: LaunchConfig, payload: bytes) -> None:
+    def __init__(self, config: LaunchConfig, payload: Serialized) -> None:
         self.config = config
         self.payload = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -127,6 +128,8 @@ class Job:
             try:
                 # Blocking send: the worker reads its order as soon as it runs.
                 protocol.send(sock, "run", order)
+                if self.payload.fds:
+                    socket.send_fds(sock, [b"\0"], list(self.payload.fds))
             except OSError:
                 pass  # it already died; the relay reports how
             self._relay.attach(state.rank, self._pipes[state.rank])
@@ -174,7 +177,8 @@ class Job:
         return RunOrder(
             rank=rank,
             env=env,
-            payload=self.payload,
+            payload=self.payload.data,
+            fd_count=len(self.payload.fds),
             sys_path=list(sys.path),
             cwd=os.getcwd(),
             init_process_group=self.config.init_process_group,

@@ -53,10 +53,11 @@ def start_run(
     if display is not None:
         for notice in config.notices:
             display.notice(notice)
-        if len(payload) > LARGE_PAYLOAD_BYTES:
+        if len(payload.data) > LARGE_PAYLOAD_BYTES:
             display.notice(
-                f"the payload is {len(payload) >> 20} MiB and is copied to every rank; "
-                "load large data inside the function instead"
+                f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
+                "every rank (CPU tensors are shared, not copied); load large data inside "
+                "the function instead"
             )
     job = Job(config, payload)
     job.start()

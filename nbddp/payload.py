@@ -1,16 +1,20 @@
 """The payload: the function and its arguments, serialised once with cloudpickle.
 
-Contract: ``Payload.serialize(fn, args, kwargs)`` returns bytes that every
-rank unpickles with ``Payload.from_bytes``. Functions, lambdas, closures and
+Contract: ``Payload.serialize(fn, args, kwargs)`` returns a ``Serialized``
+(bytes, plus shared-memory descriptors) that every rank unpickles with
+``Payload.from_bytes``. Functions, lambdas, closures and
 classes defined in ``__main__`` (a notebook or a script) travel by value,
 so workers never re-import or re-run the script. When something cannot be
 pickled, ``PayloadError`` names the object, the path by which it was
 reached (``train -> closure 'conn' (sqlite3.Connection)``) and what to do;
 this happens before any process starts.
 
-Non-goals: sharing large tensors without copying (a later stage), and
-objects that only make sense in one process (locks, open files, sockets,
-generators, database connections): those must be created inside the function.
+Large CPU tensors are not copied into the bytes: they travel as shared
+memory (see ``shm``), returned beside the bytes as file descriptors.
+
+Non-goal: objects that only make sense in one process (locks, open files,
+sockets, generators, database connections): those must be created inside
+the function.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import cloudpickle
 
+from . import shm
 from .errors import PayloadError
 
 LARGE_PAYLOAD_BYTES = 256 << 20
@@ -36,25 +41,36 @@ class Call:
     kwargs: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Serialized:
+    """A pickled call: the bytes, and the shared-memory descriptors they refer to."""
+
+    data: bytes
+    fds: tuple[int, ...] = ()
+
+
 class Payload:
     """Serialisation of a ``Call`` (see module contract)."""
 
     @staticmethod
-    def serialize(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    def serialize(
+        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Serialized:
         """Pickle the call once; ``PayloadError`` explains any failure."""
         if not callable(fn):
             raise PayloadError(
                 f"the function to launch must be callable, got {type(fn).__name__} {fn!r:.60}"
             )
         try:
-            return bytes(cloudpickle.dumps(Call(fn, tuple(args), dict(kwargs))))
+            data, fds = shm.dumps(Call(fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
+        return Serialized(data, tuple(fds))
 
     @staticmethod
-    def from_bytes(data: bytes) -> Call:
-        """Rebuild the call in a worker."""
-        call = cloudpickle.loads(data)
+    def from_bytes(data: bytes, fds: list[int] | None = None) -> Call:
+        """Rebuild the call in a worker, mapping the received shared-memory ``fds``."""
+        call = shm.loads(data, fds or [])
         if not isinstance(call, Call):
             raise TypeError(f"payload holds {type(call).__name__}, not a Call")
         return call

@@ -34,6 +34,7 @@ class RunOrder:
     init_process_group: bool
     backend: str
     set_cuda_device: bool
+    fd_count: int = 0  # shared-memory descriptors sent right after the order (SCM_RIGHTS)
 
 
 @dataclass(frozen=True)

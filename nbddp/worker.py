@@ -199,9 +199,13 @@ def error_info(exc: BaseException) -> ErrorInfo:
     )
 
 
-def _call(order: RunOrder) -> Any:
+def _call(order: RunOrder, fds: list[int]) -> Any:
     _prepare_torch(order)
-    call = Payload.from_bytes(order.payload)
+    try:
+        call = Payload.from_bytes(order.payload, fds)
+    finally:
+        for fd in fds:  # the mappings keep their own references
+            os.close(fd)
     return call.fn(*call.args, **call.kwargs)
 
 
@@ -213,6 +217,10 @@ def serve(ctrl: socket.socket) -> int:
     if msg is None or msg[0] != "run":
         return 1  # the notebook went away before sending work
     order: RunOrder = msg[1]
+    fds: list[int] = []
+    if order.fd_count:
+        # Before the link watcher starts reading: it would swallow the descriptors.
+        _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
     set_process_name(f"nbddp-rank{order.rank}")
     _apply_order(order)
     faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -221,7 +229,7 @@ def serve(ctrl: socket.socket) -> int:
     threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
     try:
-        value = _call(order)
+        value = _call(order, list(fds))
     except SystemExit as exc:
         return _report_exit(channel, exc)
     except BaseException as exc:

@@ -198,3 +198,21 @@ def listening_sockets() -> list[tuple[str, int]]:
     dist.barrier()
     dist.destroy_process_group()
     return listening
+
+
+def digest(t: Any) -> str:
+    """An exact fingerprint of a CPU tensor's contents."""
+    import hashlib
+
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def checksum_and_scribble(t: Any, model: Any) -> dict[str, str]:
+    """Fingerprint the shared inputs, then write to them (the notebook must not see it)."""
+    import torch
+
+    out = {"data": digest(t), "weight": digest(model.weight)}
+    with torch.no_grad():
+        t.add_(1)
+        model.weight.zero_()
+    return out

@@ -28,8 +28,9 @@ def test_round_trip_of_lambda_closure_and_local_class() -> None:
         def __init__(self, v: int) -> None:
             self.v = v
 
-    data = Payload.serialize(lambda a, b=1: Local(a + b).v, (2,), {"b": 3})
-    call = Payload.from_bytes(data)
+    payload = Payload.serialize(lambda a, b=1: Local(a + b).v, (2,), {"b": 3})
+    assert payload.fds == ()
+    call = Payload.from_bytes(payload.data)
     assert call.fn(*call.args, **call.kwargs) == 5
 
 
