@@ -353,7 +353,9 @@ class _CpuPickler(cloudpickle.Pickler):  # type: ignore[misc]
 
 
 def _torch() -> Any:
-    return sys.modules.get("torch")
+    # Only a fully imported torch (nbddp may be importing it in the background).
+    torch = sys.modules.get("torch")
+    return torch if hasattr(torch, "Tensor") else None
 
 
 def _same(value: Any) -> Any:

@@ -194,7 +194,7 @@ class Job:
 
     def dump_stacks(self) -> None:
         """Ask every running rank to write all its threads' Python stacks to its stderr."""
-        self._loop.call(self._signal_all, signal.SIGUSR1, False)
+        self._loop.call(self._dump_stacks)
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks started so far."""
@@ -314,6 +314,14 @@ class Job:
             any_alive |= _signal_group(state.pid, sig, tree=not state.exited)
         return any_alive
 
+    def _dump_stacks(self) -> None:
+        # Only ranks that said "started": before that, faulthandler has not
+        # claimed SIGUSR1 yet and the signal's default action would kill them.
+        for state in self.ranks:
+            if state.state == "running" and state.pid is not None and not state.exited:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(state.pid, signal.SIGUSR1)
+
     def _reap_orphans(self, rank: int) -> None:
         state = self.ranks[rank]
         if state.closed or state.pid is None:
@@ -328,7 +336,7 @@ class Job:
             self.events.put(
                 ("notice", f"timeout of {seconds:g}s reached: dumping stacks, stopping")
             )
-            self._signal_all(signal.SIGUSR1, False)
+            self._dump_stacks()
             self.stop_reason = self.stop_reason or "timeout"
             # Give faulthandler a moment to write the stacks before SIGTERM.
             self._loop.call_later(0.5, self._stop, "timeout")

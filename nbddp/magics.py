@@ -247,10 +247,15 @@ class DdpMagics(Magics):
 
     @line_magic
     def ddp_status(self, line: str) -> None:
-        """Show the last %%ddp run: its state, each rank's state and exit, time, log dir."""
-        if line.strip():
-            raise UsageError("%ddp_status takes no arguments")
-        print(self.session.status())
+        """Show the latest run: its state, each rank's state and exit, time, log dir.
+
+        --stacks: ask its running ranks to write their Python stacks (all threads)
+        into their output and logs, to see where each one is stuck.
+        """
+        words = line.split()
+        if any(word != "--stacks" for word in words):
+            raise UsageError(f"%ddp_status takes only --stacks, got {line.strip()!r}")
+        print(self.session.status(stacks=bool(words)))
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:

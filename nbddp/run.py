@@ -16,6 +16,7 @@ import queue
 import signal
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,14 +65,24 @@ class RunResult:
         return self.log_dir / f"rank{rank}.log"
 
 
+_LATEST: weakref.ref[Run] | None = None
+
+
+def latest_run() -> Run | None:
+    """The most recently started run in this process, from any entry point, if alive."""
+    return _LATEST() if _LATEST is not None else None
+
+
 class Run:
     """A launched run (see module contract)."""
 
     def __init__(self, job: Job, display: Display | None) -> None:
+        global _LATEST
         self.job = job
         self.display = display
         self.metrics: list[dict[str, Any]] = []
         self._result: RunResult | None = None
+        _LATEST = weakref.ref(self)
 
     @property
     def log_dir(self) -> Path:

@@ -29,7 +29,7 @@ from .errors import CellError, PayloadError, WorkerError
 from .launch import start_run
 from .payload import _find_unpicklable, _short
 from .protocol import ErrorInfo
-from .run import Run, describe_exit
+from .run import Run, describe_exit, latest_run
 
 OUTPUTS = ("all", "rank0", "none")
 """Choices of ``--output``."""
@@ -138,22 +138,31 @@ class Session:
         self.last_run = run
         return _finish(run)
 
-    def status(self) -> str:
-        """The last run: its state, elapsed time, each rank's state and exit, its logs."""
-        run = self.last_run
+    def status(self, *, stacks: bool = False) -> str:
+        """The latest run (a %%ddp cell's, or a launch's): its state, elapsed time, each
+        rank's state and exit, its logs. ``stacks``: first ask its running ranks to dump
+        their Python stacks into their output."""
+        run = latest_run() or self.last_run
         if run is None:
-            return "%ddp_status: no %%ddp cell has run in this kernel yet"
+            return "%ddp_status: no run has started in this kernel yet"
+        note = ""
+        if stacks:
+            if run.job.done.is_set():
+                note = "\n(--stacks: the run has ended; no stacks to dump)"
+            else:
+                run.dump_stacks()
+                note = "\nstacks requested: each running rank writes them to its output and log"
         job, config = run.job, run.job.config
         elapsed = (job.ended_at or time.monotonic()) - job.started_at
         lines = [
-            f"last %%ddp run: {run.status} after {elapsed:.1f}s; {config.world_size} ranks "
+            f"latest run: {run.status} after {elapsed:.1f}s; {config.world_size} ranks "
             f"({config.device}, {config.backend}, {config.start_method}); run id {job.run_id}"
         ]
         for state in job.ranks:
             ended = describe_exit(state.exit_code) if state.exited else "still running"
             lines.append(f"  rank {state.rank}: {state.state:<8} pid {state.pid}  {ended}")
         lines.append(f"log dir: {run.log_dir}")
-        return "\n".join(lines)
+        return "\n".join(lines) + note
 
 
 def _finish(run: Run) -> tuple[dict[str, Any], Any]:

@@ -35,8 +35,11 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         self._index: dict[int, int] = {}  # storage address -> position in fds
 
     def reducer_override(self, obj: Any) -> Any:
+        # getattr: torch may be half-imported (nbddp's background prewarm); a
+        # tensor can only exist once torch has been fully imported.
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and _shareable(torch, obj):
+        tensor = getattr(torch, "Tensor", None)
+        if tensor is not None and type(obj) is tensor and _shareable(torch, obj):
             return self._reduce_tensor(obj)
         return super().reducer_override(obj)
 

@@ -71,3 +71,26 @@ def test_kernel_killed_takes_every_rank_down(kernel: Kernel) -> None:
     _, tree = start_hanging_run(kernel)
     kernel.kill()
     assert wait_procs_gone(tree, timeout=5.0) == []
+
+
+def test_ddp_status_stacks_dumps_a_running_launch(kernel: Kernel) -> None:
+    started = kernel.execute(
+        "%load_ext nbddp\n"
+        "import threading, nbddp\n"
+        "def stuck():\n"
+        "    print('ready', flush=True)\n"
+        "    threading.Event().wait()\n"
+        "run = nbddp.launch(stuck, procs=2, block=False, output='none')\n"
+        "run.wait(timeout=0.01) if False else None\n"
+    )
+    assert started.status == "ok", started.text()
+    status = kernel.execute("%ddp_status --stacks")
+    assert status.status == "ok"
+    assert "latest run:" in status.stdout
+    assert "stacks requested" in status.stdout or "starting" in status.stdout
+    stopped = kernel.execute(
+        "run.stop()\ntry:\n    run.wait()\nexcept nbddp.RankError:\n    pass\nprint(run.status)"
+    )
+    assert "stopped" in stopped.stdout
+    bad = kernel.execute("%ddp_status --nope")
+    assert bad.status == "error" and "only --stacks" in bad.text()

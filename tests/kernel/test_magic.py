@@ -196,7 +196,7 @@ def test_help(kernel: Kernel) -> None:
 def test_ddp_status_shows_the_last_run(kernel: Kernel) -> None:
     ok(kernel, "%%ddp --procs 2\nrank")
     status = ok(kernel, "%ddp_status").stdout
-    assert status.startswith("last %%ddp run: done after ")
+    assert status.startswith("latest run: done after ")
     assert re.search(r"rank 0: done +pid \d+ +exit code 0", status)
     assert re.search(r"rank 1: done +pid \d+ +exit code 0", status)
     log_dir = re.search(r"log dir: (.+)", status)
@@ -204,7 +204,7 @@ def test_ddp_status_shows_the_last_run(kernel: Kernel) -> None:
 
     failed(kernel, "%%ddp --procs 2\nraise SystemExit(3)")
     status = ok(kernel, "%ddp_status").stdout
-    assert status.startswith("last %%ddp run: failed")
+    assert status.startswith("latest run: failed")
     assert "exit code 3" in status
 
 

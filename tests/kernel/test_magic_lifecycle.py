@@ -35,7 +35,7 @@ def test_interrupt_stops_every_rank_and_the_next_cell_runs() -> None:
         assert "every rank was stopped" in "\n".join(result.error["traceback"])
         assert wait_gone(pids={p.pid for p in ranks}) == []
         status = kernel.execute("%ddp_status").stdout
-        assert status.startswith("last %%ddp run: interrupted")
+        assert status.startswith("latest run: interrupted")
         assert "rank 1: stopped" in status
 
         after = kernel.execute("%%ddp --procs 2\nprint('again', rank)\nrank + 1")

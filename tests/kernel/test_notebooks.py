@@ -47,4 +47,4 @@ def test_quickstart_trains_with_ddp_and_with_launch() -> None:
     for how, value in accuracies.items():
         assert float(value) > 0.8, f"{how}: accuracy {value}"
     assert re.search(r"^Out: 0\.\d+$", text, re.MULTILINE)  # the %%ddp cell's last value
-    assert "last %%ddp run: done" in text
+    assert "latest run: done" in text

@@ -1,0 +1,140 @@
+"""Launching with a large tensor in the payload: time and memory, side by side.
+
+    .venv/bin/python tests/bench/payload.py [--gib 1]
+
+A float32 tensor of ``--gib`` GiB is captured in a closure; each of 2 CPU
+ranks reads all of it (sums it) and returns. For each launcher: wall time
+of the launch (call to return) and the peak memory of the notebook plus all
+its descendants, as the sum of their PSS (proportional set size: a page
+shared by N processes counts 1/N in each, so shared pages count once),
+sampled every 20 ms, minus the notebook's PSS before the tensor existed;
+shown as a multiple of the tensor's size. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import torch
+
+
+def tree_pss() -> int:
+    """PSS of this process and all its descendants, in bytes."""
+    me = psutil.Process()
+    total = 0
+    for proc in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_full_info().pss
+    return total
+
+
+@contextlib.contextmanager
+def peak_pss() -> Iterator[list[int]]:
+    """Sample ``tree_pss`` on a thread while the block runs; yields [peak] after it."""
+    peak = [tree_pss()]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], tree_pss())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+        peak[0] = max(peak[0], tree_pss())
+
+
+def run_with_deadline(fn: Callable[[], object], deadline: float) -> bool:
+    """Run ``fn`` on a thread; past ``deadline``, kill the processes it started (not
+    nbddp's forkserver) so that it returns. True if it finished by itself."""
+
+    def call() -> None:
+        with contextlib.suppress(Exception):  # a killed launcher raises; the row says so
+            fn()
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if not thread.is_alive():
+        return True
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if not proc.name().startswith("nbddp-"):
+                proc.kill()
+    thread.join(30)
+    return False
+
+
+def make_task(data: torch.Tensor) -> Callable[[], float]:
+    """A closure over ``data``: every rank reads all of it."""
+
+    def task() -> float:
+        return float(data.sum())
+
+    return task
+
+
+def task_with_rank(rank: int, data: torch.Tensor) -> None:
+    """torch.multiprocessing's convention: fn(rank, *args)."""
+    float(data.sum())
+
+
+def main() -> None:
+    """Run every launcher once (after one warm-up) and print the table."""
+    from accelerate import debug_launcher
+    from torch.multiprocessing import start_processes
+
+    import nbddp
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--deadline", type=float, default=60.0, help="seconds before a hang")
+    args = parser.parse_args()
+    nbddp.launch(lambda: None, procs=2, output="none")  # warm: forkserver, store support
+    base = tree_pss()
+    data = torch.ones(int(args.gib * (1 << 30)) // 4)
+    size = data.numel() * 4
+    small = make_task(torch.ones(4))
+    task = make_task(data)
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("nbddp, small payload (reference)", lambda: nbddp.launch(small, procs=2, output="none")),
+        (
+            "nbddp forkserver, 1st launch (moves to shm)",
+            lambda: nbddp.launch(task, procs=2, output="none"),
+        ),
+        ("nbddp forkserver, next launch", lambda: nbddp.launch(task, procs=2, output="none")),
+        ("nbddp spawn", lambda: nbddp.launch(task, procs=2, start_method="spawn", output="none")),
+        ("accelerate debug_launcher (fork)", lambda: debug_launcher(task, num_processes=2)),
+        (
+            "torch.multiprocessing (spawn)",
+            lambda: start_processes(task_with_rank, args=(data,), nprocs=2, start_method="spawn"),
+        ),
+    ]
+    rows = []
+    for name, fn in cases:
+        with peak_pss() as peak:
+            start = time.perf_counter()
+            finished = run_with_deadline(fn, args.deadline)
+            elapsed = time.perf_counter() - start
+        rows.append((name, elapsed if finished else None, (peak[0] - base) / size))
+        print(f"{name}: {elapsed:.2f}s{'' if finished else ' (hung; killed)'}", flush=True)
+    print(f"\n{args.gib:g} GiB float32 tensor in a closure, 2 CPU ranks each summing it")
+    print("| launcher | launch (s) | peak memory / tensor size |\n|---|---|---|")
+    for name, elapsed, ratio in rows:
+        shown = (
+            f"{elapsed:.2f}" if elapsed is not None else f"hung (killed after {args.deadline:g} s)"
+        )
+        print(f"| {name} | {shown} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
