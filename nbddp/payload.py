@@ -83,21 +83,22 @@ def _explain(
     roots += [(f"argument {i}", a) for i, a in enumerate(args)]
     roots += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, obj in roots:
-        path = _find_unpicklable(obj, [label], set(), depth=0)
+        path = find_unpicklable(obj, [label], set(), depth=0)
         if path is not None:
             return (
                 f"cannot send {' -> '.join(path[:-1])} {path[-1]} to the workers: "
-                f"it cannot be pickled ({_short(exc)}). "
+                f"it cannot be pickled ({short_error(exc)}). "
                 "Create it inside the function instead of capturing it, "
                 "or pass what is needed to build it (a path, a config)."
             )
     return (
-        f"cannot send {_name(fn)} and its arguments to the workers: {_short(exc)}. "
+        f"cannot send {_name(fn)} and its arguments to the workers: {short_error(exc)}. "
         "Create unpicklable objects (locks, open files, connections) inside the function."
     )
 
 
-def _short(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
+    """``Type: message``, cut to 200 characters, for one-line error messages."""
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -120,13 +121,14 @@ def _describe(obj: object) -> str:
     return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
 
 
-def _find_unpicklable(obj: object, path: list[str], seen: set[int], depth: int) -> list[str] | None:
-    """The path to the innermost object that fails to pickle, or None if ``obj`` pickles."""
+def find_unpicklable(obj: object, path: list[str], seen: set[int], depth: int) -> list[str] | None:
+    """The path (labels from ``path`` on, ending with the culprit's type in parentheses)
+    to the innermost object inside ``obj`` that fails to pickle; None if ``obj`` pickles."""
     if id(obj) in seen or depth > 12 or _pickles(obj):
         return None
     seen.add(id(obj))
     for label, child in _children(obj):
-        found = _find_unpicklable(child, [*path, label], seen, depth + 1)
+        found = find_unpicklable(child, [*path, label], seen, depth + 1)
         if found is not None:
             return found
     # Nothing inside fails on its own: this object is the culprit.

@@ -214,9 +214,11 @@ class Run:
         if job.failure is not None:
             failure = build_error(job.failure, job.ranks[job.failure.rank].exit_code, self.log_dir)
         elif job.stop_reason == "timeout":
+            stuck = [s.rank for s in job.ranks if s.value is None]
             failure = LaunchTimeout(
-                f"the run exceeded its timeout of {job.config.timeout:g}s and was stopped; "
-                f"each rank's stacks are at the end of its log in {self.log_dir}"
+                f"the run exceeded its timeout of {job.config.timeout:g}s and was stopped "
+                f"with rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
+                f"still running; each one's stacks are at the end of its log in {self.log_dir}"
             )
         elif job.stop_reason is not None and len(values) < len(job.ranks):
             failure = RankError(f"the run was {job.stop_reason}", rank=-1)

@@ -27,7 +27,7 @@ from .cell import CellProgram, CellValues
 from .config import LaunchConfig
 from .errors import CellError, PayloadError, WorkerError
 from .launch import start_run
-from .payload import _find_unpicklable, _short
+from .payload import find_unpicklable, short_error
 from .protocol import ErrorInfo
 from .run import Run, describe_exit, latest_run
 
@@ -254,14 +254,14 @@ def _rendered(exc: BaseException, lines: list[str] | None = None) -> BaseExcepti
 def _explain_names(names: Mapping[str, Any]) -> str | None:
     """Which notebook name the cell reads cannot be sent, and what to do; None if all can."""
     for name, value in names.items():
-        path = _find_unpicklable(value, [f"the notebook name {name!r}"], set(), depth=0)
+        path = find_unpicklable(value, [f"the notebook name {name!r}"], set(), depth=0)
         if path is None:
             continue
         try:
             cloudpickle.dumps(value)
             reason = ""
         except Exception as exc:
-            reason = f" ({_short(exc)})"
+            reason = f" ({short_error(exc)})"
         return (
             f"cannot send {' -> '.join(path[:-1])}, which the cell reads, to the workers: "
             f"{path[-1]} cannot be pickled{reason}. Create it inside the cell instead, "
