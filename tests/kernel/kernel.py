@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 
@@ -75,9 +75,12 @@ class Kernel:
     """A live kernel for one test (use as a context manager)."""
 
     def __init__(self, cwd: str | None = None) -> None:
-        self.km = KernelManager(kernel_name="python3")
-        # Use this interpreter (the test venv), whatever the installed kernelspec says.
-        self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        # With no kernelspec directories to search, jupyter_client falls back to
+        # ipykernel's built-in python3 spec: this interpreter (the test venv),
+        # whatever kernelspecs the machine has installed.
+        self.km = KernelManager(
+            kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[])
+        )
         self.cwd = cwd
 
     def __enter__(self) -> Kernel:
