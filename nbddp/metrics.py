@@ -1,21 +1,50 @@
-"""``nbddp.log``: a metric row from a rank to the notebook.
+"""``nbddp.log``: a metric row from a rank to the notebook; ``Metrics``: their history.
 
 Contract: inside a launched rank, ``log(step=..., **values)`` sends one row
-``{"rank", "step", "time", **values}`` to the notebook, where it is kept in
-``RunResult.metrics`` in arrival order. Outside a launch it does nothing,
-so the same training code runs unlaunched. Values must be numbers (or
-0-d tensors, converted with ``.item()``); anything else raises TypeError
-in the caller, where the mistake is.
+``{"rank", "step", "time", **values}`` (``time``: wall-clock seconds since
+the epoch) to the notebook, where ``Run.metrics`` and
+``RunResult.metrics`` keep every row in arrival order and the display
+shows the latest and a chart. Values must be numbers (or 0-d tensors,
+converted with ``.item()``); anything else, or a value named ``rank``,
+``step`` or ``time``, raises in the caller, where the mistake is.
+
+Outside a launch, ``log`` returns at once and checks nothing: the same
+training code runs unlaunched at no cost (no ``.item()``, so no CUDA
+synchronisation).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from numbers import Real
 from typing import Any
 
 from . import worker
+
+RESERVED = frozenset(("rank", "step", "time"))
+
+
+class Metrics(list[dict[str, Any]]):
+    """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
+
+        Raises ``ImportError`` saying what to install when pandas is missing.
+        """
+        try:
+            pd = importlib.import_module("pandas")  # optional: imported only when asked
+        except ImportError as exc:
+            raise ImportError(
+                "Metrics.to_pandas() needs pandas: pip install pandas "
+                "(the rows are also a plain list of dicts)"
+            ) from exc
+        names: dict[str, None] = dict.fromkeys(("rank", "step", "time"))
+        for row in self:
+            names.update(dict.fromkeys(row))
+        return pd.DataFrame(list(self), columns=list(names))
 
 
 def _number(name: str, value: Any) -> float | int:
@@ -30,10 +59,16 @@ def _number(name: str, value: Any) -> float | int:
 def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
     channel = worker.CHANNEL
-    row: dict[str, Any] = {k: _number(k, v) for k, v in values.items()}
     if channel is None:
         return
-    row["rank"] = int(os.environ.get("RANK", "0"))
-    row["step"] = None if step is None else int(step)
-    row["time"] = time.time()
+    clash = RESERVED.intersection(values)
+    if clash:
+        raise ValueError(f"nbddp.log: {', '.join(sorted(clash))} is set by nbddp; rename it")
+    row: dict[str, Any] = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "step": None if step is None else int(step),
+        "time": time.time(),
+    }
+    for name, value in values.items():
+        row[name] = _number(name, value)
     channel.send("metric", row)
