@@ -38,6 +38,7 @@ from .metrics import Metrics
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
 BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
+BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
 
 
 class Display(Protocol):
@@ -196,6 +197,12 @@ class Run:
             else:
                 if self._dispatch_batch(event):
                     return
+                # Why pause: ranks printing a line per step would otherwise wake
+                # this thread (and take the GIL from the relay) once per line;
+                # letting events gather makes it one wakeup per batch. ``done``
+                # ends the pause early so the end of a run is not delayed.
+                pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
+                self.job.done.wait(max(0.0, pause))
             self._refresh()
 
     def _dispatch_batch(self, event: tuple[Any, ...]) -> bool:
