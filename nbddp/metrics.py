@@ -15,6 +15,7 @@ synchronisation).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import time
@@ -48,12 +49,21 @@ class Metrics(list[dict[str, Any]]):
 
 
 def _number(name: str, value: Any) -> float | int:
+    kind = type(value)
+    if kind is float or kind is int:
+        return value  # type: ignore[no-any-return]  # the common case, without ABC checks
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
         value = item()
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"nbddp.log: {name}={value!r} is not a number")
     return value if isinstance(value, int) else float(value)
+
+
+@functools.cache
+def _rank() -> int:
+    # A rank's RANK never changes; reading the environment costs a step a microsecond.
+    return int(os.environ.get("RANK", "0"))
 
 
 def log(step: int | None = None, **values: Any) -> None:
@@ -65,7 +75,7 @@ def log(step: int | None = None, **values: Any) -> None:
     if clash:
         raise ValueError(f"nbddp.log: {', '.join(sorted(clash))} is set by nbddp; rename it")
     row: dict[str, Any] = {
-        "rank": int(os.environ.get("RANK", "0")),
+        "rank": _rank(),
         "step": None if step is None else int(step),
         "time": time.time(),
     }
