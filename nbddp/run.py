@@ -195,32 +195,35 @@ class Run:
             except queue.Empty:
                 pass
             else:
-                if self._dispatch_batch(event):
+                drained = self._dispatch_batch(event)
+                if drained is None:
                     return
-                # Why pause: ranks printing a line per step would otherwise wake
-                # this thread (and take the GIL from the relay) once per line;
-                # letting events gather makes it one wakeup per batch. ``done``
-                # ends the pause early so the end of a run is not delayed.
-                pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
-                self.job.done.wait(max(0.0, pause))
+                if drained:
+                    # Why pause: ranks printing a line per step would otherwise wake
+                    # this thread (and take the GIL from the relay) once per line;
+                    # letting events gather makes it one wakeup per batch. ``done``
+                    # ends the pause early so the end of a run is not delayed.
+                    pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
+                    self.job.done.wait(max(0.0, pause))
             self._refresh()
 
-    def _dispatch_batch(self, event: tuple[Any, ...]) -> bool:
+    def _dispatch_batch(self, event: tuple[Any, ...]) -> bool | None:
         """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).
 
-        True once the run is done.
+        None once the run is done; True if the queue was emptied; False if
+        time ran out first (ranks write faster than this takes it in).
         """
         events = self.job.events
         until = time.monotonic() + BATCH_SECONDS
         while True:
             if self._dispatch(event):
-                return True
+                return None
             if time.monotonic() >= until:
-                return False  # ranks write faster than we take it in: draw, then go on
+                return False
             try:
                 event = events.get_nowait()
             except queue.Empty:
-                return False
+                return True
 
     def _dispatch(self, event: tuple[Any, ...]) -> bool:
         """Hand one event to the display; True if it was the last ("done")."""
