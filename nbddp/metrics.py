@@ -8,6 +8,9 @@ shows the latest and a chart. Values must be numbers (or 0-d tensors,
 converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
 
+Rows logged in quick succession are sent in batches (every 20 ms at
+most, ``worker.Channel.send_soon``), always before the rank's result.
+
 Outside a launch, ``log`` returns at once and checks nothing: the same
 training code runs unlaunched at no cost (no ``.item()``, so no CUDA
 synchronisation).
@@ -81,4 +84,4 @@ def log(step: int | None = None, **values: Any) -> None:
     }
     for name, value in values.items():
         row[name] = _number(name, value)
-    channel.send("metric", row)
+    channel.send_soon("metric", row)
