@@ -8,8 +8,9 @@ shows the latest and a chart. Values must be numbers (or 0-d tensors,
 converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
 
-Rows logged in quick succession are sent in batches (every 20 ms at
-most, ``worker.Channel.send_soon``), always before the rank's result.
+Rows logged in quick succession are sent in batches (every 20 ms while
+they keep coming, the last ones within 0.1 s; ``worker.Channel.send_soon``),
+always before the rank's result.
 
 Outside a launch, ``log`` returns at once and checks nothing: the same
 training code runs unlaunched at no cost (no ``.item()``, so no CUDA

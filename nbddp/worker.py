@@ -37,21 +37,23 @@ from . import protocol
 from .payload import Payload
 from .protocol import ErrorInfo, RunOrder
 
-BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message to batch it
+BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
+TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming
 
 
 class Channel:
     """The rank's side of its link to the notebook; safe to use from any thread.
 
-    ``send`` sends at once. ``send_soon`` (metric rows) batches: a message is
-    sent at once if nothing was sent in the last ``BATCH_INTERVAL`` seconds,
-    else within that time, together with those that came meanwhile, by the
-    calling thread or a flusher thread. Order is kept: ``send`` first sends
-    whatever ``send_soon`` holds. Why batch: a training loop that logs every
-    step would otherwise pay a system call (and, on a busy machine, a
-    scheduler round trip) per step. What is held is lost only if the process
-    dies without returning (a signal, ``os._exit``), and then at most
-    ``BATCH_INTERVAL`` seconds of rows.
+    ``send`` sends at once. ``send_soon`` (metric rows) batches: the calling
+    thread sends what is held, with the new message, if nothing was sent in
+    the last ``BATCH_INTERVAL`` seconds; once calls stop, a flusher thread
+    sends what is left within ``TAIL_INTERVAL``. Order is kept: ``send``
+    first sends whatever ``send_soon`` holds. Why batch: a loop that logs
+    every step would otherwise pay a system call per step; and why the
+    flusher wakes only every ``TAIL_INTERVAL``: each wakeup takes the GIL
+    from the training thread. What is held is lost only if the process dies
+    without returning (a signal, ``os._exit``): the last rows, at most
+    ``TAIL_INTERVAL`` seconds of them.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -59,6 +61,7 @@ class Channel:
         self._lock = threading.Condition()
         self._held: list[tuple[str, Any]] = []
         self._last_send = 0.0
+        self._armed = False  # the flusher is counting down to a check
         self._flusher: threading.Thread | None = None
 
     def send(self, kind: str, body: Any) -> None:
@@ -68,12 +71,13 @@ class Channel:
             self._send_locked(data)
 
     def send_soon(self, kind: str, body: Any) -> None:
-        """Send one message within ``BATCH_INTERVAL`` seconds (see class docstring)."""
+        """Send one message soon, batched with others (see class docstring)."""
         with self._lock:
             self._held.append((kind, body))
             if time.monotonic() - self._last_send >= BATCH_INTERVAL:
                 self._send_locked(b"")
-            elif len(self._held) == 1:
+            elif not self._armed:
+                self._armed = True
                 if self._flusher is None:
                     self._flusher = threading.Thread(
                         target=self._flush_loop, name="nbddp-metrics", daemon=True
@@ -94,14 +98,13 @@ class Channel:
     def _flush_loop(self) -> None:
         with self._lock:
             while True:
-                if not self._held:
+                if not self._armed:
                     self._lock.wait()
                     continue
-                due = self._last_send + BATCH_INTERVAL - time.monotonic()
-                if due > 0:
-                    self._lock.wait(due)
-                    continue
-                self._send_locked(b"")
+                self._lock.wait(TAIL_INTERVAL)
+                if self._held and time.monotonic() - self._last_send >= BATCH_INTERVAL:
+                    self._send_locked(b"")  # rows stopped coming: send the last ones
+                self._armed = bool(self._held)
 
 
 CHANNEL: Channel | None = None

@@ -35,7 +35,7 @@ def test_first_row_goes_at_once_then_rows_are_held_and_flushed(
         channel.send_soon("metric", {"step": step})
     first = receive(peer, 1)
     assert first == [("metric", {"step": 0})]
-    # The other 99 come within BATCH_INTERVAL, from the flusher thread.
+    # The other 99 come within TAIL_INTERVAL, from the flusher thread.
     assert receive(peer, 99) == [("metric", {"step": s}) for s in range(1, 100)]
 
 
