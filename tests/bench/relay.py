@@ -19,7 +19,9 @@ printing one line and calling ``nbddp.log`` every step, timed inside the
 rank (steps/s, and steps per second of the rank's own CPU time), launched
 through nbddp with the text display; against the same loop, same launch,
 with the rank's stdout on /dev/null and no ``nbddp.log`` (and the two
-halves: only the print relayed, only ``nbddp.log``). Variants are
+halves: only the print relayed, only ``nbddp.log``; and, for reference,
+the print line-buffered into /dev/null: the system call per line that a
+terminal costs too, with no relay at all). Variants are
 interleaved, each ``--repeats`` times; the best and the median run are
 reported with their ratios to the baseline (on a shared machine the best
 run is the least disturbed one). Every figure comes from this one run.
@@ -62,13 +64,16 @@ def print_lines(count: int, width: int) -> float:
     return time.perf_counter() - start
 
 
-def train_loop(steps: int, hidden: int, relay_print: bool, log: bool) -> tuple[float, float]:
+def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, float]:
     """An MLP (64 -> ``hidden`` -> 10, batch 64) trained for ``steps`` steps.
 
     Returns (steps/s, steps per second of this thread's CPU time), warm-up excluded.
 
-    Every step prints one line: to the relay with ``relay_print``, else to
-    /dev/null. With ``log`` every step also calls ``nbddp.log``.
+    Every step prints one line to ``out``: "relay" (the rank's stdout),
+    "devnull" (/dev/null, block-buffered as a script's redirected stdout) or
+    "devnull-line" (/dev/null, line-buffered: a system call per line as on
+    a terminal or the relay's pipe). With ``log`` every step also calls
+    ``nbddp.log``.
     """
     import torch
 
@@ -78,8 +83,9 @@ def train_loop(steps: int, hidden: int, relay_print: bool, log: bool) -> tuple[f
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
-    if not relay_print:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the rank exits after this
+    if out != "relay":
+        # The rank exits after this loop: the file lives as long as it needs to.
+        sys.stdout = open(os.devnull, "w", buffering=1 if out == "devnull-line" else -1)  # noqa: SIM115
     warmup = steps // 10
     start = cpu = 0.0
     for step in range(steps + warmup):
@@ -170,11 +176,12 @@ def throughput(lines: int, repeats: int) -> list[tuple[str, ...]]:
 
 
 TRAIN_VARIANTS = (
-    # (label, print to the relay, nbddp.log)
-    ("stdout to /dev/null, no nbddp.log (baseline)", False, False),
-    ("print relayed", True, False),
-    ("nbddp.log, stdout to /dev/null", False, True),
-    ("print relayed + nbddp.log", True, True),
+    # (label, where the lines go, nbddp.log)
+    ("stdout to /dev/null, no nbddp.log (baseline)", "devnull", False),
+    ("print relayed", "relay", False),
+    ("nbddp.log, stdout to /dev/null", "devnull", True),
+    ("print relayed + nbddp.log", "relay", True),
+    ("for reference: print line-buffered to /dev/null", "devnull-line", False),
 )
 
 
@@ -184,9 +191,9 @@ def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
     cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
     notebook_cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
     for _ in range(repeats):
-        for label, relay_print, log in TRAIN_VARIANTS:
+        for label, out, log in TRAIN_VARIANTS:
             before = os.times()
-            _, result = launch(train_loop, (steps, hidden, relay_print, log), text_display())
+            _, result = launch(train_loop, (steps, hidden, out, log), text_display())
             after = os.times()
             notebook_cpu[label].append(after.user - before.user + after.system - before.system)
             wall[label].append(statistics.mean(v[0] for v in result.values.values()))
