@@ -12,12 +12,14 @@ changing the import is the whole migration.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
 from .config import LaunchConfig
 from .devices import visible_gpus
+from .display.kernel import KernelDisplay
 from .display.text import TextDisplay
 from .errors import ConfigError
 from .job import Job
@@ -29,15 +31,42 @@ R = TypeVar("R")
 Output = Literal["all", "rank0", "none"]
 
 
-def make_display(output: str) -> Display | None:
-    """The display for ``output``: every rank, rank 0 only, or nothing but notices."""
+DEFAULT_TAIL = 40
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (not a terminal IPython, not a script).
+
+    Looks only at modules already imported: importing nbddp never imports IPython.
+    """
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return False
+    shell = ipython.get_ipython()
+    return getattr(shell, "kernel", None) is not None
+
+
+def make_display(output: str, tail: int = DEFAULT_TAIL) -> Display | None:
+    """The display for ``output``: every rank, rank 0 only, or nothing but status.
+
+    In a kernel: a block per rank updated in place showing its last ``tail``
+    lines, and a metrics chart (``KernelDisplay``); elsewhere rank-prefixed
+    lines (``TextDisplay``). Ranks not shown are still logged in full.
+    """
+    ranks: set[int] | None
     if output == "all":
-        return TextDisplay()
-    if output == "rank0":
-        return TextDisplay(ranks={0})
-    if output == "none":
-        return TextDisplay(ranks=set())
-    raise ConfigError(f"unknown output {output!r}; choose one of all, rank0, none")
+        ranks = None
+    elif output == "rank0":
+        ranks = {0}
+    elif output == "none":
+        ranks = set()
+    else:
+        raise ConfigError(f"unknown output {output!r}; choose one of all, rank0, none")
+    if tail < 1:
+        raise ConfigError(f"tail={tail} shows nothing; use tail=1 or more (output='none' hides)")
+    if in_kernel():
+        return KernelDisplay(live=ranks, tail=tail)
+    return TextDisplay(ranks=ranks)
 
 
 def start_run(
@@ -46,9 +75,10 @@ def start_run(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     output: str = "all",
+    tail: int = DEFAULT_TAIL,
 ) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
-    display = make_display(output)
+    display = make_display(output, tail)
     payload = Payload.serialize(fn, args, kwargs)
     if display is not None:
         for notice in config.notices:
@@ -100,6 +130,7 @@ def launch(
     backend: str | None = None,
     init_process_group: bool = False,
     output: str = "all",
+    tail: int = DEFAULT_TAIL,
     block: bool = True,
     **kwargs: Any,
 ) -> R | Run:
@@ -114,6 +145,7 @@ def launch(
     ``mixed_precision``: no, fp16, bf16 or fp8, seen by ``Accelerator()``.
     ``init_process_group``: initialise the default group before calling ``fn``.
     ``output``: all, rank0 or none (every rank's output is logged regardless).
+    ``tail``: in a notebook, how many recent lines each rank's block shows.
     ``block=False``: return the ``Run`` handle at once.
 
     Keyword arguments not listed here go to ``fn``; to pass ``fn`` an
@@ -132,7 +164,7 @@ def launch(
         backend=backend,
         init_process_group=init_process_group,
     )
-    run = start_run(config, fn, args, kwargs, output)
+    run = start_run(config, fn, args, kwargs, output, tail)
     if not block:
         return run
     return cast(R, run.wait().values.get(0))

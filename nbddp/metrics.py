@@ -1,15 +1,26 @@
-"""``nbddp.log``: a metric row from a rank to the notebook.
+"""``nbddp.log``: a metric row from a rank to the notebook; ``Metrics``: their history.
 
 Contract: inside a launched rank, ``log(step=..., **values)`` sends one row
-``{"rank", "step", "time", **values}`` to the notebook, where it is kept in
-``RunResult.metrics`` in arrival order. Outside a launch it does nothing,
-so the same training code runs unlaunched. Values must be numbers (or
-0-d tensors, converted with ``.item()``); anything else raises TypeError
-in the caller, where the mistake is.
+``{"rank", "step", "time", **values}`` (``time``: wall-clock seconds since
+the epoch) to the notebook, where ``Run.metrics`` and
+``RunResult.metrics`` keep every row in arrival order and the display
+shows the latest and a chart. Values must be numbers (or 0-d tensors,
+converted with ``.item()``); anything else, or a value named ``rank``,
+``step`` or ``time``, raises in the caller, where the mistake is.
+
+Rows logged in quick succession are sent in batches (every 20 ms while
+they keep coming, the last ones within 0.1 s; ``worker.Channel.send_soon``),
+always before the rank's result.
+
+Outside a launch, ``log`` returns at once and checks nothing: the same
+training code runs unlaunched at no cost (no ``.item()``, so no CUDA
+synchronisation).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import time
 from numbers import Real
@@ -17,8 +28,34 @@ from typing import Any
 
 from . import worker
 
+RESERVED = frozenset(("rank", "step", "time"))
+
+
+class Metrics(list[dict[str, Any]]):
+    """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
+
+        Raises ``ImportError`` saying what to install when pandas is missing.
+        """
+        try:
+            pd = importlib.import_module("pandas")  # optional: imported only when asked
+        except ImportError as exc:
+            raise ImportError(
+                "Metrics.to_pandas() needs pandas: pip install pandas "
+                "(the rows are also a plain list of dicts)"
+            ) from exc
+        names: dict[str, None] = dict.fromkeys(("rank", "step", "time"))
+        for row in self:
+            names.update(dict.fromkeys(row))
+        return pd.DataFrame(list(self), columns=list(names))
+
 
 def _number(name: str, value: Any) -> float | int:
+    kind = type(value)
+    if kind is float or kind is int:
+        return value  # type: ignore[no-any-return]  # the common case, without ABC checks
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
         value = item()
@@ -27,13 +64,25 @@ def _number(name: str, value: Any) -> float | int:
     return value if isinstance(value, int) else float(value)
 
 
+@functools.cache
+def _rank() -> int:
+    # A rank's RANK never changes; reading the environment costs a step a microsecond.
+    return int(os.environ.get("RANK", "0"))
+
+
 def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
     channel = worker.CHANNEL
-    row: dict[str, Any] = {k: _number(k, v) for k, v in values.items()}
     if channel is None:
         return
-    row["rank"] = int(os.environ.get("RANK", "0"))
-    row["step"] = None if step is None else int(step)
-    row["time"] = time.time()
-    channel.send("metric", row)
+    clash = RESERVED.intersection(values)
+    if clash:
+        raise ValueError(f"nbddp.log: {', '.join(sorted(clash))} is set by nbddp; rename it")
+    row: dict[str, Any] = {
+        "rank": _rank(),
+        "step": None if step is None else int(step),
+        "time": time.time(),
+    }
+    for name, value in values.items():
+        row[name] = _number(name, value)
+    channel.send_soon("metric", row)

@@ -11,12 +11,21 @@ fd of the rank has reached EOF and been closed, and what ``log_at_end`` was
 given (the rank's reported traceback) has been appended to its log. A
 rank's output is complete when ``on_closed`` is called. Sinks must return
 quickly: they run on the shared loop.
+
+Batching: after a read that drained an fd, the relay leaves it for
+``REST`` seconds; what the rank writes meanwhile waits in the pipe (grown
+to ``PIPE_SIZE`` where the system allows) and is read in one go. A rank
+printing a line per training step then costs the notebook a wakeup per
+``REST``, not per line. A read that fills the buffer is followed at once,
+so a flood is read at full speed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
+import fcntl
 import os
 import socket
 import threading
@@ -29,6 +38,9 @@ from .protocol import FrameReader
 from .starters import PARENT_FDS, STATUS
 
 READ_SIZE = 1 << 16
+CTRL_READ_SIZE = 1 << 20
+REST = 0.01  # seconds a drained fd waits before it is read again
+PIPE_SIZE = 1 << 20  # bytes a rank can write while its pipe rests (Linux default max)
 
 
 class EventLoopThread:
@@ -108,6 +120,7 @@ class _RankState:
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
     log_tail: list[str] = field(default_factory=list)
+    resting: dict[int, asyncio.TimerHandle] = field(default_factory=dict)
 
 
 class Relay:
@@ -149,6 +162,7 @@ class Relay:
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
             state.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             os.set_blocking(fd, False)
+            _grow_pipe(fd)
             self.loop.loop.add_reader(fd, self._on_stream, rank, stream, fd)
         pipes.ctrl.setblocking(False)
         self.loop.loop.add_reader(pipes.ctrl.fileno(), self._on_ctrl, rank)
@@ -174,12 +188,14 @@ class Relay:
         text = decoder.decode(data)
         if text:
             self.sink.on_output(rank, stream, text)
+        if len(data) < READ_SIZE:
+            self._rest(state, fd, self._on_stream, rank, stream, fd)
 
     def _on_ctrl(self, rank: int) -> None:
         state = self._ranks[rank]
         sock = state.pipes.ctrl
         try:
-            data = sock.recv(1 << 20)
+            data = sock.recv(CTRL_READ_SIZE)
         except BlockingIOError:
             return
         except OSError:
@@ -189,6 +205,8 @@ class Relay:
             return
         for kind, body in state.frames.feed(data):
             self.sink.on_message(rank, kind, body)
+        if len(data) < CTRL_READ_SIZE:
+            self._rest(state, state.ctrl_fd, self._on_ctrl, rank)
 
     def _on_status(self, rank: int) -> None:
         state = self._ranks[rank]
@@ -202,10 +220,25 @@ class Relay:
         self.sink.on_exit(rank, code)
         self._close_fd(rank, state, fd)
 
+    def _rest(self, state: _RankState, fd: int, callback: Callable[..., None], *args: Any) -> None:
+        """Stop watching ``fd`` for ``REST`` seconds (see module docstring: batching)."""
+        self.loop.loop.remove_reader(fd)
+        state.resting[fd] = self.loop.call_later(REST, self._wake, state, fd, callback, args)
+
+    def _wake(
+        self, state: _RankState, fd: int, callback: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
+        del state.resting[fd]
+        self.loop.loop.add_reader(fd, callback, *args)
+
     def _close_fd(self, rank: int, state: _RankState, fd: int) -> None:
         if fd not in state.open_fds:
             return
         state.open_fds.discard(fd)
+        timer = state.resting.pop(fd, None)
+        if timer is not None:
+            # Cancelled, not left to run: the fd number may be reused by then.
+            timer.cancel()
         self.loop.loop.remove_reader(fd)
         PARENT_FDS.discard(fd)
         if fd == state.ctrl_fd:
@@ -222,3 +255,11 @@ class Relay:
                 os.write(state.log, text.encode("utf-8", "backslashreplace"))
             os.close(state.log)
             self.sink.on_closed(rank)
+
+
+def _grow_pipe(fd: int) -> None:
+    """Give the pipe ``fd`` ``PIPE_SIZE`` bytes of buffer, if the system allows (best effort)."""
+    setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if setpipe is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, setpipe, PIPE_SIZE)

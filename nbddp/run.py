@@ -7,6 +7,15 @@ earliest failing rank's exception with its original type when it can be
 rebuilt here (the rank's traceback attached as the ``__cause__`` and in a
 note), else ``WorkerError``/``RankExitedError``. ``KeyboardInterrupt``
 during ``wait`` stops every rank, waits for them to be gone, and re-raises.
+
+Display pump: events (output chunks, states, metrics) are taken from the
+job's queue in the waiting thread, in batches (everything queued, up to
+``BATCH_SECONDS`` of work), and handed to the display, which only records
+them; between batches the display's ``refresh()`` draws at its own rate and
+says when it next needs a call, and the queue wait ends then. So however
+fast ranks write, drawing stays bounded, and nothing queued before
+``wait`` (``block=False``) is skipped. ``close()`` draws the final state
+once every rank's output is complete.
 """
 
 from __future__ import annotations
@@ -25,18 +34,41 @@ import cloudpickle
 
 from .errors import LaunchTimeout, RankError, RankExitedError, RemoteTraceback, WorkerError
 from .job import Failure, Job
+from .metrics import Metrics
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
+POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
+BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
+BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
 
 
 class Display(Protocol):
-    """What ``Run.wait`` feeds (``display.text.TextDisplay`` and richer ones)."""
+    """What ``Run.wait`` feeds (``display.text.TextDisplay``, ``display.kernel.KernelDisplay``).
 
-    def output(self, rank: int, stream: str, text: str) -> None: ...
-    def notice(self, text: str) -> None: ...
-    def state(self, rank: int, state: str) -> None: ...
-    def metric(self, rank: int, row: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
+    The event methods record and must be cheap; drawing that can be
+    batched belongs in ``refresh``.
+    """
+
+    def attach(self, log_dir: Path, world_size: int) -> None:
+        """The run's log directory and rank count, before any event."""
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """A chunk of decoded text ``rank`` wrote to ``stream`` (stdout or stderr)."""
+
+    def notice(self, text: str) -> None:
+        """A message from nbddp itself."""
+
+    def state(self, rank: int, state: str) -> None:
+        """``rank`` is now running, done, failed or stopped."""
+
+    def metric(self, rank: int, row: dict[str, Any]) -> None:
+        """A row ``rank`` sent with ``nbddp.log``."""
+
+    def refresh(self) -> float | None:
+        """Draw what is due; return seconds until another call is useful (None: no need)."""
+
+    def close(self) -> None:
+        """The run's output is complete: draw everything that is left."""
 
 
 @dataclass
@@ -49,8 +81,8 @@ class RunResult:
     """Each rank's exit code; negative: killed by that signal; None: unknown."""
     log_dir: Path
     """The run's directory: ``rank{N}.log`` holds everything rank N wrote."""
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    """Rows sent with ``nbddp.log``, in arrival order."""
+    metrics: Metrics = field(default_factory=Metrics)
+    """Rows sent with ``nbddp.log``, in arrival order (``metrics.to_pandas()``)."""
     failure: BaseException | None = None
     """The root-cause error, if the run failed."""
     duration: float = 0.0
@@ -80,8 +112,12 @@ class Run:
         global _LATEST
         self.job = job
         self.display = display
-        self.metrics: list[dict[str, Any]] = []
+        self.metrics = Metrics()
+        """Rows sent with ``nbddp.log`` so far, in arrival order (``metrics.to_pandas()``)."""
         self._result: RunResult | None = None
+        self._refresh_at: float | None = None  # when the display next wants a refresh
+        if display is not None:
+            display.attach(job.log_dir, len(job.ranks))
         _LATEST = weakref.ref(self)
 
     @property
@@ -152,20 +188,56 @@ class Run:
         return True
 
     def _pump(self, deadline: float | None) -> None:
+        """Feed events to the display until the run is done (see module contract)."""
+        events = self.job.events
         while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self._refresh()
                 raise TimeoutError("the run is still going; call stop() to end it")
+            # Why a bounded wait: a KeyboardInterrupt can only be raised
+            # between bytecodes, and deadline checks need to run.
+            wait = POLL
+            for limit in (deadline, self._refresh_at):
+                if limit is not None:
+                    wait = min(wait, max(0.0, limit - now))
             try:
-                # Why a bounded get: a KeyboardInterrupt can only be raised
-                # between bytecodes, and deadline checks need to run.
-                event = self.job.events.get(timeout=min(0.5, remaining or 0.5))
+                event = events.get(timeout=wait)
             except queue.Empty:
-                continue
+                pass
+            else:
+                drained = self._dispatch_batch(event)
+                if drained is None:
+                    return
+                if drained:
+                    # Why pause: ranks printing a line per step would otherwise wake
+                    # this thread (and take the GIL from the relay) once per line;
+                    # letting events gather makes it one wakeup per batch. ``done``
+                    # ends the pause early so the end of a run is not delayed.
+                    pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
+                    self.job.done.wait(max(0.0, pause))
+            self._refresh()
+
+    def _dispatch_batch(self, event: tuple[Any, ...]) -> bool | None:
+        """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).
+
+        None once the run is done; True if the queue was emptied; False if
+        time ran out first (ranks write faster than this takes it in).
+        """
+        events = self.job.events
+        until = time.monotonic() + BATCH_SECONDS
+        while True:
             if self._dispatch(event):
-                return
+                return None
+            if time.monotonic() >= until:
+                return False
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return True
 
     def _dispatch(self, event: tuple[Any, ...]) -> bool:
+        """Hand one event to the display; True if it was the last ("done")."""
         kind = event[0]
         if kind == "done":
             if self.display is not None:
@@ -173,17 +245,24 @@ class Run:
             return True
         if kind == "metric":
             self.metrics.append(event[2])
-        if self.display is None:
+        display = self.display
+        if display is None:
             return False
         if kind == "output":
-            self.display.output(event[1], event[2], event[3])
-        elif kind == "notice":
-            self.display.notice(event[1])
+            display.output(event[1], event[2], event[3])
         elif kind == "state":
-            self.display.state(event[1], event[2])
+            display.state(event[1], event[2])
         elif kind == "metric":
-            self.display.metric(event[1], event[2])
+            display.metric(event[1], event[2])
+        elif kind == "notice":
+            display.notice(event[1])
         return False
+
+    def _refresh(self) -> None:
+        if self.display is None:
+            return
+        delay = self.display.refresh()
+        self._refresh_at = None if delay is None else time.monotonic() + delay
 
     def _interrupt(self) -> None:
         # Why ignore SIGINT here: a second Ctrl-C while ranks are being
@@ -227,7 +306,7 @@ class Run:
             values=values,
             exit_codes={s.rank: s.exit_code for s in job.ranks},
             log_dir=self.log_dir,
-            metrics=list(self.metrics),
+            metrics=Metrics(self.metrics),
             failure=failure,
             duration=end - job.started_at,
         )

@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -36,22 +37,74 @@ from . import protocol
 from .payload import Payload
 from .protocol import ErrorInfo, RunOrder
 
+BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
+TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming
+
 
 class Channel:
-    """The rank's side of its link to the notebook; safe to use from any thread."""
+    """The rank's side of its link to the notebook; safe to use from any thread.
+
+    ``send`` sends at once. ``send_soon`` (metric rows) batches: the calling
+    thread sends what is held, with the new message, if nothing was sent in
+    the last ``BATCH_INTERVAL`` seconds; once calls stop, a flusher thread
+    sends what is left within ``TAIL_INTERVAL``. Order is kept: ``send``
+    first sends whatever ``send_soon`` holds. Why batch: a loop that logs
+    every step would otherwise pay a system call per step; and why the
+    flusher wakes only every ``TAIL_INTERVAL``: each wakeup takes the GIL
+    from the training thread. What is held is lost only if the process dies
+    without returning (a signal, ``os._exit``): the last rows, at most
+    ``TAIL_INTERVAL`` seconds of them.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._held: list[tuple[str, Any]] = []
+        self._last_send = 0.0
+        self._armed = False  # the flusher is counting down to a check
+        self._flusher: threading.Thread | None = None
 
     def send(self, kind: str, body: Any) -> None:
         """Send one message; silently dropped if the notebook has gone (we are dying then)."""
         data = protocol.encode(kind, body)
         with self._lock:
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                pass
+            self._send_locked(data)
+
+    def send_soon(self, kind: str, body: Any) -> None:
+        """Send one message soon, batched with others (see class docstring)."""
+        with self._lock:
+            self._held.append((kind, body))
+            if time.monotonic() - self._last_send >= BATCH_INTERVAL:
+                self._send_locked(b"")
+            elif not self._armed:
+                self._armed = True
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._flush_loop, name="nbddp-metrics", daemon=True
+                    )
+                    self._flusher.start()
+                self._lock.notify()
+
+    def _send_locked(self, data: bytes) -> None:
+        if self._held:
+            data = b"".join(protocol.encode(k, b) for k, b in self._held) + data
+            self._held.clear()
+        self._last_send = time.monotonic()
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            pass
+
+    def _flush_loop(self) -> None:
+        with self._lock:
+            while True:
+                if not self._armed:
+                    self._lock.wait()
+                    continue
+                self._lock.wait(TAIL_INTERVAL)
+                if self._held and time.monotonic() - self._last_send >= BATCH_INTERVAL:
+                    self._send_locked(b"")  # rows stopped coming: send the last ones
+                self._armed = bool(self._held)
 
 
 CHANNEL: Channel | None = None

@@ -1,5 +1,12 @@
-"""How a run's output is shown: ``text`` for terminals and plain kernels."""
+"""How a run's output is shown.
 
+``text``: rank-prefixed lines, for terminals and scripts. ``kernel``: one
+block per rank updated in place in the cell, plus a metrics chart (imports
+IPython only when it draws). ``screen``, ``ratelimit`` and ``chart`` are
+their building blocks.
+"""
+
+from .kernel import KernelDisplay
 from .text import TextDisplay
 
-__all__ = ["TextDisplay"]
+__all__ = ["KernelDisplay", "TextDisplay"]

@@ -17,6 +17,7 @@ import nbddp
 from nbddp.config import LaunchConfig
 from nbddp.errors import RemoteTraceback
 from nbddp.launch import start_run
+from tests.displays import QuietDisplay
 from tests.multiproc import fns
 
 METHODS = ["forkserver", "spawn", "fork"]
@@ -85,7 +86,7 @@ def test_output_arrives_while_the_run_goes_on(tmp_path: Path) -> None:
         os.mkfifo(f"{fifo}.{rank}")
     seen: list[str] = []
 
-    class Watch:
+    class Watch(QuietDisplay):
         def output(self, rank: int, stream: str, text: str) -> None:
             seen.append(text)
             if sum("ready" in t for t in seen) == 2:
@@ -93,11 +94,6 @@ def test_output_arrives_while_the_run_goes_on(tmp_path: Path) -> None:
                 for rank in (0, 1):
                     with open(f"{fifo}.{rank}", "w") as f:
                         f.write("go\n")
-
-        def notice(self, text: str) -> None: ...
-        def state(self, rank: int, state: str) -> None: ...
-        def metric(self, rank: int, row: dict[str, Any]) -> None: ...
-        def close(self) -> None: ...
 
     run = nbddp.launch(fns.wait_on_fifo, str(fifo), procs=2, block=False)
     run.display = Watch()
@@ -146,15 +142,10 @@ def test_a_rank_that_dies_is_named_with_its_exit_code_or_signal(
 
 
 def test_keyboard_interrupt_stops_every_rank_and_reraises() -> None:
-    class InterruptWhenHanging:
+    class InterruptWhenHanging(QuietDisplay):
         def output(self, rank: int, stream: str, text: str) -> None:
             if "hanging" in text:
                 raise KeyboardInterrupt  # as Ctrl-C / kernel interrupt would, in wait()
-
-        def notice(self, text: str) -> None: ...
-        def state(self, rank: int, state: str) -> None: ...
-        def metric(self, rank: int, row: dict[str, Any]) -> None: ...
-        def close(self) -> None: ...
 
     run = nbddp.launch(fns.hang, procs=2, block=False)
     run.display = InterruptWhenHanging()

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import nbddp
+from tests.displays import QuietDisplay
 from tests.multiproc import fns
 
 
@@ -124,7 +125,7 @@ def test_stacks_can_be_dumped_from_a_running_job(tmp_path: Path) -> None:
     text = {0: "", 1: ""}
     run = nbddp.launch(fns.wait_on_fifo, str(fifo), procs=2, block=False, output="none", timeout=60)
 
-    class DumpWhenReady:
+    class DumpWhenReady(QuietDisplay):
         dumped = False
         released = False
 
@@ -138,11 +139,6 @@ def test_stacks_can_be_dumped_from_a_running_job(tmp_path: Path) -> None:
                 for r in (0, 1):
                     with open(f"{fifo}.{r}", "w") as f:
                         f.write("go\n")
-
-        def notice(self, text: str) -> None: ...
-        def state(self, rank: int, state: str) -> None: ...
-        def metric(self, rank: int, row: dict[str, object]) -> None: ...
-        def close(self) -> None: ...
 
     run.display = DumpWhenReady()
     assert run.wait().values == {0: "go", 1: "go"}

@@ -97,7 +97,10 @@ def test_format_options_round_trips(line: str) -> None:
     assert cell_options(format_options(options)) == options
 
 
-def test_session_defaults_are_validated_and_shown() -> None:
+def test_session_defaults_are_validated_and_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbddp.run
+
+    monkeypatch.setattr(nbddp.run, "_LATEST", None)  # as in a kernel where nothing ran yet
     session = Session()
     assert "no session defaults" in session.describe_defaults()
     session.configure({"procs": 2, "timeout": 600.0})
@@ -107,7 +110,7 @@ def test_session_defaults_are_validated_and_shown() -> None:
     assert session.defaults == {"procs": 2, "timeout": 600.0}  # unchanged by the bad call
     session.configure({"output": "rank0"}, reset=True)
     assert session.defaults == {"output": "rank0"}
-    assert "no %%ddp cell has run" in session.status()
+    assert "no run has started in this kernel yet" in session.status()
 
 
 def test_importing_nbddp_does_not_import_ipython() -> None:

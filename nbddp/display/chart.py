@@ -1,0 +1,187 @@
+"""Compact live charts of ``nbddp.log`` metrics, as inline SVG inside HTML.
+
+Contract: ``MetricHistory.add(row)`` takes the rows ``nbddp.log`` sends
+(``rank``, ``step``, ``time`` and the values) and keeps, per metric and
+rank, a series of (x, y) points: x is the step, or the rank's row count
+when no step was given. Each series is bounded: past ``max_points`` it is
+thinned by half (every other point, then every fourth new one, ...), and
+the latest point is always kept, so memory and SVG size stay constant
+however long training runs. (The full history is ``Run.metrics``.)
+
+``chart_html(history)`` draws one small panel per metric, one line per
+rank, and a legend with each rank's latest value. It is plain HTML and
+SVG: JupyterLab, classic Notebook and VS Code show it without a frontend
+extension. ``metric_svg`` draws one panel and is a well-formed SVG document.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+RESERVED = ("rank", "step", "time")
+
+Point = tuple[float, float]
+
+
+def color(rank: int) -> str:
+    """The line colour of ``rank``."""
+    return PALETTE[rank % len(PALETTE)]
+
+
+def fmt(value: float) -> str:
+    """A metric value in at most four significant digits."""
+    return f"{value:.4g}"
+
+
+@dataclass
+class _Series:
+    points: list[Point] = field(default_factory=list)
+    latest: Point | None = None
+    stride: int = 1
+    count: int = 0
+
+    def add(self, point: Point, max_points: int) -> None:
+        self.latest = point
+        if self.count % self.stride == 0:
+            self.points.append(point)
+            if len(self.points) > max_points:
+                # Why thin instead of a ring buffer: the chart should show the
+                # whole run's shape, not only its recent past.
+                self.points = self.points[::2]
+                self.stride *= 2
+        self.count += 1
+
+    def drawn(self) -> list[Point]:
+        if self.latest is not None and (not self.points or self.points[-1] != self.latest):
+            return [*self.points, self.latest]
+        return list(self.points)
+
+
+class MetricHistory:
+    """Bounded per-metric, per-rank series for charts (see module contract)."""
+
+    def __init__(self, max_points: int = 300) -> None:
+        self.max_points = max_points
+        self._series: dict[str, dict[int, _Series]] = {}
+        self._rows: dict[int, int] = {}
+        self.last: dict[int, dict[str, Any]] = {}
+        """Each rank's latest row."""
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Record one metric row."""
+        rank = int(row.get("rank", 0))
+        self.last[rank] = row
+        count = self._rows.get(rank, 0)
+        self._rows[rank] = count + 1
+        step = row.get("step")
+        x = float(step) if step is not None else float(count)
+        for name, value in row.items():
+            if name in RESERVED or not isinstance(value, int | float):
+                continue
+            if not math.isfinite(value):
+                continue  # a NaN loss is in Run.metrics; it cannot be drawn
+            per_rank = self._series.setdefault(name, {})
+            per_rank.setdefault(rank, _Series()).add((x, float(value)), self.max_points)
+
+    def names(self) -> list[str]:
+        """Metric names, in first-seen order."""
+        return list(self._series)
+
+    def series(self, name: str) -> dict[int, list[Point]]:
+        """Rank -> points of ``name`` to draw."""
+        return {r: s.drawn() for r, s in sorted(self._series.get(name, {}).items())}
+
+    def __bool__(self) -> bool:
+        return bool(self._series)
+
+
+def metric_svg(
+    name: str, series: dict[int, list[Point]], width: int = 240, height: int = 72
+) -> str:
+    """One panel: ``name``'s lines per rank, with the y range labelled."""
+    points = [p for pts in series.values() for p in pts]
+    pad_l, pad_r, pad_t, pad_b = 4, 4, 14, 4
+    plot_w, plot_h = width - pad_l - pad_r, height - pad_t - pad_b
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
+        f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" '
+        'fill="none" stroke="#888" stroke-opacity="0.5" stroke-width="1"/>',
+        f'<text x="{pad_l}" y="10" fill="currentColor">{html.escape(name)}</text>',
+    ]
+    if points:
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        parts.append(
+            f'<text x="{width - pad_r}" y="10" text-anchor="end" fill="#888">'
+            f"{fmt(y0)} … {fmt(y1)}</text>"
+        )
+
+        def sx(x: float) -> float:
+            return pad_l + (plot_w / 2 if x1 == x0 else (x - x0) / (x1 - x0) * plot_w)
+
+        def sy(y: float) -> float:
+            return pad_t + (plot_h / 2 if y1 == y0 else (y1 - y) / (y1 - y0) * plot_h)
+
+        for rank, pts in series.items():
+            if len(pts) == 1:
+                x, y = pts[0]
+                parts.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="{color(rank)}"/>'
+                )
+            elif pts:
+                coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+                parts.append(
+                    f'<polyline points="{coords}" fill="none" stroke="{color(rank)}" '
+                    'stroke-width="1.5"/>'
+                )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def chart_html(history: MetricHistory) -> str:
+    """Every metric's panel side by side, then a legend of the ranks' latest values."""
+    panels = "".join(
+        f'<div style="margin:0 8px 4px 0">{metric_svg(name, history.series(name))}</div>'
+        for name in history.names()
+    )
+    legend = " ".join(
+        f'<span style="color:{color(rank)}">&#9632; rank {rank}: '
+        f"{html.escape(metric_summary(row))}</span>"
+        for rank, row in sorted(history.last.items())
+    )
+    return (
+        '<div class="nbddp-metrics" style="font-family:monospace;font-size:11px">'
+        f'<div style="display:flex;flex-wrap:wrap">{panels}</div><div>{legend}</div></div>'
+    )
+
+
+def chart_text(history: MetricHistory) -> str:
+    """The plain-text stand-in for the chart: each rank's latest row on one line."""
+    return "\n".join(
+        f"metrics rank {rank}: {metric_summary(row)}" for rank, row in sorted(history.last.items())
+    )
+
+
+def metric_summary(row: dict[str, Any]) -> str:
+    """``step 40 loss=0.1234 acc=0.91``: a row in one short line."""
+    values = " ".join(
+        f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in row.items() if k not in RESERVED
+    )
+    step = row.get("step")
+    return values if step is None else f"step {step} {values}".rstrip()

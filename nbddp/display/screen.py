@@ -1,0 +1,191 @@
+"""A terminal-like screen for one rank's output, keeping only a bounded tail.
+
+Contract: ``Screen(tail).feed(text, stream)`` applies text the way a
+terminal would: ``\\n`` starts a new line, ``\\r`` returns to column 0 so
+what follows overwrites the line (tqdm redraws in place), ``\\b`` steps
+back, and the ANSI cursor controls tqdm uses for nested bars are honoured
+(``ESC[nA`` up, ``ESC[nB`` down, ``ESC[nC``/``ESC[nD`` right/left,
+``ESC[nG`` column, ``ESC[K`` erase in line). Every other escape sequence
+(colours, titles) is dropped, so ``lines()`` is plain text. Escape
+sequences split across chunks are held until the rest arrives.
+
+Only the last ``tail`` lines are kept (plus the line the cursor is on);
+``dropped`` counts the lines that scrolled out, so the caller can say how
+much is only in the log. The cursor cannot move above the kept lines.
+
+When the other stream writes while a line is unfinished, the screen first
+moves to a new line: stdout and stderr are separate pipes, and joining a
+``print`` onto the middle of a progress bar helps nobody.
+
+Non-goals: colours, wide characters, scrolling regions, full-screen apps.
+"""
+
+from __future__ import annotations
+
+import re
+
+# One control token: newline, carriage return, backspace, a CSI sequence
+# (ESC [ params intermediates final), an OSC string (ESC ] ... BEL/ST), or
+# a two-character escape.
+_TOKEN = re.compile(
+    r"(\n|\r|\x08|\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_])"
+)
+# An escape sequence cut off by the end of a chunk.
+_INCOMPLETE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*)?$")
+_SLOW = re.compile(r"[\r\x08\x1b]")
+_CSI_NOT_SGR = re.compile(r"\x1b\[[0-?]*[ -/]*[@-ln-~]")
+
+
+def strip_cursor_codes(line: str) -> str:
+    """``line`` without ANSI cursor movement and erase sequences (colours are kept).
+
+    For plain terminals, where a rank's ``ESC[A`` would move the cursor
+    over other ranks' lines.
+    """
+    if "\x1b" not in line:
+        return line
+    return _CSI_NOT_SGR.sub("", line)
+
+
+class Screen:
+    """One rank's recent output as a terminal would show it (see module contract)."""
+
+    def __init__(self, tail: int = 40) -> None:
+        if tail < 1:
+            raise ValueError(f"tail must be at least 1, not {tail}")
+        self.tail = tail
+        self.dropped = 0  # lines no longer kept at all
+        self._lines: list[str] = [""]
+        self._row = 0
+        self._col = 0
+        self._stream = ""
+        self._pending = ""  # an escape sequence split by the chunk boundary
+
+    def feed(self, text: str, stream: str = "stdout") -> None:
+        """Apply ``text`` written to ``stream`` at the cursor."""
+        if stream != self._stream:
+            if self._col > 0 and self._stream:
+                self._newline()
+            self._stream = stream
+        if self._pending:
+            text, self._pending = self._pending + text, ""
+        if "\x1b" in text:
+            cut = _INCOMPLETE.search(text)
+            if cut is not None:
+                text, self._pending = text[: cut.start()], text[cut.start() :]
+        if _SLOW.search(text) is None:
+            self._feed_plain(text)
+        else:
+            self._feed_controls(text)
+        self._trim()
+
+    def lines(self) -> list[str]:
+        """The last ``tail`` lines, oldest first, trailing spaces removed."""
+        return [line.rstrip(" ") for line in self._kept()[-self.tail :]]
+
+    @property
+    def total(self) -> int:
+        """Every line so far, shown or not (empty lines under the cursor not counted)."""
+        return self.dropped + len(self._kept())
+
+    @property
+    def hidden(self) -> int:
+        """Lines older than the shown tail: they are only in the log."""
+        return max(0, self.total - self.tail)
+
+    # -- internals ---------------------------------------------------------
+
+    def _kept(self) -> list[str]:
+        # Empty lines at or below the cursor are where output will go, not output.
+        end = len(self._lines)
+        while end > self._row and self._lines[end - 1] == "":
+            end -= 1
+        return self._lines[:end]
+
+    def _feed_plain(self, text: str) -> None:
+        """Text with newlines but no other controls: the hot path for ``print``."""
+        parts = text.split("\n")
+        self._write(parts[0])
+        if len(parts) == 1:
+            return
+        rest = parts[1:]
+        if self._row == len(self._lines) - 1:
+            # At the bottom, as usual: append in bulk, skipping lines that
+            # would scroll straight out of the tail.
+            if len(rest) > self.tail + 1:
+                self.dropped += len(rest) - (self.tail + 1)
+                rest = rest[-(self.tail + 1) :]
+            self._lines.extend(rest)
+            self._row = len(self._lines) - 1
+            self._col = len(rest[-1])
+            return
+        for part in rest:
+            self._newline()
+            self._write(part)
+
+    def _feed_controls(self, text: str) -> None:
+        for token in _TOKEN.split(text):
+            if not token:
+                continue
+            if token == "\n":
+                self._newline()
+            elif token == "\r":
+                self._col = 0
+            elif token == "\x08":
+                self._col = max(0, self._col - 1)
+            elif token[0] == "\x1b":
+                self._escape(token)
+            else:
+                self._write(token)
+
+    def _escape(self, seq: str) -> None:
+        if len(seq) < 3 or seq[1] != "[":
+            return  # OSC or two-character escape: nothing to show
+        final, params = seq[-1], seq[2:-1]
+        n = int(params) if params.isdigit() else 0
+        if final == "A":
+            self._row = max(0, self._row - max(n, 1))
+        elif final == "B":
+            self._row = min(len(self._lines) - 1, self._row + max(n, 1))
+        elif final == "C":
+            self._col += max(n, 1)
+        elif final == "D":
+            self._col = max(0, self._col - max(n, 1))
+        elif final == "G":
+            self._col = max(n, 1) - 1
+        elif final == "K":
+            line = self._lines[self._row]
+            if n == 0:
+                self._lines[self._row] = line[: self._col]
+            elif n == 1:
+                self._lines[self._row] = " " * min(self._col, len(line)) + line[self._col :]
+            elif n == 2:
+                self._lines[self._row] = ""
+        # Colours (m) and everything else: dropped.
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        line = self._lines[self._row]
+        col = self._col
+        if col > len(line):
+            line += " " * (col - len(line))
+        self._lines[self._row] = line[:col] + text + line[col + len(text) :]
+        self._col = col + len(text)
+
+    def _newline(self) -> None:
+        self._row += 1
+        self._col = 0
+        if self._row == len(self._lines):
+            self._lines.append("")
+
+    def _trim(self) -> None:
+        # Keep the tail plus the cursor line; slack of one tail so that
+        # trimming (a list copy) happens once per ``tail`` lines, not per line.
+        excess = len(self._lines) - 2 * self.tail - 1
+        if excess <= 0:
+            return
+        excess += self.tail
+        del self._lines[:excess]
+        self.dropped += excess
+        self._row = max(0, self._row - excess)

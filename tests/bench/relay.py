@@ -1,0 +1,278 @@
+"""Relay benchmark: throughput to the notebook side, and the cost to a training loop.
+
+Run by hand (not collected by pytest)::
+
+    python tests/bench/relay.py [--lines 200000] [--steps 3000] [--repeats 3]
+
+(a) Throughput: 2 ranks each print ``--lines`` short lines (and, separately,
+1 KiB lines) as fast as ``print`` goes. Measured from launch until
+``run.wait()`` returns with everything in the logs, minus the same launch
+of ranks that print nothing; reported as lines/s and MB/s into the
+notebook side, for the text display (what scripts get) and the kernel
+display (its rendering, with a publisher that discards the blocks: no
+kernel here). The notebook's own stdout is sent to /dev/null while
+measuring, so a terminal's speed is not what is measured.
+
+(b) Training-loop cost: each rank runs a small MLP training step on CPU
+(a tiny one, about half a millisecond a step, and a wider one),
+printing one line and calling ``nbddp.log`` every step, timed inside the
+rank (steps/s, and steps per second of the rank's own CPU time), launched
+through nbddp with the text display; against the same loop, same launch,
+with the rank's stdout on /dev/null and no ``nbddp.log`` (and the two
+halves: only the print relayed, only ``nbddp.log``; and, for reference,
+the print line-buffered into /dev/null: the system call per line that a
+terminal costs too, with no relay at all). Variants are
+interleaved, each ``--repeats`` times; the best and the median run are
+reported with their ratios to the baseline (on a shared machine the best
+run is the least disturbed one). Every figure comes from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import nbddp
+from nbddp.config import LaunchConfig
+from nbddp.display.kernel import KernelDisplay
+from nbddp.display.text import TextDisplay
+from nbddp.job import Job
+from nbddp.payload import Payload
+from nbddp.run import Display, Run
+
+RANKS = 2
+
+
+# -- rank side ------------------------------------------------------------------
+
+
+def print_lines(count: int, width: int) -> float:
+    """Print ``count`` lines of ``width`` characters (newline included); seconds taken."""
+    pad = "x" * max(0, width - 16)
+    start = time.perf_counter()
+    for i in range(count):
+        print(f"{i:>14d} {pad}")
+    sys.stdout.flush()
+    return time.perf_counter() - start
+
+
+def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, float]:
+    """An MLP (64 -> ``hidden`` -> 10, batch 64) trained for ``steps`` steps.
+
+    Returns (steps/s, steps per second of this thread's CPU time), warm-up excluded.
+
+    Every step prints one line to ``out``: "relay" (the rank's stdout),
+    "devnull" (/dev/null, block-buffered as a script's redirected stdout) or
+    "devnull-line" (/dev/null, line-buffered: a system call per line as on
+    a terminal or the relay's pipe). With ``log`` every step also calls
+    ``nbddp.log``.
+    """
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    if out != "relay":
+        # The rank exits after this loop: the file lives as long as it needs to.
+        sys.stdout = open(os.devnull, "w", buffering=1 if out == "devnull-line" else -1)  # noqa: SIM115
+    warmup = steps // 10
+    start = cpu = 0.0
+    for step in range(steps + warmup):
+        if step == warmup:
+            start, cpu = time.perf_counter(), time.thread_time()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        print(f"step {step} loss {value:.4f}")
+        if log:
+            nbddp.log(step=step, loss=value)
+    sys.stdout.flush()
+    return steps / (time.perf_counter() - start), steps / (time.thread_time() - cpu)
+
+
+# -- notebook side -------------------------------------------------------------
+
+
+class NullPublisher:
+    """Renders nowhere: measures the kernel display's own work without a kernel."""
+
+    def show(self, bundle: dict[str, str]) -> Any:
+        return None
+
+    def update(self, handle: Any, bundle: dict[str, str]) -> None:
+        pass
+
+    def cell(self) -> object:
+        return 1
+
+
+def launch(fn: Callable[..., Any], args: tuple[Any, ...], display: Display) -> tuple[float, Any]:
+    """Run ``fn(*args)`` on ``RANKS`` CPU ranks; (wall seconds until all is relayed, result)."""
+    config = LaunchConfig.build(procs=RANKS)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        start = time.perf_counter()
+        job = Job(config, Payload.serialize(fn, args, {}))
+        job.start()
+        result = Run(job, display).wait()
+        elapsed = time.perf_counter() - start
+    return elapsed, result
+
+
+def text_display() -> Display:
+    return TextDisplay()
+
+
+def kernel_display() -> Display:
+    return KernelDisplay(publisher=NullPublisher())
+
+
+def log_bytes(result: Any) -> int:
+    return sum(result.log_path(r).stat().st_size for r in range(RANKS))
+
+
+def throughput(lines: int, repeats: int) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    quiet = [launch(print_lines, (0, 16), text_display())[0] for _ in range(repeats)]
+    base = statistics.median(quiet)
+    for width, count in ((16, lines), (1024, max(1, lines // 10))):
+        for name, make in (("text", text_display), ("kernel", kernel_display)):
+            times, size = [], 0
+            worker_s: list[float] = []
+            for _ in range(repeats):
+                elapsed, result = launch(print_lines, (count, width), make())
+                times.append(elapsed)
+                worker_s.append(max(result.values.values()))
+                size = log_bytes(result)
+                assert size == RANKS * count * width, "the logs are incomplete"
+            net = statistics.median(times) - base
+            total = RANKS * count
+            rows.append(
+                (
+                    f"{width} B lines",
+                    name,
+                    f"{total:,}",
+                    f"{statistics.median(times):.3f}",
+                    f"{net:.3f}",
+                    f"{statistics.median(worker_s):.3f}",
+                    f"{total / net:,.0f}",
+                    f"{size / net / 1e6:,.1f}",
+                )
+            )
+    print(f"baseline launch of {RANKS} ranks printing nothing: {base:.3f} s (median)")
+    return rows
+
+
+TRAIN_VARIANTS = (
+    # (label, where the lines go, nbddp.log)
+    ("stdout to /dev/null, no nbddp.log (baseline)", "devnull", False),
+    ("print relayed", "relay", False),
+    ("nbddp.log, stdout to /dev/null", "devnull", True),
+    ("print relayed + nbddp.log", "relay", True),
+    ("for reference: print line-buffered to /dev/null", "devnull-line", False),
+)
+
+
+def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
+    """Each variant ``repeats`` times, interleaved so that machine noise hits all alike."""
+    wall: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
+    cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
+    notebook_cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
+    for _ in range(repeats):
+        for label, out, log in TRAIN_VARIANTS:
+            before = os.times()
+            _, result = launch(train_loop, (steps, hidden, out, log), text_display())
+            after = os.times()
+            notebook_cpu[label].append(after.user - before.user + after.system - before.system)
+            wall[label].append(statistics.mean(v[0] for v in result.values.values()))
+            cpu[label].append(statistics.mean(v[1] for v in result.values.values()))
+            if log:
+                assert len(result.metrics) == RANKS * (steps + steps // 10)
+    base = TRAIN_VARIANTS[0][0]
+    base_med, base_best = statistics.median(wall[base]), max(wall[base])
+    base_cpu = statistics.median(cpu[base])
+    rows = []
+    for label, *_ in TRAIN_VARIANTS:
+        med, best = statistics.median(wall[label]), max(wall[label])
+        c = statistics.median(cpu[label])
+        rows.append(
+            (
+                label,
+                f"{1000 / best:.3f}",
+                f"{best:,.0f}",
+                f"{best / base_best:.3f}",
+                f"{med:,.0f}",
+                f"{med / base_med:.3f}",
+                f"{c / base_cpu:.3f}",
+                f"{statistics.median(notebook_cpu[label]):.2f}",
+                " ".join(f"{v:,.0f}" for v in wall[label]),
+            )
+        )
+    return rows
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    rule = "-+-".join("-" * w for w in widths)
+    head = " | ".join(c.rjust(w) for c, w in zip(header, widths, strict=True))
+    return "\n".join([head, rule, *lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=200_000, help="short lines per rank")
+    parser.add_argument(
+        "--steps", type=int, default=3000, help="steps per rank (wide MLP: a fifth)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} CPU cores, {RANKS} ranks, torch threads per rank: OMP default")
+    launch(print_lines, (10, 16), text_display())  # warm the forkserver
+
+    print("\n(a) relay throughput, 2 ranks -> notebook side (medians)")
+    header = ("lines", "display", "total", "wall s", "net s", "rank s", "lines/s", "MB/s")
+    print(table(header, throughput(args.lines, args.repeats)))
+    print("net s: wall minus the baseline launch; rank s: time the slowest rank spent printing")
+
+    header = (
+        "variant",
+        "ms/step",
+        "best steps/s",
+        "ratio",
+        "median steps/s",
+        "ratio",
+        "cpu ratio",
+        "notebook cpu-s",
+        "runs (steps/s)",
+    )
+    for hidden, steps in ((128, args.steps), (2048, args.steps // 5)):
+        print(
+            f"\n(b) training loop: MLP 64-{hidden}-10, batch 64, {RANKS} ranks x {steps} steps, "
+            "measured inside each rank"
+        )
+        print(table(header, train_cost(steps, hidden, args.repeats)))
+    print(
+        "steps/s: wall clock inside the rank (mean of ranks), best and median of the runs;\n"
+        "ms/step: from the best run; cpu ratio: the same ratio in steps per second of the\n"
+        "rank's own thread CPU time (median); notebook cpu-s: CPU the launching process\n"
+        "spent per run (relay, display), which competes with the ranks for the cores.\n"
+        "Target: ratio >= 0.97 for 'print relayed + nbddp.log'."
+    )
+    nbddp.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The kernel display's logic, with a fake publisher and a fake clock (no IPython)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nbddp.display.kernel import KernelDisplay, format_elapsed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakePublisher:
+    """Records blocks as a notebook would hold them."""
+
+    def __init__(self) -> None:
+        self.blocks: list[dict[str, str]] = []
+        self.messages = 0
+        self.cell_token: object = 1
+
+    def show(self, bundle: dict[str, str]) -> Any:
+        self.blocks.append(bundle)
+        self.messages += 1
+        return len(self.blocks) - 1
+
+    def update(self, handle: Any, bundle: dict[str, str]) -> None:
+        self.blocks[handle] = bundle
+        self.messages += 1
+
+    def cell(self) -> object:
+        return self.cell_token
+
+    def plain(self) -> list[str]:
+        return [b["text/plain"] for b in self.blocks]
+
+
+def make(**kwargs: Any) -> tuple[KernelDisplay, FakePublisher, Clock]:
+    clock, publisher = Clock(), FakePublisher()
+    display = KernelDisplay(clock=clock, publisher=publisher, err=io.StringIO(), **kwargs)
+    display.attach(Path("/runs/x"), 2)
+    return display, publisher, clock
+
+
+def test_blocks_in_rank_order_with_header() -> None:
+    display, pub, clock = make()
+    display.state(1, "running")
+    display.output(1, "stdout", "hello from 1\n")
+    clock.now += 3.2
+    display.refresh()
+    assert pub.plain() == ["rank 0 · starting · 3s", "rank 1 · running · 3s\nhello from 1"]
+    assert "<pre" in pub.blocks[1]["text/html"]
+
+
+def test_updates_are_rate_limited_and_nothing_is_lost_at_close() -> None:
+    display, pub, clock = make(interval=0.1)
+    display.refresh()
+    first = pub.messages
+    for i in range(100_000):
+        display.output(0, "stdout", f"line {i}\n")
+        if i % 100 == 0:
+            clock.now += 0.001  # 100k lines in one simulated second
+            display.refresh()
+    display.state(0, "done")
+    display.state(1, "done")
+    display.close()
+    assert pub.messages - first <= 12
+    assert pub.plain()[0].splitlines()[-1] == "line 99999"
+    assert "99,960 earlier lines in /runs/x/rank0.log" in pub.plain()[0]
+
+
+def test_refresh_says_when_to_come_back() -> None:
+    display, _, clock = make(interval=0.1)
+    display.refresh()
+    display.output(0, "stdout", "x\n")
+    assert display.refresh() == pytest.approx(0.1)  # dirty, limited: retry when allowed
+    clock.now += 0.1
+    wait = display.refresh()
+    assert wait is not None and wait <= 1.0  # running: the elapsed time ticks
+    for rank in (0, 1):
+        display.state(rank, "done")
+    clock.now += 0.1
+    display.refresh()
+    assert display.refresh() is None  # all ended, all drawn
+
+
+def test_unchanged_blocks_are_not_redrawn() -> None:
+    display, pub, clock = make()
+    for rank in (0, 1):
+        display.state(rank, "done")
+    display.refresh()
+    before = pub.messages
+    for _ in range(10):
+        clock.now += 1.0
+        display.refresh()
+    assert pub.messages == before
+
+
+def test_tqdm_bar_redraws_in_place() -> None:
+    display, pub, _ = make()
+    for i in range(101):
+        display.output(0, "stderr", f"\r{i:3d}%|{'#' * (i // 10):<10}|")
+    display.output(0, "stderr", "\n")
+    display.close()
+    assert pub.plain()[0].splitlines()[1:] == ["100%|##########|"]
+
+
+def test_output_rank0_and_none_show_headers_only_for_hidden_ranks() -> None:
+    display, pub, _ = make(live={0})
+    display.output(0, "stdout", "zero\n")
+    display.output(1, "stdout", "one\n")
+    display.close()
+    assert pub.plain() == ["rank 0 · starting · 0s\nzero", "rank 1 · starting · 0s"]
+    display, pub, _ = make(live=set())
+    display.output(0, "stdout", "zero\n")
+    display.close()
+    assert pub.plain() == ["rank 0 · starting · 0s", "rank 1 · starting · 0s"]
+
+
+def test_metrics_in_header_and_chart_block() -> None:
+    display, pub, clock = make(chart_interval=0.5)
+    for step in range(50):
+        display.metric(0, {"rank": 0, "step": step, "time": 0.0, "loss": 1 / (step + 1)})
+    display.refresh()
+    assert pub.plain()[0] == "rank 0 · starting · 0s · step 49 loss=0.02"
+    assert pub.plain()[2] == "metrics rank 0: step 49 loss=0.02"
+    assert "<svg" in pub.blocks[2]["text/html"]
+    display.metric(0, {"rank": 0, "step": 50, "time": 0.0, "loss": 0.01})
+    clock.now += 0.1
+    display.refresh()
+    assert "step 50" in pub.plain()[0]
+    assert "step 49" in pub.plain()[2]  # the chart waits for its own, slower limit
+    display.close()
+    assert "step 50" in pub.plain()[2]
+
+
+def test_new_cell_gets_new_blocks() -> None:
+    display, pub, clock = make()
+    display.output(0, "stdout", "a\n")
+    display.refresh()
+    assert len(pub.blocks) == 2
+    pub.cell_token = 2  # run.wait() again in another cell
+    clock.now += 1
+    display.refresh()
+    assert len(pub.blocks) == 4
+    assert pub.plain()[2].endswith("\na")
+
+
+def test_html_is_escaped() -> None:
+    display, pub, _ = make()
+    display.output(0, "stdout", "<script>alert(1)</script>\n")
+    display.close()
+    assert "<script>" not in pub.blocks[0]["text/html"]
+    assert "&lt;script&gt;" in pub.blocks[0]["text/html"]
+
+
+def test_notice_goes_to_stderr() -> None:
+    err = io.StringIO()
+    display = KernelDisplay(publisher=FakePublisher(), err=err)
+    display.notice("port 29500 busy")
+    assert err.getvalue() == "nbddp: port 29500 busy\n"
+
+
+def test_format_elapsed() -> None:
+    assert format_elapsed(7.9) == "7s"
+    assert format_elapsed(185) == "3m05s"
+    assert format_elapsed(3720) == "1h02m"
