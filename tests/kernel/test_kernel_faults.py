@@ -28,17 +28,26 @@ nbddp.launch(hang, procs=2)
 
 def start_hanging_run(kernel: Kernel) -> tuple[str, list[psutil.Process]]:
     """Run HANG in the kernel until both ranks say ready; return the cell id and the
-    ranks with their children."""
+    ranks with their children. The ranks' output arrives as the display's per-rank
+    blocks (display and update messages) or, in a plain terminal, as stream text."""
     msg_id = kernel.kc.execute(HANG)
-    text = ""
-    while len(re.findall(r"\[rank \d\] ready (\d+)", text)) < 2:
+    pids: set[int] = set()
+    while len(pids) < 2:
         try:
             msg = kernel.kc.get_iopub_msg(timeout=60)
         except queue.Empty:
-            raise TimeoutError(f"ranks did not start; saw {text!r}") from None
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            text += msg["content"]["text"]
-    ranks = [psutil.Process(int(pid)) for pid in re.findall(r"\[rank \d\] ready (\d+)", text)]
+            raise TimeoutError(f"ranks did not start; saw pids {pids}") from None
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            text = content["text"]
+        elif msg["msg_type"] in ("display_data", "update_display_data"):
+            text = content.get("data", {}).get("text/plain", "")
+        else:
+            continue
+        pids.update(int(pid) for pid in re.findall(r"ready (\d+)", text))
+    ranks = [psutil.Process(pid) for pid in sorted(pids)]
     tree = ranks + [c for r in ranks for c in r.children(recursive=True)]
     assert len(tree) == 4  # 2 ranks, one DataLoader worker each
     return msg_id, tree
