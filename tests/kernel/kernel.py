@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,21 @@ from typing import Any
 import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+
+RANK_HEADER = re.compile(r"^rank (\d+) · ")
+
+
+def rank_block_lines(plain: str) -> list[str] | None:
+    """The lines of one rank block of nbddp's kernel display (its ``text/plain``: a
+    ``rank N · state · time`` header, then the rank's output tail) as ``[rank N] line``
+    lines, the way the text display prints them; None if ``plain`` is not a rank block.
+    The note about earlier lines kept only in the log is left out."""
+    lines = plain.split("\n")
+    match = RANK_HEADER.match(lines[0])
+    if match is None:
+        return None
+    rank = match.group(1)
+    return [f"[rank {rank}] {line}" for line in lines[1:] if not line.startswith("… ")]
 
 
 @dataclass
@@ -56,6 +72,20 @@ class CellResult:
         """The content of the cell's ``error`` message, if it failed."""
         errors = self.of_type("error")
         return errors[-1]["content"] if errors else None
+
+    @property
+    def rank_output(self) -> str:
+        """What each rank's block shows at the end of the cell, as ``[rank N] line`` lines
+        (rank order), whether the ranks' output came as display blocks or as stream text."""
+        final: dict[str, str] = {}
+        for m in self.of_type("display_data", "update_display_data"):
+            display_id = m["content"].get("transient", {}).get("display_id")
+            if display_id is not None:
+                final[display_id] = m["content"].get("data", {}).get("text/plain", "")
+        lines = [line for plain in final.values() for line in rank_block_lines(plain) or []]
+        lines.sort(key=lambda line: int(line.split("]")[0][6:]))  # stable: rank, then order
+        streamed = [line for line in self.stdout.splitlines() if line.startswith("[rank ")]
+        return "".join(f"{line}\n" for line in lines + streamed)
 
     def text(self) -> str:
         """Every text/plain and stream output, in order (what a person would read)."""

@@ -22,6 +22,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from traitlets import default
 
+from tests.kernel.kernel import rank_block_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -75,7 +77,10 @@ def cell_text(cell: Any) -> str:
         if output["output_type"] == "stream":
             parts.append(output["text"])
         elif output["output_type"] in ("execute_result", "display_data"):
-            parts.append(output.get("data", {}).get("text/plain", "") + "\n")
+            plain = output.get("data", {}).get("text/plain", "")
+            # nbddp's per-rank blocks read as the text display's "[rank N] line" lines.
+            block = rank_block_lines(plain) if output["output_type"] == "display_data" else None
+            parts.append("\n".join(block) + "\n" if block is not None else plain + "\n")
         elif output["output_type"] == "error":
             parts.append("\n".join(output["traceback"]) + "\n")
     return "".join(parts)

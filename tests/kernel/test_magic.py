@@ -57,12 +57,13 @@ def test_output_from_every_rank(kernel: Kernel) -> None:
         kernel, "%%ddp --procs 2\nprint(f'hello from rank {rank} of {world_size} on {device}')"
     )
     for rank in (0, 1):
-        assert f"[rank {rank}] hello from rank {rank} of 2 on cpu\n" in result.stdout
+        assert f"[rank {rank}] hello from rank {rank} of 2 on cpu\n" in result.rank_output
 
 
 def test_output_rank0_shows_only_rank_0(kernel: Kernel) -> None:
     result = ok(kernel, "%%ddp --procs 2 --output rank0\nprint('hello from', rank)")
-    assert result.stdout == "[rank 0] hello from 0\n"
+    assert "[rank 0] hello from 0\n" in result.rank_output
+    assert "hello from 1" not in result.text()
 
 
 def test_timeout_stops_the_run(kernel: Kernel) -> None:
@@ -76,8 +77,8 @@ def test_timeout_stops_the_run(kernel: Kernel) -> None:
 def test_notebook_names_the_cell_reads_reach_every_rank(kernel: Kernel) -> None:
     # helper reads the notebook's `scale`; `lock` is not read, so not sent.
     result = ok(kernel, "%%ddp --procs 2\nprint('sum', helper(data).sum() + rank)")
-    assert "[rank 0] sum 18\n" in result.stdout
-    assert "[rank 1] sum 19\n" in result.stdout
+    assert "[rank 0] sum 18\n" in result.rank_output
+    assert "[rank 1] sum 19\n" in result.rank_output
 
 
 def test_an_unpicklable_name_the_cell_reads_is_named(kernel: Kernel) -> None:

@@ -40,7 +40,7 @@ def test_interrupt_stops_every_rank_and_the_next_cell_runs() -> None:
 
         after = kernel.execute("%%ddp --procs 2\nprint('again', rank)\nrank + 1")
         assert after.status == "ok", after.text()
-        assert "[rank 1] again 1" in after.stdout and after.result == "1"
+        assert "[rank 1] again 1" in after.rank_output and after.result == "1"
 
 
 def test_no_worker_or_forkserver_left_after_kernel_shutdown() -> None:
