@@ -137,6 +137,7 @@ def test_a_rank_that_dies_is_named_with_its_exit_code_or_signal(
     assert info.value.exit_code == code
     assert info.value.rank == 1
     assert f"rank 1 about to {how}" in run.output(1)  # written just before dying: kept
+    assert nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none") == 1.0  # next works
     if how == "segfault":
         assert "Fatal Python error: Segmentation fault" in run.output(1)
 

@@ -112,10 +112,15 @@ def _resources() -> tuple[int, int, int, int]:
 
 def test_fifty_launches_leak_no_threads_fds_processes_or_ports() -> None:
     nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")  # warm: loop thread, zygote
-    before = _resources()
+    threads, fds, procs, ports = _resources()
     for _ in range(50):
         assert nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none") == 1.0
-    assert _resources() == before
+    threads_after, fds_after, procs_after, ports_after = _resources()
+    # A leak would grow by one or more per launch (50+). The last run's rendezvous
+    # store closes its socket on torch's own thread, so either snapshot may still
+    # hold that one fd (and that thread): a difference of one is the same state.
+    assert abs(fds_after - fds) <= 1 and abs(threads_after - threads) <= 1
+    assert (procs_after, ports_after) == (procs, ports)
 
 
 def test_stacks_can_be_dumped_from_a_running_job(tmp_path: Path) -> None:
