@@ -120,7 +120,10 @@ class _RankState:
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
     log_tail: list[str] = field(default_factory=list)
-    resting: dict[int, asyncio.TimerHandle] = field(default_factory=dict)
+    # fd -> (timer, reader callback, its args) while the fd rests
+    resting: dict[int, tuple[asyncio.TimerHandle, Callable[..., None], tuple[Any, ...]]] = field(
+        default_factory=dict
+    )
 
 
 class Relay:
@@ -217,28 +220,32 @@ class Relay:
             return
         code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
         state.exit_reported = True
+        # The process is gone: nothing more to batch, so read its last output and
+        # EOFs now rather than when the rests end (keeps short runs short).
+        for resting_fd in list(state.resting):
+            self._wake(state, resting_fd)
         self.sink.on_exit(rank, code)
         self._close_fd(rank, state, fd)
 
     def _rest(self, state: _RankState, fd: int, callback: Callable[..., None], *args: Any) -> None:
         """Stop watching ``fd`` for ``REST`` seconds (see module docstring: batching)."""
         self.loop.loop.remove_reader(fd)
-        state.resting[fd] = self.loop.call_later(REST, self._wake, state, fd, callback, args)
+        timer = self.loop.call_later(REST, self._wake, state, fd)
+        state.resting[fd] = (timer, callback, args)
 
-    def _wake(
-        self, state: _RankState, fd: int, callback: Callable[..., None], args: tuple[Any, ...]
-    ) -> None:
-        del state.resting[fd]
+    def _wake(self, state: _RankState, fd: int) -> None:
+        timer, callback, args = state.resting.pop(fd)
+        timer.cancel()  # a no-op when the timer is what called us
         self.loop.loop.add_reader(fd, callback, *args)
 
     def _close_fd(self, rank: int, state: _RankState, fd: int) -> None:
         if fd not in state.open_fds:
             return
         state.open_fds.discard(fd)
-        timer = state.resting.pop(fd, None)
-        if timer is not None:
+        rest = state.resting.pop(fd, None)
+        if rest is not None:
             # Cancelled, not left to run: the fd number may be reused by then.
-            timer.cancel()
+            rest[0].cancel()
         self.loop.loop.remove_reader(fd)
         PARENT_FDS.discard(fd)
         if fd == state.ctrl_fd:
