@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,16 +141,23 @@ class Kernel:
         msg_id = self.kc.execute(code, store_history=True)
         return self.collect(msg_id, timeout)
 
-    def collect(self, msg_id: str, timeout: float = 120.0) -> CellResult:
-        """The iopub messages of the cell ``msg_id``, up to its idle status, and its reply."""
-        messages: list[dict[str, Any]] = []
+    def messages_of(
+        self, msg_id: str, timeout: float, waiting_for: str
+    ) -> Iterator[dict[str, Any]]:
+        """The iopub messages of the cell ``msg_id`` as they arrive (others are skipped);
+        TimeoutError naming ``waiting_for`` when none comes within ``timeout`` seconds."""
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=timeout)
             except queue.Empty:
-                raise TimeoutError(f"cell did not finish within {timeout}s") from None
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
+                raise TimeoutError(f"{waiting_for} within {timeout}s") from None
+            if msg["parent_header"].get("msg_id") == msg_id:
+                yield msg
+
+    def collect(self, msg_id: str, timeout: float = 120.0) -> CellResult:
+        """The iopub messages of the cell ``msg_id``, up to its idle status, and its reply."""
+        messages: list[dict[str, Any]] = []
+        for msg in self.messages_of(msg_id, timeout, "the cell did not finish"):
             if msg["msg_type"] == "status":
                 if msg["content"]["execution_state"] == "idle":
                     break
@@ -168,16 +176,11 @@ class Kernel:
         The cell's own code (``execute_input``) is not output: it is not searched.
         """
         seen: list[dict[str, Any]] = []
-        while True:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"{needle!r} did not appear within {timeout}s") from None
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
+        for msg in self.messages_of(msg_id, timeout, f"{needle!r} did not appear"):
             seen.append(msg)
             if msg["msg_type"] != "execute_input" and needle in str(msg["content"]):
                 return seen
+        raise AssertionError("unreachable: messages_of ends only by raising")
 
     def interrupt(self) -> None:
         """Interrupt the kernel as the notebook's stop button does (SIGINT)."""

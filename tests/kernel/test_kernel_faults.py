@@ -3,7 +3,6 @@ every worker's child is gone within 5 seconds, and after an interrupt the kernel
 
 from __future__ import annotations
 
-import queue
 import re
 from collections.abc import Iterator
 
@@ -32,13 +31,7 @@ def start_hanging_run(kernel: Kernel) -> tuple[str, list[psutil.Process]]:
     blocks (display and update messages) or, in a plain terminal, as stream text."""
     msg_id = kernel.kc.execute(HANG)
     pids: set[int] = set()
-    while len(pids) < 2:
-        try:
-            msg = kernel.kc.get_iopub_msg(timeout=60)
-        except queue.Empty:
-            raise TimeoutError(f"ranks did not start; saw pids {pids}") from None
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
+    for msg in kernel.messages_of(msg_id, 60, "the ranks did not both say ready"):
         content = msg["content"]
         if msg["msg_type"] == "stream":
             text = content["text"]
@@ -47,6 +40,8 @@ def start_hanging_run(kernel: Kernel) -> tuple[str, list[psutil.Process]]:
         else:
             continue
         pids.update(int(pid) for pid in re.findall(r"ready (\d+)", text))
+        if len(pids) == 2:
+            break
     ranks = [psutil.Process(pid) for pid in sorted(pids)]
     tree = ranks + [c for r in ranks for c in r.children(recursive=True)]
     assert len(tree) == 4  # 2 ranks, one DataLoader worker each
