@@ -10,7 +10,8 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .config import LaunchConfig
 from .errors import (
@@ -26,6 +27,9 @@ from .launch import Launcher, launch, notebook_launcher, spawn
 from .metrics import log
 from .run import Run, RunResult
 from .starters import ZYGOTE
+
+if TYPE_CHECKING:
+    from .widgets.panel import Panel
 
 __all__ = [
     "ConfigError",
@@ -43,6 +47,7 @@ __all__ = [
     "load_ipython_extension",
     "log",
     "notebook_launcher",
+    "panel",
     "shutdown",
     "spawn",
     "unload_ipython_extension",
@@ -54,6 +59,28 @@ __version__ = "0.1.0"
 def shutdown() -> None:
     """Stop nbddp's background forkserver (it restarts on the next launch)."""
     ZYGOTE.close()
+
+
+def panel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Panel:
+    """Show a widget panel that launches ``fn(*args, **kwargs)`` on every rank.
+
+    The panel sets the devices (visible GPUs, or CPU processes), start
+    method, port, mixed precision, timeout and extra environment; Launch
+    runs in the background while the panel shows each rank's state, output
+    and ``nbddp.log`` charts; Stop ends every rank. The returned ``Panel``
+    has the latest run as ``.run``, and ``launch()``, ``stop()``, ``wait()``,
+    ``code()`` and ``close()`` for the same from code. Needs ipywidgets
+    (``pip install ipywidgets``); shown only in a Jupyter kernel.
+    """
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "nbddp.panel needs ipywidgets: pip install ipywidgets (or nbddp[panel])"
+        ) from None
+    from .widgets.cells import show_panel
+
+    return show_panel(fn, args, kwargs)
 
 
 def _import_store_support() -> None:

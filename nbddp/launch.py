@@ -78,7 +78,17 @@ def start_run(
     tail: int = DEFAULT_TAIL,
 ) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
-    display = make_display(output, tail)
+    return start_with_display(config, fn, args, kwargs, make_display(output, tail))
+
+
+def start_with_display(
+    config: LaunchConfig,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    display: Display | None,
+) -> Run:
+    """``start_run`` with a display of the caller's (the panel's widgets)."""
     payload = Payload.serialize(fn, args, kwargs)
     if display is not None:
         for notice in config.notices:

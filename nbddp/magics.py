@@ -1,4 +1,4 @@
-"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_status`` (``%load_ext nbddp``).
+"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_status``, ``%ddp_panel``.
 
 Contract: the magics only parse their arguments (IPython's
 ``magic_arguments``; the launch options are declared once and shared by
@@ -26,7 +26,7 @@ from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
 from .errors import CellError, ConfigError
-from .session import OUTPUTS, Session
+from .session import OUTPUTS, Session, merge_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -256,6 +256,33 @@ class DdpMagics(Magics):
         if any(word != "--stacks" for word in words):
             raise UsageError(f"%ddp_status takes only --stacks, got {line.strip()!r}")
         print(self.session.status(stacks=bool(words)))
+
+    @line_magic
+    @magic_arguments("%ddp_panel")
+    @argument("function", help="the name of a function in the notebook, run as FUNCTION()")
+    @_launch_arguments
+    def ddp_panel(self, line: str) -> None:
+        """Show a panel that launches FUNCTION() on every rank (nbddp.panel).
+
+        The options (over the %ddp_config defaults) preset the panel's form.
+        For arguments, call nbddp.panel(function, *args, **kwargs) instead.
+        """
+        args = parse(self.ddp_panel, line, "%ddp_panel")
+        shell = self.shell
+        assert shell is not None
+        name = args.function
+        fn = shell.user_ns.get(name)
+        if fn is None or not callable(fn):
+            what = "no name" if fn is None else f"{type(fn).__name__}, not a function:"
+            raise UsageError(f"%ddp_panel: the notebook has {what} {name!r}; define it first")
+        options = merge_options(self.session.defaults, launch_options(args))
+        options.pop("output", None)
+        try:
+            from .widgets.cells import show_panel
+        except ImportError:
+            raise UsageError("%ddp_panel needs ipywidgets: pip install ipywidgets") from None
+        with _as_usage_error():
+            show_panel(fn, (), {}, options)
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:

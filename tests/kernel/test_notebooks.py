@@ -95,6 +95,23 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
     assert "latest run: done" in text
 
 
+def check_panel(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert PROVED in text
+    # The panel itself is a widget view in the cell's output.
+    views = [
+        output
+        for cell in nb.cells
+        if "nbddp.panel(" in cell.source
+        for output in cell.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+    ]
+    assert len(views) == 2, "each nbddp.panel(...) cell shows one panel"
+    assert "%%ddp --no-init --procs 2\ntrain(epochs=15)" in text
+    assert "nbddp.launch(train, epochs=15, procs=2)" in text
+    assert "stopped: the run was stopped" in text and "{0: 'stopped', 1: 'stopped'}" in text
+
+
 CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "quickstart": check_quickstart,
     "ddp_plain": check_ddp_plain,
@@ -102,6 +119,7 @@ CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "trainer": check_trainer,
     "keras_torch": check_keras_torch,
     "dataloader_workers": check_dataloader_workers,
+    "panel": check_panel,
 }
 
 

@@ -1,0 +1,85 @@
+"""Showing panels in a kernel, and closing them with their cell.
+
+Contract: ``show_panel`` makes a ``Panel``, displays it in the running
+cell (in a kernel) and remembers which cell that is. When that cell runs
+again, or the frontend reports it deleted (JupyterLab sends the ids of
+deleted cells with the next execution), the old panel is closed: its run
+is stopped, so re-running a panel cell never leaves a run going unseen.
+Outside a kernel the panel is returned without being shown.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .panel import Panel
+
+_BY_CELL: dict[str, list[Panel]] = {}
+_HOOKED: list[object] = []  # the shell whose pre_run_cell hook is ours
+
+
+def show_panel(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any] | None = None,
+) -> Panel:
+    """Make the panel, and in a kernel display it and tie it to the running cell."""
+    panel = Panel(fn, args, kwargs, options=options)
+    shell = _kernel_shell()
+    if shell is None:
+        return panel
+    _hook(shell)
+    cell_id = _request_metadata(shell).get("cellId")
+    if isinstance(cell_id, str):
+        # Several panels may come from one cell; the hook closes them all
+        # before that cell's next run.
+        _BY_CELL.setdefault(cell_id, []).append(panel)
+    from IPython.display import display
+
+    display(panel.view.root)  # type: ignore[no-untyped-call]
+    return panel
+
+
+def close_for_cells(cell_ids: list[str]) -> None:
+    """Close the panels shown by these cells (run again, or deleted)."""
+    for cell_id in cell_ids:
+        for panel in _BY_CELL.pop(cell_id, []):
+            panel.close(wait=False)
+
+
+def _before_cell(info: Any) -> None:
+    shell = _kernel_shell()
+    metadata = _request_metadata(shell) if shell is not None else {}
+    ids = [getattr(info, "cell_id", None) or metadata.get("cellId")]
+    deleted = metadata.get("deletedCells")
+    if isinstance(deleted, list):
+        ids += deleted
+    close_for_cells([i for i in ids if isinstance(i, str)])
+
+
+def _hook(shell: Any) -> None:
+    if shell in _HOOKED:
+        return
+    shell.events.register("pre_run_cell", _before_cell)
+    _HOOKED.append(shell)
+
+
+def _kernel_shell() -> Any:
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return None
+    shell = ipython.get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def _request_metadata(shell: Any) -> dict[str, Any]:
+    """The running execute request's metadata (JupyterLab: cellId, deletedCells)."""
+    try:
+        parent = shell.kernel.get_parent()
+    except Exception:  # an older ipykernel without get_parent
+        parent = getattr(shell, "parent_header", None) or {}
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    return metadata if isinstance(metadata, dict) else {}

@@ -1,0 +1,220 @@
+"""``Panel``: configure, launch, stop and watch runs of one function from widgets.
+
+Contract: a ``Panel`` owns a ``PanelView`` and at most one run at a time.
+Launch (the button, or ``launch()``) validates the form, starts the run
+with a ``PanelFeed`` as its display and pumps it on a background thread,
+so the notebook stays usable; the outcome (summary, or the failing rank's
+error and traceback) is shown in the panel and the run stays reachable as
+``panel.run``. Stop (the button, or ``stop()``) stops every rank; the panel
+then shows ``stopped``. Launch is disabled while the form is invalid or a
+run goes on; launching again after a run ends starts a fresh run.
+
+No processes are left behind: ``close()`` stops the run and closes the
+widgets; in a kernel, running the panel's cell again or deleting the cell
+(JupyterLab reports deleted cells with the next execution) closes it;
+and ranks end with the kernel in any case (each watches its link).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..config import LaunchConfig
+from ..devices import visible_gpus
+from ..errors import ConfigError, RemoteTraceback
+from ..launch import DEFAULT_TAIL, start_with_display
+from ..run import Run, RunResult
+from .feed import PanelFeed
+from .settings import PanelSettings, call_code
+from .view import PanelView
+
+CLOSE_WAIT = 10.0  # seconds close() waits for a stopped run's ranks to be gone
+_MAX_VALUE_REPR = 200
+
+
+class Panel:
+    """A widget panel for ``fn(*args, **kwargs)`` (see module contract)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        options: Mapping[str, Any] | None = None,
+        tail: int = DEFAULT_TAIL,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
+        self.fn = fn
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.tail = tail
+        self.run: Run | None = None
+        """The latest run started from this panel (running or ended)."""
+        self.name = getattr(fn, "__name__", None) or type(fn).__name__
+        gpus = visible_gpus()
+        settings = PanelSettings.initial(len(gpus), options)
+        self.view = PanelView(f"nbddp · {self.name}", settings, f"GPUs: {gpus.describe()}")
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.view.on_change(self.refresh_form)
+        self.view.launch_button.on_click(lambda _button: self._clicked(self.launch))
+        self.view.stop_button.on_click(lambda _button: self._clicked(self.stop))
+        self.refresh_form()
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while a run launched from this panel goes on."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def settings(self) -> PanelSettings:
+        """What the form holds now."""
+        return self.view.settings()
+
+    def code(self) -> tuple[str, str]:
+        """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call for the current settings.
+
+        Raises ``ConfigError`` while the form is invalid.
+        """
+        settings = self.settings()
+        errors = settings.errors()
+        if errors:
+            raise ConfigError(_describe(errors))
+        args, _exact = call_code(self.args, self.kwargs)
+        return settings.magic_cell(f"{self.name}({args})"), settings.launch_call(self.name, args)
+
+    def refresh_form(self) -> None:
+        """Re-validate the form: field errors, the Launch button and the code shown."""
+        settings = self.settings()
+        self.view.show_device(settings.device)
+        errors = settings.errors()
+        self.view.show_errors(errors)
+        self.view.set_running(self.running, can_launch=not errors and not self._closed)
+        if errors:
+            self.view.show_code("", "", "Fix the settings above to see the equivalent code.")
+            return
+        magic, call = self.code()
+        _, exact = call_code(self.args, self.kwargs)
+        note = (
+            ""
+            if exact
+            else "args[i] and kwargs[...] stand for the objects given to nbddp.panel(...)."
+        )
+        self.view.show_code(magic, call, note)
+
+    # -- actions ----------------------------------------------------------------
+
+    def launch(self) -> Run:
+        """Start a run with the form's settings, in the background; return its handle.
+
+        Raises ``ConfigError`` if the form is invalid, ``RuntimeError`` if a
+        run from this panel still goes on or the panel was closed, and
+        ``PayloadError`` if ``fn`` or its arguments cannot be sent.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this panel was closed; create a new one with nbddp.panel(...)")
+            if self.running:
+                raise RuntimeError("a run from this panel is still going; stop it or wait for it")
+            settings = self.settings()
+            errors = settings.errors()
+            if errors:
+                self.view.show_errors(errors)
+                raise ConfigError(_describe(errors))
+            config = LaunchConfig.build(**settings.options())
+            self.view.start_run(config.world_size)
+            feed = PanelFeed(self.view, tail=self.tail)
+            run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
+            self.run = run
+            self.view.show_run_state("running")
+            self.view.set_running(True, can_launch=False)
+            self._thread = threading.Thread(
+                target=self._pump, args=(run,), name="nbddp-panel", daemon=True
+            )
+            self._thread.start()
+            return run
+
+    def stop(self) -> None:
+        """Stop the run (every rank gets SIGTERM, then SIGKILL); returns at once."""
+        run = self.run
+        if run is not None and self.running:
+            self.view.show_run_state("stopping", "stopping…")
+            run.stop()
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Wait for the current run to end; return its result or raise its failure.
+
+        Raises ``TimeoutError`` if it is still going after ``timeout`` seconds.
+        """
+        run, thread = self.run, self._thread
+        if run is None or thread is None:
+            raise RuntimeError("nothing was launched from this panel yet; click Launch first")
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError("the run is still going; call stop() to end it")
+        return run.wait()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the run (waiting up to ``CLOSE_WAIT`` s for its ranks if ``wait``) and
+        close the widgets. The panel cannot launch again afterwards."""
+        with self._lock:
+            self._closed = True
+        self.stop()
+        thread = self._thread
+        if wait and thread is not None:
+            thread.join(CLOSE_WAIT)
+        self.view.close()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _clicked(self, action: Callable[[], object]) -> None:
+        # Why catch everything: an exception in a button callback would only
+        # reach the kernel's log; the user must see it in the panel.
+        try:
+            action()
+        except Exception as exc:
+            self.view.show_run_state("error", "not launched")
+            self.view.show_result(f"{type(exc).__name__}: {exc}")
+
+    def _pump(self, run: Run) -> None:
+        try:
+            result = run.wait()
+        except BaseException as exc:
+            self._show_failure(run, exc)
+        else:
+            value = result.values.get(0)
+            text = repr(value)
+            if len(text) > _MAX_VALUE_REPR:
+                text = text[:_MAX_VALUE_REPR] + "…"
+            self.view.show_run_state("done", f"done in {result.duration:.1f}s")
+            self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
+        finally:
+            can_launch = not self._closed and not self.settings().errors()
+            self.view.set_running(False, can_launch=can_launch)
+
+    def _show_failure(self, run: Run, exc: BaseException) -> None:
+        status = run.status
+        if status in ("stopped", "interrupted"):
+            self.view.show_run_state("stopped")
+            self.view.show_result(f"stopped; each rank's output is in {run.log_dir}")
+            return
+        self.view.show_run_state("failed" if status == "done" else status)
+        detail = str(exc.__cause__) if isinstance(exc.__cause__, RemoteTraceback) else ""
+        notes = "\n".join(getattr(exc, "__notes__", ()))
+        self.view.show_result(f"{type(exc).__name__}: {exc}\n{notes}".rstrip(), detail.strip())
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.view.root)  # type: ignore[no-untyped-call]
+
+
+def _describe(errors: Mapping[str, str]) -> str:
+    return "; ".join(f"{name.replace('_', ' ')}: {message}" for name, message in errors.items())

@@ -1,0 +1,158 @@
+"""The panel driven through its widgets (no browser): launch, stop, fail, relaunch, close.
+
+Buttons are clicked with ``Button.click()``, which runs the same handlers a
+browser click does; what the panel shows is read back from its widgets.
+The browser itself is covered by ``tests/browser``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import nbddp
+from nbddp.widgets import cells
+from nbddp.widgets.panel import Panel
+from tests.multiproc.fns import fail_on
+from tests.procs import wait_procs_gone
+
+
+def steps(n: int, delay: float) -> int:
+    import os
+
+    for i in range(n):
+        print(f"step {i}", flush=True)
+        nbddp.log(step=i, loss=1.0 / (i + 1))
+        if delay:
+            threading.Event().wait(delay)
+    return int(os.environ["RANK"]) + 100
+
+
+def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait for ``condition`` (checked every 20 ms) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        tick.wait(0.02)
+
+
+def shown_state(panel: Panel) -> str:
+    value = panel.view.run_state.value
+    return value.split('data-state="', 1)[1].split('"', 1)[0]
+
+
+def test_launch_button_runs_to_done_and_shows_everything() -> None:
+    panel = Panel(steps, (5, 0.0))
+    assert not panel.view.launch_button.disabled and panel.view.stop_button.disabled
+    panel.view.procs.value = 2
+    panel.view.launch_button.click()
+    assert panel.run is not None
+    result = panel.wait(60)
+    assert result.values == {0: 100, 1: 101}
+    assert shown_state(panel) == "done"
+    table = panel.view.ranks.value
+    assert table.count('data-state="done"') == 4  # the row and its state span, per rank
+    assert panel.view.tabs.titles == ("rank 0 · done", "rank 1 · done")
+    assert "step 4" in panel.view.tabs.children[1].value
+    assert "<svg" in panel.view.chart.value and "loss" in panel.view.chart.value
+    assert "rank 0 returned 100" in panel.view.result.value
+    assert not panel.view.launch_button.disabled and panel.view.stop_button.disabled
+    # Launching again from the same panel starts a fresh run.
+    first = panel.run
+    panel.view.launch_button.click()
+    assert panel.wait(60).values == {0: 100, 1: 101}
+    assert panel.run is not first
+
+
+def test_stop_button_ends_every_rank_and_shows_stopped() -> None:
+    panel = Panel(steps, (1_000_000, 0.01))
+    panel.view.launch_button.click()
+    run = panel.run
+    assert run is not None
+    until(lambda: len(run.metrics) >= 2)
+    assert not panel.view.stop_button.disabled and panel.view.launch_button.disabled
+    pids = list(run.pids.values())
+    panel.view.stop_button.click()
+    with pytest.raises(nbddp.RankError, match="stopped"):
+        panel.wait(60)
+    assert shown_state(panel) == "stopped"
+    assert run.rank_states() == {0: "stopped", 1: "stopped"}
+    import psutil
+
+    assert not wait_procs_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
+    assert not panel.view.launch_button.disabled
+
+
+def test_a_failing_rank_shows_its_error_and_traceback() -> None:
+    panel = Panel(fail_on, (1, "raise"))
+    panel.view.launch_button.click()
+    with pytest.raises(Exception, match="boom on rank 1"):
+        panel.wait(60)
+    assert shown_state(panel) == "failed"
+    shown = panel.view.result.value
+    assert "CustomError: boom on rank 1" in shown
+    assert "raise CustomError" in shown  # the rank's own traceback
+    assert "rank 1 about to raise" in panel.view.tabs.children[1].value
+
+
+def test_invalid_settings_disable_launch_and_say_why() -> None:
+    panel = Panel(steps, (1, 0.0))
+    panel.view.timeout.value = "soon"
+    assert panel.view.launch_button.disabled
+    assert "seconds" in panel.view.errors["timeout"].value
+    assert "Fix the settings" in panel.view.code.value
+    with pytest.raises(nbddp.ConfigError, match="timeout"):
+        panel.launch()
+    panel.view.launch_button.click()  # a click that slips through is refused in the panel
+    assert panel.run is None
+    assert "ConfigError" in panel.view.result.value
+    panel.view.timeout.value = ""
+    assert not panel.view.launch_button.disabled
+    assert "nbddp.launch(steps, 1, 0.0, procs=2)" in panel.view.code.value
+
+
+def test_an_unsendable_argument_is_shown_not_launched() -> None:
+    panel = Panel(steps, (threading.Lock(), 0.0))
+    panel.view.launch_button.click()
+    assert panel.run is None
+    assert "PayloadError" in panel.view.result.value
+    assert 'data-state="error"' in panel.view.run_state.value
+    assert "args[0]" in panel.view.code.value  # the code names what it cannot write
+
+
+def test_close_stops_the_run_and_the_panel_cannot_launch_again() -> None:
+    panel = Panel(steps, (1_000_000, 0.01))
+    run = panel.launch()
+    until(lambda: len(run.metrics) >= 1)
+    panel.close()
+    assert run.status == "stopped" and not panel.running
+    with pytest.raises(RuntimeError, match="closed"):
+        panel.launch()
+
+
+def test_panels_of_a_cell_close_when_it_runs_again() -> None:
+    # What the kernel hook does when a panel's cell runs again or is deleted.
+    panel = Panel(steps, (1_000_000, 0.01))
+    run = panel.launch()
+    cells._BY_CELL.setdefault("cell-a", []).append(panel)
+    until(lambda: len(run.metrics) >= 1)
+    cells.close_for_cells(["cell-b"])
+    assert panel.running
+    cells.close_for_cells(["cell-a"])
+    with pytest.raises(nbddp.RankError, match="stopped"):
+        panel.wait(60)
+    assert "cell-a" not in cells._BY_CELL
+
+
+def test_a_second_launch_while_running_is_refused() -> None:
+    panel = Panel(steps, (1_000_000, 0.01))
+    panel.launch()
+    with pytest.raises(RuntimeError, match="still going"):
+        panel.launch()
+    panel.stop()
+    with pytest.raises(nbddp.RankError):
+        panel.wait(60)

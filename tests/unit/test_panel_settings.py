@@ -1,0 +1,119 @@
+"""The panel's form as data: validation messages, launch options and the equivalent code."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nbddp.config import LaunchConfig
+from nbddp.widgets.settings import PanelSettings, call_code
+
+CPU = PanelSettings.initial(0)
+GPUS = PanelSettings.initial(4)
+
+
+def test_defaults_follow_the_machine() -> None:
+    assert (CPU.device, CPU.procs, CPU.gpus) == ("cpu", 2, ())
+    assert (GPUS.device, GPUS.gpus) == ("gpu", (0, 1, 2, 3))
+    assert CPU.errors() == {}
+
+
+def test_the_whole_config_is_checked_once_the_fields_are_valid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With every GPU hidden the fields are fine, the launch they describe is not.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    errors = PanelSettings.initial(4, None).errors()
+    assert list(errors) == ["launch"] and "none is visible" in errors["launch"]
+
+
+def test_valid_settings_build_the_launch_they_show() -> None:
+    settings = replace(
+        CPU,
+        procs=3,
+        start_method="spawn",
+        port=" 29511 ",
+        timeout="90",
+        mixed_precision="bf16",
+        env="A=1\n\n# a comment\nB = x=y\n",
+    )
+    assert settings.errors() == {}
+    options = settings.options()
+    assert options == {
+        "procs": 3,
+        "start_method": "spawn",
+        "port": 29511,
+        "timeout": 90.0,
+        "env": {"A": "1", "B": " x=y"},
+        "mixed_precision": "bf16",
+    }
+    config = LaunchConfig.build(**options)
+    assert (config.world_size, config.start_method, config.timeout) == (3, "spawn", 90.0)
+    assert config.env["A"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"procs": 0}, "procs", "from 1 to 256"),
+        ({"procs": 10_000}, "procs", "from 1 to 256"),
+        ({"port": "http"}, "port", "a port number"),
+        ({"port": "70000"}, "port", "from 1 to 65535"),
+        ({"timeout": "soon"}, "timeout", "seconds"),
+        ({"timeout": "-1"}, "timeout", "positive"),
+        ({"timeout": "inf"}, "timeout", "positive"),
+        ({"env": "JUSTANAME"}, "env", "line 1: NAME=VALUE"),
+        ({"env": "OK=1\n1BAD=2"}, "env", "line 2"),
+        ({"start_method": "thread"}, "start_method", "forkserver, spawn, fork"),
+        ({"mixed_precision": "fp64"}, "mixed_precision", "no, fp16, bf16, fp8"),
+        ({"device": "gpu"}, "device", "no GPU is visible"),
+    ],
+)
+def test_each_bad_field_says_what_to_type(change: dict[str, object], field: str, says: str) -> None:
+    errors = replace(CPU, **change).errors()  # type: ignore[arg-type]
+    assert list(errors) == [field]
+    assert says in errors[field]
+
+
+def test_no_gpu_chosen_is_an_error_on_the_gpu_list() -> None:
+    assert list(replace(GPUS, gpus=()).errors()) == ["gpus"]
+
+
+def test_gpu_choice_is_a_count_when_all_else_ids() -> None:
+    assert GPUS.options() == {"gpus": 4}
+    assert replace(GPUS, gpus=(1, 3)).options() == {"gpus": [1, 3]}
+
+
+def test_initial_from_session_options() -> None:
+    settings = PanelSettings.initial(
+        0, {"procs": 4, "start_method": "spawn", "timeout": 30.0, "env": {"X": "1"}}
+    )
+    assert (settings.procs, settings.start_method, settings.timeout, settings.env) == (
+        4,
+        "spawn",
+        "30",
+        "X=1",
+    )
+    assert PanelSettings.initial(4, {"gpus": [0, 2]}).gpus == (0, 2)
+    assert PanelSettings.initial(4, {"gpus": 2}).gpus == (0, 1)
+
+
+def test_code_for_literal_arguments_is_exact() -> None:
+    args, exact = call_code((3, "x", [1.5, None]), {"lr": 0.1})
+    assert (args, exact) == ("3, 'x', [1.5, None], lr=0.1", True)
+    settings = replace(CPU, start_method="spawn", env="A=1")
+    assert settings.magic_cell(f"train({args})") == (
+        "%%ddp --no-init --procs 2 --start-method spawn --env A=1\n"
+        "train(3, 'x', [1.5, None], lr=0.1)"
+    )
+    assert settings.launch_call("train", args) == (
+        "nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
+        "start_method='spawn', env={'A': '1'})"
+    )
+
+
+def test_code_names_objects_it_cannot_write() -> None:
+    args, exact = call_code((object(), 1), {"data": list(range(1000)), "n": float("nan")})
+    assert args == "args[0], 1, data=kwargs['data'], n=kwargs['n']"
+    assert not exact
