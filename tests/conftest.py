@@ -29,8 +29,8 @@ def no_leftovers() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Tests under multiproc/ and kernel/ start processes: all get the check.
+    # Tests under multiproc/, kernel/ and browser/ start processes: all get the check.
     for item in items:
         path = str(item.path)
-        if "/multiproc/" in path or "/kernel/" in path:
+        if any(part in path for part in ("/multiproc/", "/kernel/", "/browser/")):
             item.fixturenames.insert(0, "no_leftovers")

@@ -13,9 +13,14 @@ Only the last ``tail`` lines are kept (plus the line the cursor is on);
 ``dropped`` counts the lines that scrolled out, so the caller can say how
 much is only in the log. The cursor cannot move above the kept lines.
 
-When the other stream writes while a line is unfinished, the screen first
-moves to a new line: stdout and stderr are separate pipes, and joining a
-``print`` onto the middle of a progress bar helps nobody.
+stdout and stderr are separate pipes, so each keeps its own unfinished
+line: when the other stream writes while a line is unfinished, the screen
+first moves to a new line (joining a ``print`` onto the middle of a
+progress bar helps nobody), and when the first stream writes again it goes
+on at its unfinished line, wherever that now is, as long as it is still
+among the shown ``tail`` lines. So a tqdm bar on stderr redraws in place however many lines the
+loop prints on stdout meanwhile, and ends as one line. After such a
+return, the next newline goes to the bottom, below everything written.
 
 Non-goals: colours, wide characters, scrolling regions, full-screen apps.
 """
@@ -60,13 +65,13 @@ class Screen:
         self._col = 0
         self._stream = ""
         self._pending = ""  # an escape sequence split by the chunk boundary
+        self._unfinished: dict[str, tuple[int, int]] = {}  # stream -> (row, col) it left
+        self._returned = False  # the cursor is on a stream's earlier line, above the bottom
 
     def feed(self, text: str, stream: str = "stdout") -> None:
         """Apply ``text`` written to ``stream`` at the cursor."""
         if stream != self._stream:
-            if self._col > 0 and self._stream:
-                self._newline()
-            self._stream = stream
+            self._switch(stream)
         if self._pending:
             text, self._pending = self._pending + text, ""
         if "\x1b" in text:
@@ -102,6 +107,18 @@ class Screen:
             end -= 1
         return self._lines[:end]
 
+    def _switch(self, stream: str) -> None:
+        """Leave the current stream's unfinished line; go back to ``stream``'s own."""
+        if self._stream and self._col > 0:
+            self._unfinished[self._stream] = (self._row, self._col)
+            self._newline()
+        self._stream = stream
+        saved = self._unfinished.pop(stream, None)
+        # Only to a line still shown: one that scrolled out of the tail is gone for good.
+        if saved is not None and len(self._kept()) - self.tail <= saved[0] < len(self._lines) - 1:
+            self._row, self._col = saved
+            self._returned = True
+
     def _feed_plain(self, text: str) -> None:
         """Text with newlines but no other controls: the hot path for ``print``."""
         parts = text.split("\n")
@@ -109,7 +126,7 @@ class Screen:
         if len(parts) == 1:
             return
         rest = parts[1:]
-        if self._row == len(self._lines) - 1:
+        if self._row == len(self._lines) - 1 and not self._returned:
             # At the bottom, as usual: append in bulk, skipping lines that
             # would scroll straight out of the tail.
             if len(rest) > self.tail + 1:
@@ -174,7 +191,14 @@ class Screen:
         self._col = col + len(text)
 
     def _newline(self) -> None:
-        self._row += 1
+        if self._returned:
+            # The line a stream came back to is done: go on below everything.
+            self._returned = False
+            self._row = len(self._lines) - 1
+            if self._lines[self._row]:
+                self._row += 1
+        else:
+            self._row += 1
         self._col = 0
         if self._row == len(self._lines):
             self._lines.append("")
@@ -189,3 +213,8 @@ class Screen:
         del self._lines[:excess]
         self.dropped += excess
         self._row = max(0, self._row - excess)
+        self._unfinished = {
+            stream: (row - excess, col)
+            for stream, (row, col) in self._unfinished.items()
+            if row >= excess
+        }

@@ -37,9 +37,7 @@ def show_panel(
         # Several panels may come from one cell; the hook closes them all
         # before that cell's next run.
         _BY_CELL.setdefault(cell_id, []).append(panel)
-    from IPython.display import display
-
-    display(panel.view.root)  # type: ignore[no-untyped-call]
+    panel.show()
     return panel
 
 

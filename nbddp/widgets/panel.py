@@ -24,12 +24,13 @@ from typing import Any
 from ..config import LaunchConfig
 from ..devices import visible_gpus
 from ..errors import ConfigError, RemoteTraceback
-from ..launch import DEFAULT_TAIL, start_with_display
+from ..launch import start_with_display
 from ..run import Run, RunResult
 from .feed import PanelFeed
 from .settings import PanelSettings, call_code
 from .view import PanelView
 
+PANEL_TAIL = 15  # lines of each rank's output in its tab (the full output is in its log)
 CLOSE_WAIT = 10.0  # seconds close() waits for a stopped run's ranks to be gone
 _MAX_VALUE_REPR = 200
 
@@ -44,7 +45,7 @@ class Panel:
         kwargs: Mapping[str, Any] | None = None,
         *,
         options: Mapping[str, Any] | None = None,
-        tail: int = DEFAULT_TAIL,
+        tail: int = PANEL_TAIL,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
@@ -61,6 +62,7 @@ class Panel:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._shown_in: object = None  # the execution count of the cell that showed it
         self.view.on_change(self.refresh_form)
         self.view.launch_button.on_click(lambda _button: self._clicked(self.launch))
         self.view.stop_button.on_click(lambda _button: self._clicked(self.stop))
@@ -210,10 +212,20 @@ class Panel:
         notes = "\n".join(getattr(exc, "__notes__", ()))
         self.view.show_result(f"{type(exc).__name__}: {exc}\n{notes}".rstrip(), detail.strip())
 
-    def _ipython_display_(self) -> None:
+    def show(self) -> None:
+        """Display the panel in the running cell (once per cell: a panel that
+        ``nbddp.panel`` already showed is not shown again as the cell's result)."""
+        from IPython import get_ipython
         from IPython.display import display
 
+        cell = getattr(get_ipython(), "execution_count", None)
+        if cell is not None and cell == self._shown_in:
+            return
+        self._shown_in = cell
         display(self.view.root)  # type: ignore[no-untyped-call]
+
+    def _ipython_display_(self) -> None:
+        self.show()
 
 
 def _describe(errors: Mapping[str, str]) -> str:

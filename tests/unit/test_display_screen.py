@@ -80,8 +80,35 @@ def test_other_stream_starts_a_new_line_after_an_unfinished_one() -> None:
     screen = Screen()
     screen.feed("\r 50%|#####", "stderr")
     screen.feed("epoch 1\n", "stdout")
-    screen.feed("\r100%|##########", "stderr")
-    assert screen.lines() == [" 50%|#####", "epoch 1", "100%|##########"]
+    assert screen.lines() == [" 50%|#####", "epoch 1"]
+
+
+def test_a_stream_goes_back_to_its_own_unfinished_line() -> None:
+    # tqdm on stderr, prints on stdout: the bar redraws in place and ends as one line.
+    screen = Screen()
+    screen.feed("\r 50%|#####", "stderr")
+    screen.feed("epoch 1\n", "stdout")
+    screen.feed("\r 75%|#######", "stderr")
+    screen.feed("epoch 2\nepoch 3\n", "stdout")
+    screen.feed("\r100%|##########\n", "stderr")
+    screen.feed("done\n", "stdout")
+    assert screen.lines() == ["100%|##########", "epoch 1", "epoch 2", "epoch 3", "done"]
+
+
+def test_after_going_back_the_next_lines_go_below_everything() -> None:
+    screen = Screen()
+    screen.feed("progress", "stderr")
+    screen.feed("a\nb\n", "stdout")
+    screen.feed(" more\nwarning 1\nwarning 2\n", "stderr")
+    assert screen.lines() == ["progress more", "a", "b", "warning 1", "warning 2"]
+
+
+def test_an_unfinished_line_that_scrolled_out_is_not_gone_back_to() -> None:
+    screen = Screen(tail=2)
+    screen.feed("\r10%", "stderr")
+    screen.feed("".join(f"line {i}\n" for i in range(10)), "stdout")
+    screen.feed("\r100%\n", "stderr")
+    assert screen.lines() == ["line 9", "100%"]
 
 
 def test_other_stream_after_a_finished_line_continues_normally() -> None:

@@ -1,0 +1,28 @@
+"""Browser-test fixtures: one JupyterLab server and one Chromium for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.browser.lab import Lab, artifacts_dir, browser, lab
+
+
+@pytest.fixture(scope="module")
+def lab_server() -> Iterator[Lab]:
+    with lab() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    with browser() as b:
+        yield b
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    shots = sorted(artifacts_dir().glob("*.png"))
+    if shots:
+        terminalreporter.write_line(f"browser screenshots ({len(shots)}): {artifacts_dir()}")
