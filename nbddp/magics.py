@@ -261,11 +261,12 @@ class DdpMagics(Magics):
     @magic_arguments("%ddp_panel")
     @argument("function", help="the name of a function in the notebook, run as FUNCTION()")
     @_launch_arguments
-    def ddp_panel(self, line: str) -> None:
+    def ddp_panel(self, line: str) -> Any:
         """Show a panel that launches FUNCTION() on every rank (nbddp.panel).
 
         The options (over the %ddp_config defaults) preset the panel's form.
-        For arguments, call nbddp.panel(function, *args, **kwargs) instead.
+        The panel is the cell's result (``p = _`` keeps it). For arguments,
+        call nbddp.panel(function, *args, **kwargs) instead.
         """
         args = parse(self.ddp_panel, line, "%ddp_panel")
         shell = self.shell
@@ -282,7 +283,7 @@ class DdpMagics(Magics):
         except ImportError:
             raise UsageError("%ddp_panel needs ipywidgets: pip install ipywidgets") from None
         with _as_usage_error():
-            show_panel(fn, (), {}, options)
+            return show_panel(fn, (), {}, options)
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:

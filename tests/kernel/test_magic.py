@@ -225,3 +225,34 @@ def test_ddp_config_sets_session_defaults(kernel: Kernel) -> None:
     finally:
         ok(kernel, "%ddp_config --reset")
     assert "no session defaults" in ok(kernel, "%ddp_config").stdout
+
+
+def test_ddp_panel_shows_a_panel_preset_from_its_options(kernel: Kernel) -> None:
+    ok(kernel, "def work():\n    return 7")
+    result = ok(kernel, "%ddp_panel work --procs 3 --timeout 9 --env A=1")
+    views = [
+        m
+        for m in result.of_type("display_data")
+        if "application/vnd.jupyter.widget-view+json" in m["content"]["data"]
+    ]
+    assert len(views) == 1  # shown once, not again as the cell's result
+    shown = ok(kernel, "p = _\nprint(p.settings().procs, p.settings().timeout, p.code()[1])")
+    assert "3 9 nbddp.launch(work, procs=3, timeout=9.0, env={'A': '1'})" in shown.stdout
+    done = ok(kernel, "p.launch()\nprint('value', p.wait(60).values)")
+    assert "value {0: 7, 1: 7, 2: 7}" in done.stdout
+    ok(kernel, "p.close()\ndel p, work")
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("%ddp_panel", "the following arguments are required: function"),
+        ("%ddp_panel nothere", "the notebook has no name 'nothere'"),
+        ("%ddp_panel scale", "int, not a function: 'scale'"),
+        ("%ddp_panel helper --procs zero", "invalid int value"),
+    ],
+)
+def test_ddp_panel_usage_errors_are_one_line(kernel: Kernel, line: str, says: str) -> None:
+    shown = failed(kernel, line).stderr
+    assert shown.startswith("UsageError: ") and shown.count("\n") == 1, shown
+    assert says in shown
