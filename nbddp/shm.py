@@ -2,8 +2,9 @@
 
 Contract: ``dumps(obj)`` pickles like cloudpickle, except that every plain
 CPU tensor of at least ``SHARE_BYTES`` is moved to shared memory in place
-(``share_memory_()``, as torch.multiprocessing does when it sends a
-tensor: every view of it stays valid) and pickled as a reference to a file
+(as ``share_memory_()`` does when torch.multiprocessing sends a tensor:
+every view of it stays valid; ``shm_move`` does it for large tensors
+without holding two full copies) and pickled as a reference to a file
 descriptor; it returns the bytes and those descriptors. The notebook sends
 the descriptors to each rank with its order (SCM_RIGHTS on the rank's
 socketpair); ``loads(data, fds)`` in the rank maps them copy-on-write
@@ -22,6 +23,8 @@ import sys
 from typing import Any
 
 import cloudpickle
+
+from .shm_move import move_to_shared
 
 SHARE_BYTES = 1 << 20
 
@@ -47,7 +50,7 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self._index:
-            storage.share_memory_()  # no-op when already shared (repeat launches)
+            move_to_shared(storage)  # no-op when already shared (repeat launches)
             # torch's own multiprocessing reductions get the fd this way.
             fd, _ = storage._share_fd_cpu_()
             self._index[storage.data_ptr()] = len(self.fds)
