@@ -44,24 +44,28 @@ TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop co
 class Channel:
     """The rank's side of its link to the notebook; safe to use from any thread.
 
-    ``send`` sends at once. ``send_soon`` (metric rows) batches: the calling
-    thread sends what is held, with the new message, if nothing was sent in
-    the last ``BATCH_INTERVAL`` seconds; once calls stop, a flusher thread
-    sends what is left within ``TAIL_INTERVAL``. Order is kept: ``send``
-    first sends whatever ``send_soon`` holds. Why batch: a loop that logs
-    every step would otherwise pay a system call per step; and why the
-    flusher wakes only every ``TAIL_INTERVAL``: each wakeup takes the GIL
-    from the training thread. What is held is lost only if the process dies
-    without returning (a signal, ``os._exit``): the last rows, at most
-    ``TAIL_INTERVAL`` seconds of them.
+    ``send`` sends at once. ``send_row`` (metric rows) batches: rows are
+    held and sent together as one ``metrics`` message (a list of rows) by
+    the calling thread, with the new row, if nothing was sent in the last
+    ``BATCH_INTERVAL`` seconds; once calls stop, a flusher thread sends
+    what is left within ``TAIL_INTERVAL``. Order is kept: ``send`` first
+    sends whatever is held. Why batch: a loop that logs every step would
+    otherwise pay a pickle and a system call per step, and the notebook a
+    message per step; and why the flusher wakes only every
+    ``TAIL_INTERVAL``: each wakeup takes the GIL from the training thread.
+    What is held is lost only if the process dies without returning (a
+    signal, ``os._exit``): the last rows, at most ``TAIL_INTERVAL`` seconds
+    of them.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._lock = threading.Condition()
-        self._held: list[tuple[str, Any]] = []
+        # A plain lock, not a Condition: ``send_row`` takes it every step, and
+        # a Condition's ``with`` runs Python code.
+        self._lock = threading.Lock()
+        self._rows: list[dict[str, Any]] = []
         self._last_send = 0.0
-        self._armed = False  # the flusher is counting down to a check
+        self._armed = threading.Event()  # set while rows may be held: the flusher counts down
         self._flusher: threading.Thread | None = None
 
     def send(self, kind: str, body: Any) -> None:
@@ -70,25 +74,24 @@ class Channel:
         with self._lock:
             self._send_locked(data)
 
-    def send_soon(self, kind: str, body: Any) -> None:
-        """Send one message soon, batched with others (see class docstring)."""
+    def send_row(self, row: dict[str, Any]) -> None:
+        """Send one metric row soon, batched with others (see class docstring)."""
         with self._lock:
-            self._held.append((kind, body))
+            self._rows.append(row)
             if time.monotonic() - self._last_send >= BATCH_INTERVAL:
                 self._send_locked(b"")
-            elif not self._armed:
-                self._armed = True
+            elif not self._armed.is_set():
                 if self._flusher is None:
                     self._flusher = threading.Thread(
                         target=self._flush_loop, name="nbddp-metrics", daemon=True
                     )
                     self._flusher.start()
-                self._lock.notify()
+                self._armed.set()
 
     def _send_locked(self, data: bytes) -> None:
-        if self._held:
-            data = b"".join(protocol.encode(k, b) for k, b in self._held) + data
-            self._held.clear()
+        if self._rows:
+            data = protocol.encode("metrics", self._rows) + data
+            self._rows = []
         self._last_send = time.monotonic()
         try:
             self.sock.sendall(data)
@@ -96,15 +99,15 @@ class Channel:
             pass
 
     def _flush_loop(self) -> None:
-        with self._lock:
-            while True:
-                if not self._armed:
-                    self._lock.wait()
-                    continue
-                self._lock.wait(TAIL_INTERVAL)
-                if self._held and time.monotonic() - self._last_send >= BATCH_INTERVAL:
+        while True:
+            self._armed.wait()
+            time.sleep(TAIL_INTERVAL)
+            with self._lock:
+                if self._rows and time.monotonic() - self._last_send >= BATCH_INTERVAL:
                     self._send_locked(b"")  # rows stopped coming: send the last ones
-                self._armed = bool(self._held)
+                if not self._rows:
+                    # Disarmed under the lock, so a row held after this re-arms.
+                    self._armed.clear()
 
 
 CHANNEL: Channel | None = None
