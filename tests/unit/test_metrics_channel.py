@@ -17,9 +17,13 @@ from nbddp.protocol import FrameReader
 def pair() -> Iterator[tuple[worker.Channel, socket.socket]]:
     ours, theirs = socket.socketpair()
     theirs.settimeout(5.0)  # a blocking receive that cannot hang the suite
-    yield worker.Channel(ours), theirs
+    channel = worker.Channel(ours)
+    yield channel, theirs
     ours.close()
     theirs.close()
+    flusher = channel._flusher
+    if flusher is not None:  # ends at its next wakeup now that the socket is closed
+        flusher.join(timeout=5.0)
 
 
 def receive(sock: socket.socket, count: int) -> list[tuple[str, Any]]:
