@@ -223,8 +223,8 @@ class Job:
         elif kind == "exit":
             state.exit_request = int(body)
             self._fail(Failure(rank, "exit"))
-        elif kind == "metric":
-            self.events.put(("metric", rank, body))
+        elif kind == "metrics":
+            self.events.put(("metrics", rank, body))
 
     def on_link_closed(self, rank: int) -> None:
         """A link that closes before its rank said how it ended means the rank died.

@@ -9,7 +9,7 @@ converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
 
 Rows logged in quick succession are sent in batches (every 20 ms while
-they keep coming, the last ones within 0.1 s; ``worker.Channel.send_soon``),
+they keep coming, the last ones within 0.1 s; ``worker.Channel.send_row``),
 always before the rank's result.
 
 Outside a launch, ``log`` returns at once and checks nothing: the same
@@ -53,9 +53,6 @@ class Metrics(list[dict[str, Any]]):
 
 
 def _number(name: str, value: Any) -> float | int:
-    kind = type(value)
-    if kind is float or kind is int:
-        return value  # type: ignore[no-any-return]  # the common case, without ABC checks
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
         value = item()
@@ -75,14 +72,19 @@ def log(step: int | None = None, **values: Any) -> None:
     channel = worker.CHANNEL
     if channel is None:
         return
-    clash = RESERVED.intersection(values)
-    if clash:
-        raise ValueError(f"nbddp.log: {', '.join(sorted(clash))} is set by nbddp; rename it")
+    # This runs every training step: plain numbers, the common case, are
+    # checked inline without a call per value.
+    for name, value in values.items():
+        kind = type(value)
+        if kind is not float and kind is not int:
+            values[name] = _number(name, value)
+    if not RESERVED.isdisjoint(values):
+        clash = ", ".join(sorted(RESERVED.intersection(values)))
+        raise ValueError(f"nbddp.log: {clash} is set by nbddp; rename it")
     row: dict[str, Any] = {
         "rank": _rank(),
         "step": None if step is None else int(step),
         "time": time.time(),
     }
-    for name, value in values.items():
-        row[name] = _number(name, value)
-    channel.send_soon("metric", row)
+    row.update(values)
+    channel.send_row(row)

@@ -6,8 +6,9 @@ one worker, so the only peer that can write to it is that worker: there is
 no address anyone else could connect to (see DESIGN.md, Safety).
 
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (cloudpickled
-value), ``error`` (``ErrorInfo``), ``metric`` (dict), ``exit`` (code a
-rank asked for with ``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``).
+value), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
+dicts, in logging order), ``exit`` (code a rank asked for with
+``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``).
 """
 
 from __future__ import annotations

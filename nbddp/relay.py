@@ -12,12 +12,17 @@ given (the rank's reported traceback) has been appended to its log. A
 rank's output is complete when ``on_closed`` is called. Sinks must return
 quickly: they run on the shared loop.
 
-Batching: after a read that drained an fd, the relay leaves it for
-``REST`` seconds; what the rank writes meanwhile waits in the pipe (grown
-to ``PIPE_SIZE`` where the system allows) and is read in one go. A rank
-printing a line per training step then costs the notebook a wakeup per
-``REST``, not per line. A read that fills the buffer is followed at once,
-so a flood is read at full speed.
+Batching: after a read that drained an fd, the relay stops watching it
+and leaves it to rest until the run's next tick, ``REST`` seconds later;
+what the rank writes meanwhile waits in the pipe (grown to ``PIPE_SIZE``
+where the system allows). One tick reads every resting fd of the run; an
+fd goes back to being watched only once two ticks in a row found nothing
+in it. A run whose ranks print a line (and log a metric row) per training
+step then costs the notebook one wakeup per ``REST`` for all its ranks and
+fds together, not one per line or per fd, and their writes never wake it.
+A read that fills the buffer is followed at once, so a flood is read at
+full speed. Once a rank has exited its fds no longer rest: what is left is
+read at once.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import asyncio
 import codecs
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import threading
@@ -110,6 +116,10 @@ class RankPipes:
         return [self.out, self.err, self.ctrl.fileno(), self.status]
 
 
+# What one read of an fd found: nothing yet, less than a buffer, a full buffer, EOF.
+EMPTY, SHORT, FULL, CLOSED = range(4)
+
+
 @dataclass
 class _RankState:
     pipes: RankPipes
@@ -120,10 +130,10 @@ class _RankState:
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
     log_tail: list[str] = field(default_factory=list)
-    # fd -> (timer, reader callback, its args) while the fd rests
-    resting: dict[int, tuple[asyncio.TimerHandle, Callable[..., None], tuple[Any, ...]]] = field(
-        default_factory=dict
-    )
+    readers: dict[int, Callable[[], int]] = field(default_factory=dict)  # fd -> one read
+    watched: set[int] = field(default_factory=set)  # fds the loop watches for reading
+    resting: set[int] = field(default_factory=set)  # fds read at the next tick
+    idle: set[int] = field(default_factory=set)  # resting fds the last tick found empty
 
 
 class Relay:
@@ -134,6 +144,7 @@ class Relay:
         self.sink = sink
         self.loop = loop()
         self._ranks: dict[int, _RankState] = {}
+        self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
 
     def log_path(self, rank: int) -> Path:
         """Where ``rank``'s full output is kept."""
@@ -166,18 +177,19 @@ class Relay:
             state.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             os.set_blocking(fd, False)
             _grow_pipe(fd)
-            self.loop.loop.add_reader(fd, self._on_stream, rank, stream, fd)
+            state.readers[fd] = functools.partial(self._read_stream, rank, state, stream, fd)
+            self._watch(state, fd)
         pipes.ctrl.setblocking(False)
-        self.loop.loop.add_reader(pipes.ctrl.fileno(), self._on_ctrl, rank)
+        state.readers[state.ctrl_fd] = functools.partial(self._read_ctrl, rank, state)
+        self._watch(state, state.ctrl_fd)
         os.set_blocking(pipes.status, False)
         self.loop.loop.add_reader(pipes.status, self._on_status, rank)
 
-    def _on_stream(self, rank: int, stream: str, fd: int) -> None:
-        state = self._ranks[rank]
+    def _read_stream(self, rank: int, state: _RankState, stream: str, fd: int) -> int:
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
-            return
+            return EMPTY
         except OSError:
             data = b""
         decoder = state.decoders[stream]
@@ -186,30 +198,32 @@ class Relay:
             if tail:
                 self.sink.on_output(rank, stream, tail)
             self._close_fd(rank, state, fd)
-            return
+            return CLOSED
         os.write(state.log, data)
         text = decoder.decode(data)
         if text:
             self.sink.on_output(rank, stream, text)
-        if len(data) < READ_SIZE:
-            self._rest(state, fd, self._on_stream, rank, stream, fd)
+        return SHORT if len(data) < READ_SIZE else FULL
 
-    def _on_ctrl(self, rank: int) -> None:
-        state = self._ranks[rank]
-        sock = state.pipes.ctrl
+    def _read_ctrl(self, rank: int, state: _RankState) -> int:
         try:
-            data = sock.recv(CTRL_READ_SIZE)
+            data = state.pipes.ctrl.recv(CTRL_READ_SIZE)
         except BlockingIOError:
-            return
+            return EMPTY
         except OSError:
             data = b""
         if not data:
             self._close_fd(rank, state, state.ctrl_fd)
-            return
+            return CLOSED
         for kind, body in state.frames.feed(data):
             self.sink.on_message(rank, kind, body)
-        if len(data) < CTRL_READ_SIZE:
-            self._rest(state, state.ctrl_fd, self._on_ctrl, rank)
+        return SHORT if len(data) < CTRL_READ_SIZE else FULL
+
+    def _on_readable(self, state: _RankState, fd: int) -> None:
+        """A watched fd is readable: read it; once drained, it rests."""
+        if state.readers[fd]() == SHORT:
+            self._rest(state, fd)
+        # FULL: stays watched, read again at once; EMPTY: spurious; CLOSED: gone.
 
     def _on_status(self, rank: int) -> None:
         state = self._ranks[rank]
@@ -221,31 +235,63 @@ class Relay:
         code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
         state.exit_reported = True
         # The process is gone: nothing more to batch, so read its last output and
-        # EOFs now rather than when the rests end (keeps short runs short).
+        # EOFs now rather than at the next tick (keeps short runs short).
         for resting_fd in list(state.resting):
-            self._wake(state, resting_fd)
+            self._watch(state, resting_fd)
         self.sink.on_exit(rank, code)
         self._close_fd(rank, state, fd)
 
-    def _rest(self, state: _RankState, fd: int, callback: Callable[..., None], *args: Any) -> None:
-        """Stop watching ``fd`` for ``REST`` seconds (see module docstring: batching)."""
-        self.loop.loop.remove_reader(fd)
-        timer = self.loop.call_later(REST, self._wake, state, fd)
-        state.resting[fd] = (timer, callback, args)
+    def _watch(self, state: _RankState, fd: int) -> None:
+        """Have the loop read ``fd`` as soon as it is readable."""
+        state.resting.discard(fd)
+        state.idle.discard(fd)
+        if fd not in state.watched:
+            state.watched.add(fd)
+            self.loop.loop.add_reader(fd, self._on_readable, state, fd)
 
-    def _wake(self, state: _RankState, fd: int) -> None:
-        timer, callback, args = state.resting.pop(fd)
-        timer.cancel()  # a no-op when the timer is what called us
-        self.loop.loop.add_reader(fd, callback, *args)
+    def _rest(self, state: _RankState, fd: int) -> None:
+        """Leave ``fd`` unwatched until the next tick (see module docstring: batching)."""
+        if state.exit_reported:
+            # The rank has exited: what is left (an orphan's output, EOF) is read at once.
+            self._watch(state, fd)
+            return
+        if fd in state.watched:
+            state.watched.discard(fd)
+            self.loop.loop.remove_reader(fd)
+        state.resting.add(fd)
+        if self._tick is None:
+            self._tick = self.loop.call_later(REST, self._on_tick)
+
+    def _on_tick(self) -> None:
+        """Read every resting fd of the run once.
+
+        An fd goes back to being watched only when two ticks in a row find
+        it empty: a rank sending metric rows every other tick would
+        otherwise cost a wakeup of its own between ticks.
+        """
+        self._tick = None
+        for state in list(self._ranks.values()):
+            for fd in list(state.resting):
+                if fd not in state.resting:
+                    continue  # closed by what an earlier read reported
+                outcome = state.readers[fd]()
+                if outcome == SHORT:
+                    state.idle.discard(fd)
+                    self._rest(state, fd)
+                elif outcome == EMPTY and fd not in state.idle:
+                    self._rest(state, fd)
+                    state.idle.add(fd)
+                elif outcome != CLOSED:
+                    self._watch(state, fd)
 
     def _close_fd(self, rank: int, state: _RankState, fd: int) -> None:
         if fd not in state.open_fds:
             return
         state.open_fds.discard(fd)
-        rest = state.resting.pop(fd, None)
-        if rest is not None:
-            # Cancelled, not left to run: the fd number may be reused by then.
-            rest[0].cancel()
+        # No longer read at the next tick: the fd number may be reused by then.
+        state.resting.discard(fd)
+        state.idle.discard(fd)
+        state.watched.discard(fd)
         self.loop.loop.remove_reader(fd)
         PARENT_FDS.discard(fd)
         if fd == state.ctrl_fd:

@@ -243,8 +243,8 @@ class Run:
             if self.display is not None:
                 self.display.close()
             return True
-        if kind == "metric":
-            self.metrics.append(event[2])
+        if kind == "metrics":
+            self.metrics.extend(event[2])
         display = self.display
         if display is None:
             return False
@@ -252,8 +252,10 @@ class Run:
             display.output(event[1], event[2], event[3])
         elif kind == "state":
             display.state(event[1], event[2])
-        elif kind == "metric":
-            display.metric(event[1], event[2])
+        elif kind == "metrics":
+            rank, metric = event[1], display.metric
+            for row in event[2]:
+                metric(rank, row)
         elif kind == "notice":
             display.notice(event[1])
         return False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ PALETTE = (
     "#bcbd22",
     "#17becf",
 )
-RESERVED = ("rank", "step", "time")
+RESERVED = frozenset(("rank", "step", "time"))
 
 Point = tuple[float, float]
 
@@ -84,19 +85,34 @@ class MetricHistory:
 
     def add(self, row: dict[str, Any]) -> None:
         """Record one metric row."""
-        rank = int(row.get("rank", 0))
-        self.last[rank] = row
-        count = self._rows.get(rank, 0)
-        self._rows[rank] = count + 1
-        step = row.get("step")
-        x = float(step) if step is not None else float(count)
-        for name, value in row.items():
-            if name in RESERVED or not isinstance(value, int | float):
-                continue
-            if not math.isfinite(value):
-                continue  # a NaN loss is in Run.metrics; it cannot be drawn
-            per_rank = self._series.setdefault(name, {})
-            per_rank.setdefault(rank, _Series()).add((x, float(value)), self.max_points)
+        self.add_many((row,))
+
+    def add_many(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Record metric rows, in order (as ``add`` of each; ranks log a row per step,
+        so this loop is kept free of calls per value)."""
+        series, counts, last, max_points = self._series, self._rows, self.last, self.max_points
+        for row in rows:
+            rank = int(row.get("rank", 0))
+            last[rank] = row
+            count = counts.get(rank, 0)
+            counts[rank] = count + 1
+            step = row.get("step")
+            x = float(step) if step is not None else float(count)
+            for name, value in row.items():
+                if name in RESERVED:
+                    continue
+                kind = type(value)
+                if kind is not float and kind is not int and not isinstance(value, int | float):
+                    continue
+                if not math.isfinite(value):
+                    continue  # a NaN loss is in Run.metrics; it cannot be drawn
+                per_rank = series.get(name)
+                if per_rank is None:
+                    per_rank = series[name] = {}
+                line = per_rank.get(rank)
+                if line is None:
+                    line = per_rank[rank] = _Series()
+                line.add((x, float(value)), max_points)
 
     def names(self) -> list[str]:
         """Metric names, in first-seen order."""

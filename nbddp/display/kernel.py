@@ -119,6 +119,7 @@ class KernelDisplay:
         self._started = clock()
         self._blocks: dict[int, _Block] = {}
         self._history = MetricHistory()
+        self._new_rows: list[dict[str, Any]] = []  # not yet in ``_history``
         self._chart_handle: Any = None
         self._chart_dirty = False
         self._cell: object = None
@@ -155,8 +156,10 @@ class KernelDisplay:
 
     def metric(self, rank: int, row: dict[str, Any]) -> None:
         """Record a metric row for the header and the chart."""
-        self._history.add(row)
-        block = self._block(rank)
+        # Called for every row a rank logs: the chart takes rows in when it is
+        # drawn (at most every ``chart_interval``), all at once.
+        self._new_rows.append(row)
+        block = self._blocks.get(rank) or self._block(rank)
         block.metric = row
         block.dirty = True
         self._chart_dirty = True
@@ -174,6 +177,9 @@ class KernelDisplay:
         self._draw(force=True)
 
     def _draw(self, force: bool) -> None:
+        if self._new_rows:
+            self._history.add_many(self._new_rows)
+            self._new_rows.clear()
         cell = self._publisher.cell()
         if cell != self._cell:
             # A different cell is waiting now: draw fresh blocks there.

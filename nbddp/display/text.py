@@ -135,8 +135,15 @@ class TextDisplay:
         """Print ``row`` as one line, or keep it until the rank's rate limit allows."""
         if self._ranks is not None and rank not in self._ranks:
             return
-        self._pending_metrics[rank] = row
-        self._print_metrics(force=False)
+        # Called for every row a rank logs: only this rank's limiter is asked.
+        limiter = self._metric_limiters.get(rank)
+        if limiter is None:
+            limiter = self._metric_limiters[rank] = RateLimiter(self._metric_interval, self._clock)
+        if limiter.try_fire():
+            self._pending_metrics.pop(rank, None)
+            self._write("stdout", f"[rank {rank}] {metric_summary(row)}\n")
+        else:
+            self._pending_metrics[rank] = row
 
     def refresh(self) -> float | None:
         """Print due metric lines and progress snapshots; seconds until the next is due."""

@@ -16,22 +16,37 @@ measuring, so a terminal's speed is not what is measured.
 (b) Training-loop cost: each rank runs a small MLP training step on CPU
 (a tiny one, about half a millisecond a step, and a wider one),
 printing one line and calling ``nbddp.log`` every step, timed inside the
-rank (steps/s, and steps per second of the rank's own CPU time), launched
-through nbddp with the text display; against the same loop, same launch,
-with the rank's stdout on /dev/null and no ``nbddp.log`` (and the two
-halves: only the print relayed, only ``nbddp.log``; and, for reference,
-the print line-buffered into /dev/null: the system call per line that a
-terminal costs too, with no relay at all). Variants are
+rank (steps/s), launched through nbddp with the text display (and the
+kernel display's rendering for the full variant); against the same loop,
+same launch, with the rank's stdout on /dev/null and no ``nbddp.log`` (and
+the two halves: only the print relayed, only ``nbddp.log``; and, for
+reference, the print line-buffered into /dev/null: the system call per
+line that a terminal costs too, with no relay at all). Variants are
 interleaved, each ``--repeats`` times; the best and the median run are
 reported with their ratios to the baseline (on a shared machine the best
 run is the least disturbed one). Every figure comes from this one run.
+
+Wall-clock ratios move with whatever else runs on the machine, so (b) also
+reports CPU time, which load disturbs much less: each rank's process CPU
+per step (its training thread, nbddp's metrics flusher, everything), and
+the notebook's process CPU per rank step (relay thread, display, metrics
+decoding), both above the baseline's. With as many busy ranks as cores,
+every notebook CPU microsecond is taken from a rank, so a step costs about
+``base + rank extra + notebook extra``; "cpu model" is the ratio that
+predicts, ``base / (base + extras)``, with ``base`` the baseline's
+measured wall time per step. A full garbage collection
+left due by earlier launches would land in whichever run comes next (the
+notebook imports torch: tens of milliseconds), so each launch is preceded
+by ``gc.collect()``, outside the timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
+import resource
 import statistics
 import sys
 import time
@@ -64,10 +79,16 @@ def print_lines(count: int, width: int) -> float:
     return time.perf_counter() - start
 
 
+def process_cpu() -> float:
+    """CPU seconds this process has used so far, all threads (exited ones too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, float]:
     """An MLP (64 -> ``hidden`` -> 10, batch 64) trained for ``steps`` steps.
 
-    Returns (steps/s, steps per second of this thread's CPU time), warm-up excluded.
+    Returns (steps/s, this process's CPU seconds per step), warm-up excluded.
 
     Every step prints one line to ``out``: "relay" (the rank's stdout),
     "devnull" (/dev/null, block-buffered as a script's redirected stdout) or
@@ -90,7 +111,7 @@ def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, flo
     start = cpu = 0.0
     for step in range(steps + warmup):
         if step == warmup:
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu = time.perf_counter(), process_cpu()
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -100,7 +121,7 @@ def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, flo
         if log:
             nbddp.log(step=step, loss=value)
     sys.stdout.flush()
-    return steps / (time.perf_counter() - start), steps / (time.thread_time() - cpu)
+    return steps / (time.perf_counter() - start), (process_cpu() - cpu) / steps
 
 
 # -- notebook side -------------------------------------------------------------
@@ -122,6 +143,7 @@ class NullPublisher:
 def launch(fn: Callable[..., Any], args: tuple[Any, ...], display: Display) -> tuple[float, Any]:
     """Run ``fn(*args)`` on ``RANKS`` CPU ranks; (wall seconds until all is relayed, result)."""
     config = LaunchConfig.build(procs=RANKS)
+    gc.collect()  # see the module docstring
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         start = time.perf_counter()
         job = Job(config, Payload.serialize(fn, args, {}))
@@ -176,13 +198,15 @@ def throughput(lines: int, repeats: int) -> list[tuple[str, ...]]:
 
 
 TRAIN_VARIANTS = (
-    # (label, where the lines go, nbddp.log)
-    ("stdout to /dev/null, no nbddp.log (baseline)", "devnull", False),
-    ("print relayed", "relay", False),
-    ("nbddp.log, stdout to /dev/null", "devnull", True),
-    ("print relayed + nbddp.log", "relay", True),
-    ("for reference: print line-buffered to /dev/null", "devnull-line", False),
+    # (label, where the lines go, nbddp.log, display)
+    ("stdout to /dev/null, no nbddp.log (baseline)", "devnull", False, "text"),
+    ("print relayed", "relay", False, "text"),
+    ("nbddp.log, stdout to /dev/null", "devnull", True, "text"),
+    ("print relayed + nbddp.log", "relay", True, "text"),
+    ("print relayed + nbddp.log, kernel display", "relay", True, "kernel"),
+    ("for reference: print line-buffered to /dev/null", "devnull-line", False, "text"),
 )
+DISPLAYS = {"text": text_display, "kernel": kernel_display}
 
 
 def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
@@ -191,11 +215,10 @@ def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
     cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
     notebook_cpu: dict[str, list[float]] = {v[0]: [] for v in TRAIN_VARIANTS}
     for _ in range(repeats):
-        for label, out, log in TRAIN_VARIANTS:
-            before = os.times()
-            _, result = launch(train_loop, (steps, hidden, out, log), text_display())
-            after = os.times()
-            notebook_cpu[label].append(after.user - before.user + after.system - before.system)
+        for label, out, log, display in TRAIN_VARIANTS:
+            before = process_cpu()
+            _, result = launch(train_loop, (steps, hidden, out, log), DISPLAYS[display]())
+            notebook_cpu[label].append(process_cpu() - before)
             wall[label].append(statistics.mean(v[0] for v in result.values.values()))
             cpu[label].append(statistics.mean(v[1] for v in result.values.values()))
             if log:
@@ -203,10 +226,14 @@ def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
     base = TRAIN_VARIANTS[0][0]
     base_med, base_best = statistics.median(wall[base]), max(wall[base])
     base_cpu = statistics.median(cpu[base])
+    base_notebook = statistics.median(notebook_cpu[base])
+    rank_steps = RANKS * (steps + steps // 10)  # warm-up steps print and log too
     rows = []
     for label, *_ in TRAIN_VARIANTS:
         med, best = statistics.median(wall[label]), max(wall[label])
-        c = statistics.median(cpu[label])
+        rank_extra = statistics.median(cpu[label]) - base_cpu
+        notebook_extra = (statistics.median(notebook_cpu[label]) - base_notebook) / rank_steps
+        model = (1 / base_med) / (1 / base_med + rank_extra + notebook_extra)
         rows.append(
             (
                 label,
@@ -215,8 +242,10 @@ def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
                 f"{best / base_best:.3f}",
                 f"{med:,.0f}",
                 f"{med / base_med:.3f}",
-                f"{c / base_cpu:.3f}",
-                f"{statistics.median(notebook_cpu[label]):.2f}",
+                f"{base_cpu * 1e6 + rank_extra * 1e6:.1f}",
+                f"{rank_extra * 1e6:+.1f}",
+                f"{notebook_extra * 1e6:+.1f}",
+                f"{model:.3f}",
                 " ".join(f"{v:,.0f}" for v in wall[label]),
             )
         )
@@ -240,6 +269,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPU cores, {RANKS} ranks, torch threads per rank: OMP default")
+    print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     launch(print_lines, (10, 16), text_display())  # warm the forkserver
 
     print("\n(a) relay throughput, 2 ranks -> notebook side (medians)")
@@ -254,8 +284,10 @@ def main() -> None:
         "ratio",
         "median steps/s",
         "ratio",
-        "cpu ratio",
-        "notebook cpu-s",
+        "rank cpu us/step",
+        "rank extra",
+        "notebook extra",
+        "cpu model",
         "runs (steps/s)",
     )
     for hidden, steps in ((128, args.steps), (2048, args.steps // 5)):
@@ -266,11 +298,14 @@ def main() -> None:
         print(table(header, train_cost(steps, hidden, args.repeats)))
     print(
         "steps/s: wall clock inside the rank (mean of ranks), best and median of the runs;\n"
-        "ms/step: from the best run; cpu ratio: the same ratio in steps per second of the\n"
-        "rank's own thread CPU time (median); notebook cpu-s: CPU the launching process\n"
-        "spent per run (relay, display), which competes with the ranks for the cores.\n"
-        "Target: ratio >= 0.97 for 'print relayed + nbddp.log'."
+        "ms/step: from the best run; rank cpu us/step: the rank process's CPU per step\n"
+        "(median); rank extra: that, above the baseline's; notebook extra: the notebook\n"
+        "process's CPU per rank step above the baseline's (relay, display, metrics),\n"
+        "which the ranks lose with as many busy ranks as cores; cpu model: the ratio\n"
+        "those predict, base / (base + rank extra + notebook extra), the figure load\n"
+        "disturbs least. Target: ratio >= 0.97 for 'print relayed + nbddp.log'."
     )
+    print("load average (1, 5, 15 min) at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     nbddp.shutdown()
 
 

@@ -67,16 +67,17 @@ def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None
     run = Run(job, display)
     assert display.attached == (tmp_path, 2)
     sent = [("output", 0, "stdout", f"line {i}\n") for i in range(100_000)]
-    sent += [("state", 0, "done"), ("metric", 1, {"rank": 1, "step": 0, "time": 0.0, "x": 1.0})]
+    row = {"rank": 1, "step": 0, "time": 0.0, "x": 1.0}
+    sent += [("state", 0, "done"), ("metrics", 1, [row, row])]
     for event in sent:
         job.events.put(event)
     job.events.put(("done",))
     job.done.set()
     result = run.wait()
-    assert display.events == sent
+    assert display.events == [*sent[:-1], ("metric", 1, row), ("metric", 1, row)]
     assert display.closed
     assert display.refreshes < 100  # batches, not an event at a time
-    assert result.metrics == [{"rank": 1, "step": 0, "time": 0.0, "x": 1.0}]
+    assert result.metrics == [row, row]
     assert run.metrics == result.metrics
 
 

@@ -1,9 +1,11 @@
-"""``Channel.send_soon``: metric rows are batched, in order, and never held for long."""
+"""``Channel.send_row``: metric rows are batched, in order, and never held for long."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,12 +17,16 @@ from nbddp.protocol import FrameReader
 def pair() -> Iterator[tuple[worker.Channel, socket.socket]]:
     ours, theirs = socket.socketpair()
     theirs.settimeout(5.0)  # a blocking receive that cannot hang the suite
-    yield worker.Channel(ours), theirs
+    channel = worker.Channel(ours)
+    yield channel, theirs
     ours.close()
     theirs.close()
+    flusher = channel._flusher
+    if flusher is not None:  # ends at its next wakeup now that the socket is closed
+        flusher.join(timeout=5.0)
 
 
-def receive(sock: socket.socket, count: int) -> list[tuple[str, object]]:
+def receive(sock: socket.socket, count: int) -> list[tuple[str, Any]]:
     reader, got = FrameReader(), []
     while len(got) < count:
         got.extend(reader.feed(sock.recv(1 << 16)))
@@ -32,20 +38,34 @@ def test_first_row_goes_at_once_then_rows_are_held_and_flushed(
 ) -> None:
     channel, peer = pair
     for step in range(100):
-        channel.send_soon("metric", {"step": step})
+        channel.send_row({"step": step})
     first = receive(peer, 1)
-    assert first == [("metric", {"step": 0})]
-    # The other 99 come within TAIL_INTERVAL, from the flusher thread.
-    assert receive(peer, 99) == [("metric", {"step": s}) for s in range(1, 100)]
+    assert first == [("metrics", [{"step": 0}])]
+    # The other 99 come within TAIL_INTERVAL, from the flusher thread, as one message.
+    assert receive(peer, 1) == [("metrics", [{"step": s} for s in range(1, 100)])]
+
+
+def test_rows_logged_again_later_are_flushed_again(
+    pair: tuple[worker.Channel, socket.socket],
+) -> None:
+    channel, peer = pair
+    for burst in range(3):
+        channel.send_row({"burst": burst, "i": 0})
+        channel.send_row({"burst": burst, "i": 1})
+        rows = [row for _, batch in receive(peer, 1) for row in batch]
+        while len(rows) < 2:
+            rows += [row for _, batch in receive(peer, 1) for row in batch]
+        assert rows == [{"burst": burst, "i": 0}, {"burst": burst, "i": 1}]
+        time.sleep(worker.TAIL_INTERVAL)  # the flusher disarms before the next burst
 
 
 def test_send_goes_after_what_is_held(pair: tuple[worker.Channel, socket.socket]) -> None:
     channel, peer = pair
-    channel.send_soon("metric", {"step": 0})
-    channel.send_soon("metric", {"step": 1})
+    channel.send_row({"step": 0})
+    channel.send_row({"step": 1})
     channel.send("result", b"done")
     assert receive(peer, 3) == [
-        ("metric", {"step": 0}),
-        ("metric", {"step": 1}),
+        ("metrics", [{"step": 0}]),
+        ("metrics", [{"step": 1}]),
         ("result", b"done"),
     ]

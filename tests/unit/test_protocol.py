@@ -8,13 +8,13 @@ from nbddp import protocol
 
 
 def test_frames_survive_arbitrary_splits() -> None:
-    data = protocol.encode("metric", {"loss": 1.5}) + protocol.encode("result", b"x" * 100_000)
+    data = protocol.encode("metrics", [{"loss": 1.5}]) + protocol.encode("result", b"x" * 100_000)
     for step in (1, 7, 4096, len(data)):
         reader = protocol.FrameReader()
         got = []
         for i in range(0, len(data), step):
             got += reader.feed(data[i : i + step])
-        assert got == [("metric", {"loss": 1.5}), ("result", b"x" * 100_000)]
+        assert got == [("metrics", [{"loss": 1.5}]), ("result", b"x" * 100_000)]
         assert reader.pending == 0
 
 
