@@ -234,8 +234,15 @@ class Relay:
             return
         code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
         state.exit_reported = True
-        # The process is gone: nothing more to batch, so read its last output and
-        # EOFs now rather than at the next tick (keeps short runs short).
+        # The process is gone: what it sent before exiting (its error report,
+        # last rows, last output) is already buffered. Read it all before
+        # reporting the exit, so a rank's own error is never mistaken for a
+        # death without one; then whatever is left (EOFs, an orphaned child's
+        # output) is read as it comes, without resting.
+        for open_fd in (state.ctrl_fd, *state.pipes.fds()[:2]):
+            if open_fd in state.readers:
+                while open_fd in state.open_fds and state.readers[open_fd]() == FULL:
+                    pass
         for resting_fd in list(state.resting):
             self._watch(state, resting_fd)
         self.sink.on_exit(rank, code)

@@ -1,0 +1,71 @@
+"""The relay reports a rank's last messages before its exit, however its fds were resting."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from nbddp import protocol
+from nbddp.relay import RankPipes, Relay
+from nbddp.starters import STATUS
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.changed = threading.Condition()
+
+    def _add(self, event: tuple[str, Any]) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self._add(("output", text))
+
+    def on_message(self, rank: int, kind: str, body: Any) -> None:
+        self._add(("message", kind))
+
+    def on_link_closed(self, rank: int) -> None:
+        self._add(("link_closed", None))
+
+    def on_exit(self, rank: int, code: int | None) -> None:
+        self._add(("exit", code))
+
+    def on_closed(self, rank: int) -> None:
+        self._add(("closed", None))
+
+    def wait_for(self, event: tuple[str, Any]) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: event in self.events, timeout=10)
+
+
+def test_an_error_sent_just_before_exiting_is_reported_before_the_exit(tmp_path: Path) -> None:
+    for _ in range(20):  # the race it guards against needed the fds to be resting
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        ours, theirs = socket.socketpair()
+        sink = Recorder()
+        relay = Relay(tmp_path, sink)  # type: ignore[arg-type]
+        relay.attach(0, RankPipes(out_r, err_r, ours, status_r))
+        # Traffic first, so that the relay reads and then rests every fd.
+        theirs.sendall(protocol.encode("state", "running"))
+        os.write(out_w, b"step\n")
+        sink.wait_for(("message", "state"))
+        sink.wait_for(("output", "step\n"))
+        # Then what a failing rank does last: report its error, exit.
+        theirs.sendall(protocol.encode("error", None))
+        os.write(out_w, b"last words\n")
+        for fd in (out_w, err_w):
+            os.close(fd)
+        theirs.close()
+        os.write(status_w, STATUS.pack(1))
+        os.close(status_w)
+        sink.wait_for(("closed", None))
+        kinds = [e for e in sink.events if e[0] != "link_closed"]
+        assert kinds.index(("message", "error")) < kinds.index(("exit", 1)), kinds
+        assert kinds.index(("output", "last words\n")) < kinds.index(("exit", 1)), kinds
