@@ -3,7 +3,8 @@
 Contract: a ``Pool`` lives in the zygote (single-threaded, like the zygote)
 and owns the idle children. Each was forked from the zygote ahead of time,
 has already done what a forked rank does first (its own session, the
-zygote's fds closed, default signals), is named ``nbddp-idle``, and blocks
+zygote's fds closed, default signals) and warmed up, is then named
+``nbddp-idle``, and blocks
 on a private socketpair to the zygote. ``hand_over`` sends the fds of one
 rank (ctrl, out, err) to the oldest idle child and returns its pid: from
 then on that child is exactly a rank forked on demand
@@ -135,9 +136,10 @@ def _idle_main(link: socket.socket, close: set[int], zygote: int) -> NoReturn:
     """The body of an idle worker: get ready, wait for one rank's fds, run it."""
     try:
         detach(close)
-        set_process_name(IDLE_NAME)
         _die_with(zygote)
         _warm_up()
+        # Named only now, so that the name says "ready and waiting" (tests wait on it).
+        set_process_name(IDLE_NAME)
         fds = _wait_for_rank(link)
     except BaseException:
         traceback.print_exc()
