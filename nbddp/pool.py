@@ -120,7 +120,10 @@ class Pool:
         link = self.idle.pop(pid, None)
         if link is None:
             return False
-        link.close()  # it died while idle (killed from outside): a refill replaces it
+        # It died while idle (killed from outside, or it failed): not replaced
+        # until the next launch, so a worker that cannot start is not forked in a loop.
+        link.close()
+        self.size = min(self.size, len(self.idle))
         return True
 
     def _end(self, pid: int) -> None:
@@ -137,7 +140,10 @@ def _idle_main(link: socket.socket, close: set[int], zygote: int) -> NoReturn:
     try:
         detach(close)
         _die_with(zygote)
-        _warm_up()
+        try:
+            _warm_up()
+        except Exception:  # only ever a head start: the rank does the same work itself
+            traceback.print_exc()
         # Named only now, so that the name says "ready and waiting" (tests wait on it).
         set_process_name(IDLE_NAME)
         fds = _wait_for_rank(link)

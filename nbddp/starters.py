@@ -235,9 +235,9 @@ class ZygoteStarter:
     def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
         with self._lock:
             for attempt in (1, 2):
+                request = REQUEST.pack(b"F", *pool_request(env))
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
-                request = REQUEST.pack(b"F", *pool_request(env))
                 try:
                     socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
                 except OSError:

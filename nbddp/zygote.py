@@ -99,7 +99,11 @@ class Zygote:
         if self.pool.wind_down_in() == 0.0:
             self.pool.wind_down()
         elif self._refill_due() and not _readable(self.sock):
-            self.pool.spawn_one(self._fds())
+            try:
+                self.pool.spawn_one(self._fds())
+            except OSError as exc:  # out of processes or fds: serve requests by fork alone
+                print(f"nbddp zygote: could not refill the pool: {exc}", file=sys.stderr)
+                self.pool.size = len(self.pool.idle)
 
     def _fds(self) -> set[int]:
         """Every fd the zygote holds: a forked child must close them all."""

@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("NBDDP_TEST_SESSION", uuid.uuid4().hex)
 
-from tests.procs import ours, stray_idle, wait_gone
+from tests.procs import POOL_CAP, ours, stray_idle, wait_gone
 
 
 @pytest.fixture
@@ -23,12 +23,10 @@ def no_leftovers() -> Iterator[None]:
 
     Idle pool workers are the zygote's, not the test's: they may stay, but
     only as children of a live zygote and no more than its pool may hold."""
-    from nbddp.starters import POOL_MAX
-
     before = {p.pid for p in ours()}
     yield
     survivors = [p for p in wait_gone(timeout=10.0) if p.pid not in before]
-    survivors += stray_idle(max(POOL_MAX, int(os.environ.get("NBDDP_POOL", "0") or 0)))
+    survivors += stray_idle(max(POOL_CAP, int(os.environ.get("NBDDP_POOL", "0") or 0)))
     for proc in survivors:
         proc.kill()
     assert not survivors, f"worker processes left behind: {[p.pid for p in survivors]}"

@@ -27,6 +27,7 @@ import psutil
 MARKER = "NBDDP_TEST_SESSION"
 ZYGOTE_NAME = "nbddp-zygote"
 IDLE_NAME = "nbddp-idle"
+POOL_CAP = 8  # nbddp.starters.POOL_MAX (checked by a unit test): no nbddp import here
 
 
 def _role(proc: psutil.Process, name: str) -> str:

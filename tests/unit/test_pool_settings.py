@@ -6,6 +6,7 @@ import pytest
 
 from nbddp.errors import ConfigError
 from nbddp.starters import POOL_IDLE, POOL_MAX, pool_request
+from tests.procs import POOL_CAP
 
 
 def test_the_pool_is_sized_to_the_launch_and_capped() -> None:
@@ -23,3 +24,7 @@ def test_nbddp_pool_0_turns_it_off_and_nbddp_pool_idle_sets_the_timeout() -> Non
 def test_a_bad_setting_says_what_to_do(setting: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="unset it for the default"):
         pool_request({"LOCAL_WORLD_SIZE": "2", **setting})
+
+
+def test_the_leftover_check_knows_the_default_cap() -> None:
+    assert POOL_CAP == POOL_MAX
