@@ -12,8 +12,9 @@ its ranks.
 
 The pool (``nbddp.pool``): each request says how many idle workers to keep
 (the launch's size, capped) and for how long without a launch. The zygote
-refills it once no rank of its own is running, one fork at a time with
-requests served first, and ends the idle workers when that time passes.
+refills it once no rank of its own has run for ``REFILL_DELAY``, one fork at
+a time with requests served first, and ends the idle workers when that
+time passes.
 
 It must stay CUDA-clean: it imports torch but never calls anything that
 initialises CUDA, so its children can use the GPUs even when the notebook
@@ -30,10 +31,12 @@ import selectors
 import signal
 import socket
 import sys
+import time
 
 from .pool import Pool
 from .starters import REQUEST, STATUS, ChildFds, run_forked_worker
 
+REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
 PRELOAD = ("torch", "torch.distributed", "cloudpickle", "nbddp.worker", "nbddp.metrics")
 
 
@@ -82,23 +85,32 @@ class Zygote:
                     self._reap()
             self._tend_pool()
 
-    def _refill_due(self) -> bool:
-        # Why only once no rank is running: a refill fork takes milliseconds of
-        # the zygote (page tables of a process with torch imported), so done
-        # between a launch's requests it would delay the next rank, and done
-        # while ranks run it would take CPU from them. The next launch comes
-        # after this one ends, and by then the pool is full again.
-        return self.listening and not self.children and self.pool.short()
+    def _refill_in(self) -> float | None:
+        """Seconds until a refill is due (0: now); None while none will be.
+
+        Why only once no rank has run for ``REFILL_DELAY``: a refill fork
+        takes milliseconds of the zygote (the page tables of a process with
+        torch imported) and each new worker's warm-up takes CPU. Between a
+        launch's requests that would delay the next rank; while ranks run it
+        would take CPU from them; right after a run it would compete with a
+        launch that follows at once (a loop of launches), which is then
+        served by plain forks, as with the pool off. A notebook's next launch
+        comes seconds later, and finds the pool full.
+        """
+        if not (self.listening and not self.children and self.pool.short()):
+            return None
+        return max(0.0, self.pool.last_used + REFILL_DELAY - time.monotonic())
 
     def _timeout(self) -> float | None:
-        return 0.0 if self._refill_due() else self.pool.wind_down_in()
+        waits = [t for t in (self._refill_in(), self.pool.wind_down_in()) if t is not None]
+        return min(waits, default=None)
 
     def _tend_pool(self) -> None:
         """Refill one worker at a time (a request that arrives meanwhile goes first,
         since the loop polls before each fork), or wind the pool down when idle."""
         if self.pool.wind_down_in() == 0.0:
             self.pool.wind_down()
-        elif self._refill_due() and not _readable(self.sock):
+        elif self._refill_in() == 0.0 and not _readable(self.sock):
             try:
                 self.pool.spawn_one(self._fds())
             except OSError as exc:  # out of processes or fds: serve requests by fork alone
