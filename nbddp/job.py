@@ -263,8 +263,10 @@ class Job:
         if all(s.closed for s in self.ranks):
             self.ended_at = time.monotonic()
             self._store = None  # shuts the store's server down
-            self.events.put(("done",))
+            # ``done`` first: a reader that takes the "done" event at once may
+            # ask for ``Run.status``, which reads ``done``.
             self.done.set()
+            self.events.put(("done",))
 
     # -- loop-thread internals ---------------------------------------------
 

@@ -22,14 +22,21 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from . import worker
+from .errors import ConfigError
 
 STATUS = struct.Struct("!q")
+REQUEST = struct.Struct("!cqd")
+"""A request to the zygote: kind (``b"F"``: fork a rank; it carries four fds),
+how many idle workers to keep afterwards, and after how many idle seconds they end."""
 ZYGOTE_REPLY_TIMEOUT = 120.0
+POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the zygote keeps
+POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
 
 PARENT_FDS: set[int] = set()
 """File descriptors the notebook keeps for itself (relay ends, zygote link).
@@ -97,17 +104,22 @@ class SpawnStarter:
         return Child(proc.pid, status_r)
 
 
-def run_forked_worker(fds: ChildFds, close: set[int]) -> None:
-    """The body of a forked child (fork starter and zygote): never returns."""
+def detach(close: Iterable[int]) -> None:
+    """First steps of a forked child: lead its own session, close the parent's
+    fds in ``close``, and restore default signal handling."""
+    os.setsid()
+    for fd in close:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    worker.reset_signals()
+
+
+def run_detached_worker(fds: ChildFds) -> NoReturn:
+    """Serve one rank in a forked child that has already ``detach``-ed: never returns."""
     code = 1
     try:
-        os.setsid()
-        for fd in close - {fds.ctrl, fds.out, fds.err}:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        worker.reset_signals()
         worker.redirect_stdio(fds.out, fds.err)
         code = worker.serve(socket.socket(fileno=fds.ctrl))
     except BaseException:
@@ -119,6 +131,16 @@ def run_forked_worker(fds: ChildFds, close: set[int]) -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def run_forked_worker(fds: ChildFds, close: set[int]) -> NoReturn:
+    """The body of a forked child (fork starter and zygote): never returns."""
+    try:
+        detach(close - {fds.ctrl, fds.out, fds.err})
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    run_detached_worker(fds)
 
 
 class ForkStarter:
@@ -139,11 +161,40 @@ class ForkStarter:
         return Child(pid, status_r)
 
 
+def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigError(f"{name}={text!r} is not a number >= 0; unset it for the default")
+    return value
+
+
+def pool_request(env: Mapping[str, str]) -> tuple[int, float]:
+    """The zygote's pool settings for a launch whose rank environment is ``env``:
+    (idle workers to keep, idle seconds before they end).
+
+    The pool is sized to the launch: ``LOCAL_WORLD_SIZE`` is the number of
+    processes it starts on this machine, capped by ``NBDDP_POOL`` (default
+    ``POOL_MAX``; 0 turns the pool off). ``NBDDP_POOL_IDLE`` (default
+    ``POOL_IDLE`` seconds) is how long idle workers wait for the next launch.
+    """
+    cap = int(_env_number(env, "NBDDP_POOL", POOL_MAX))
+    idle = _env_number(env, "NBDDP_POOL_IDLE", POOL_IDLE)
+    return min(int(env.get("LOCAL_WORLD_SIZE", "1")), cap), idle
+
+
 class ZygoteStarter:
     """Fork from the zygote: a server process with torch imported that never touches CUDA.
 
     One zygote per notebook process, started on first use (or by
     ``prewarm``). It exits when the notebook closes the link or dies.
+    Each request also tells it how large a pool of idle workers to keep
+    (see ``pool_request`` and ``nbddp.pool``).
     """
 
     def __init__(self) -> None:
@@ -184,10 +235,11 @@ class ZygoteStarter:
     def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
         with self._lock:
             for attempt in (1, 2):
+                request = REQUEST.pack(b"F", *pool_request(env))
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
                 try:
-                    socket.send_fds(sock, [b"F"], [status_w, fds.ctrl, fds.out, fds.err])
+                    socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
                 except OSError:
                     os.close(status_r)
                     os.close(status_w)

@@ -1,12 +1,20 @@
 """The zygote: nbddp's forkserver, a process that has imported torch and forks ranks.
 
 Contract: started by ``starters.ZygoteStarter`` with one end of a Unix
-socketpair as ``argv[1]``. For each request (one byte plus four fds: status
-write end, ctrl, out, err) it forks a child that runs the worker, writes
-the child's pid (8 bytes) to the status fd, and later, when the child has
+socketpair as ``argv[1]``. For each request (``starters.REQUEST`` plus four
+fds: status write end, ctrl, out, err) it finds a process for the rank
+(an idle worker from its pool, or else a child forked now), writes that
+child's pid (8 bytes) to the status fd, and later, when the child has
 exited, its exit code (8 bytes), then closes the status fd. It exits when
 the notebook's end of the socket closes (the notebook exited, was killed,
-or closed it on purpose).
+or closed it on purpose), after ending its idle workers and waiting for
+its ranks.
+
+The pool (``nbddp.pool``): each request says how many idle workers to keep
+(the launch's size, capped) and for how long without a launch. The zygote
+refills it once no rank of its own has run for ``REFILL_DELAY``, one fork at
+a time with requests served first, and ends the idle workers when that
+time passes.
 
 It must stay CUDA-clean: it imports torch but never calls anything that
 initialises CUDA, so its children can use the GPUs even when the notebook
@@ -18,13 +26,17 @@ makes fork safe here.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import socket
 import sys
+import time
 
-from .starters import STATUS, ChildFds, run_forked_worker
+from .pool import Pool
+from .starters import REQUEST, STATUS, ChildFds, run_forked_worker
 
+REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
 PRELOAD = ("torch", "torch.distributed", "cloudpickle", "nbddp.worker", "nbddp.metrics")
 
 
@@ -44,9 +56,12 @@ class Zygote:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.children: dict[int, int] = {}  # pid -> status fd
+        self.children: dict[int, int] = {}  # ranks: pid -> status fd
+        self.pool = Pool()
+        self.listening = True
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
+        self.selector = selectors.DefaultSelector()
 
     def serve(self) -> None:
         """Serve requests until the notebook closes its end, then wait for the children.
@@ -55,33 +70,78 @@ class Zygote:
         notebook died, they are dying too (each watches its own link)."""
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
-        sel = selectors.DefaultSelector()
+        sel = self.selector
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(self.wake_r, selectors.EVENT_READ)
-        listening = True
-        while listening or self.children:
-            for key, _ in sel.select():
+        while self.listening or self.children or self.pool.ending:
+            for key, _ in sel.select(self._timeout()):
                 if key.fileobj is self.sock:
                     if not self._serve_request():
                         sel.unregister(self.sock)
-                        listening = False
+                        self.listening = False
+                        self.pool.wind_down()
                 else:
                     os.read(self.wake_r, 4096)
                     self._reap()
+            self._tend_pool()
+
+    def _refill_in(self) -> float | None:
+        """Seconds until a refill is due (0: now); None while none will be.
+
+        Why only once no rank has run for ``REFILL_DELAY``: a refill fork
+        takes milliseconds of the zygote (the page tables of a process with
+        torch imported) and each new worker's warm-up takes CPU. Between a
+        launch's requests that would delay the next rank; while ranks run it
+        would take CPU from them; right after a run it would compete with a
+        launch that follows at once (a loop of launches), which is then
+        served by plain forks, as with the pool off. A notebook's next launch
+        comes seconds later, and finds the pool full.
+        """
+        if not (self.listening and not self.children and self.pool.short()):
+            return None
+        return max(0.0, self.pool.last_used + REFILL_DELAY - time.monotonic())
+
+    def _timeout(self) -> float | None:
+        waits = [t for t in (self._refill_in(), self.pool.wind_down_in()) if t is not None]
+        return min(waits, default=None)
+
+    def _tend_pool(self) -> None:
+        """Refill one worker at a time (a request that arrives meanwhile goes first,
+        since the loop polls before each fork), or wind the pool down when idle."""
+        if self.pool.wind_down_in() == 0.0:
+            self.pool.wind_down()
+        elif self._refill_in() == 0.0 and not _readable(self.sock):
+            try:
+                self.pool.spawn_one(self._fds())
+            except OSError as exc:  # out of processes or fds: serve requests by fork alone
+                print(f"nbddp zygote: could not refill the pool: {exc}", file=sys.stderr)
+                self.pool.size = len(self.pool.idle)
+
+    def _fds(self) -> set[int]:
+        """Every fd the zygote holds: a forked child must close them all."""
+        own = {self.sock.fileno(), self.wake_r, self.wake_w, *self.children.values()}
+        selector_fd = getattr(self.selector, "fileno", None)  # epoll and kqueue hold one
+        if selector_fd is not None:
+            own.add(selector_fd())
+        return own
 
     def _serve_request(self) -> bool:
-        msg, fds, _, _ = socket.recv_fds(self.sock, 16, 4)
+        msg, fds, _, _ = socket.recv_fds(self.sock, REQUEST.size, 4)
         if not msg:
             return False
-        if len(fds) != 4:
+        if len(fds) != 4 or len(msg) != REQUEST.size:
             for fd in fds:
                 os.close(fd)
             return True
+        _, size, idle_timeout = REQUEST.unpack(msg)
+        self.pool.resize(size, idle_timeout)
         status_w, ctrl, out, err = fds
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            own = {self.sock.fileno(), self.wake_r, self.wake_w, status_w, *self.children.values()}
-            run_forked_worker(ChildFds(ctrl, out, err), own)
+        pid = self.pool.hand_over((ctrl, out, err))
+        if pid is None:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                own = {*self._fds(), *self.pool.fds(), status_w}
+                run_forked_worker(ChildFds(ctrl, out, err), own)
         for fd in (ctrl, out, err):
             os.close(fd)
         try:
@@ -92,21 +152,29 @@ class Zygote:
         return True
 
     def _reap(self) -> None:
-        while self.children:
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if self.pool.forget(pid):
+                continue
             fd = self.children.pop(pid, None)
             if fd is not None:
+                self.pool.touch()
                 try:
                     os.write(fd, STATUS.pack(os.waitstatus_to_exitcode(status)))
                 except OSError:
                     pass  # the notebook is gone: nobody is waiting for this status
                 finally:
                     os.close(fd)
+
+
+def _readable(sock: socket.socket) -> bool:
+    ready, _, _ = select.select([sock], [], [], 0)
+    return bool(ready)
 
 
 def main() -> None:

@@ -14,15 +14,19 @@ import pytest
 
 os.environ.setdefault("NBDDP_TEST_SESSION", uuid.uuid4().hex)
 
-from tests.procs import ours, wait_gone
+from tests.procs import POOL_CAP, ours, stray_idle, wait_gone
 
 
 @pytest.fixture
 def no_leftovers() -> Iterator[None]:
-    """Fail the test if any worker (or a worker's child) outlives it."""
+    """Fail the test if any worker (or a worker's child) outlives it.
+
+    Idle pool workers are the zygote's, not the test's: they may stay, but
+    only as children of a live zygote and no more than its pool may hold."""
     before = {p.pid for p in ours()}
     yield
     survivors = [p for p in wait_gone(timeout=10.0) if p.pid not in before]
+    survivors += stray_idle(max(POOL_CAP, int(os.environ.get("NBDDP_POOL", "0") or 0)))
     for proc in survivors:
         proc.kill()
     assert not survivors, f"worker processes left behind: {[p.pid for p in survivors]}"

@@ -1,7 +1,8 @@
 """Finding the nbddp processes this test session started, to prove none is left behind.
 
 A process is nbddp's when it is named ``nbddp-*`` (ranks name themselves
-``nbddp-rank<N>``, the forkserver ``nbddp-zygote``) or when its environment
+``nbddp-rank<N>``, the forkserver ``nbddp-zygote``, its pool's idle workers
+``nbddp-idle``) or when its environment
 at exec time has ``NBDDP_ROLE`` (spawned ranks, and everything forked from
 the zygote: ranks and their DataLoader workers, which rename themselves).
 It is this session's when it descends from the test process, or when that
@@ -9,18 +10,37 @@ exec-time environment carries ``NBDDP_TEST_SESSION`` (set by
 ``conftest.py``; kernels started by tests and their zygotes inherit it),
 which still holds for orphans. Other sessions on the machine are ignored.
 Zombies count as gone: in some containers nothing reaps orphans.
+
+Idle pool workers are expected while their zygote lives: ``stray_idle``
+finds the ones that are not (an orphan, or more than a pool may hold).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict
 from collections.abc import Collection
 
 import psutil
 
 MARKER = "NBDDP_TEST_SESSION"
 ZYGOTE_NAME = "nbddp-zygote"
+IDLE_NAME = "nbddp-idle"
+POOL_CAP = 8  # nbddp.starters.POOL_MAX (checked by a unit test): no nbddp import here
+
+
+def _role(proc: psutil.Process, name: str) -> str:
+    if name == IDLE_NAME:
+        return "idle"
+    if name == ZYGOTE_NAME:
+        # A child the zygote has just forked still carries its name for an
+        # instant (until it names itself nbddp-idle or nbddp-rank<N>).
+        with_parent = proc.parent()
+        if with_parent is not None and with_parent.name() == ZYGOTE_NAME:
+            return "idle"
+        return "zygote"
+    return "worker"
 
 
 def _descendants() -> set[int]:
@@ -35,7 +55,8 @@ def ours(
 ) -> list[psutil.Process]:
     """Live processes of this test session with one of ``roles``.
 
-    ``zygote``: nbddp's forkserver; ``worker``: every other nbddp process
+    ``zygote``: nbddp's forkserver; ``idle``: its pool's idle workers (and
+    a child it forked an instant ago); ``worker``: every other nbddp process
     (ranks and their children). With ``pids``, only those processes (e.g.
     what one kernel started)."""
     session = os.environ[MARKER]
@@ -50,7 +71,7 @@ def ours(
             name, env = proc.name(), proc.environ()
             if not (name.startswith("nbddp-") or "NBDDP_ROLE" in env):
                 continue
-            role = "zygote" if name == ZYGOTE_NAME else "worker"
+            role = _role(proc, name)
             if role in roles and (proc.pid in mine or env.get(MARKER) == session):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -86,3 +107,63 @@ def wait_gone(
 ) -> list[psutil.Process]:
     """Wait until no process of this session with ``roles`` is left; return survivors."""
     return wait_procs_gone(ours(roles, pids), timeout)
+
+
+def idle_of(zygote: int) -> list[psutil.Process]:
+    """The zygote's idle pool workers now (children named ``nbddp-idle``)."""
+    try:
+        kids = psutil.Process(zygote).children()
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for proc in kids:
+        try:
+            if proc.name() == IDLE_NAME and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_pool(zygote: int, size: int, timeout: float = 10.0) -> list[psutil.Process]:
+    """Wait until ``zygote`` has exactly ``size`` idle workers and no other live child
+    (a refill is done, or a wind-down); return them. Raises on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kids = [
+                p for p in psutil.Process(zygote).children() if p.status() != psutil.STATUS_ZOMBIE
+            ]
+        except psutil.Error:
+            kids = []
+        idle = idle_of(zygote)
+        if len(idle) == size and len(kids) == size:
+            return idle
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pool of {zygote}: {len(idle)} idle of {len(kids)}, not {size}")
+        psutil.wait_procs(kids, timeout=0.02)  # wakes early when a child exits
+
+
+def stray_idle(max_per_zygote: int, timeout: float = 10.0) -> list[psutil.Process]:
+    """Idle pool workers of this session that should not exist, after waiting up to
+    ``timeout`` for them to go: any whose parent is not a live zygote (idle workers
+    must never outlive theirs), and all of a zygote's when it keeps more than
+    ``max_per_zygote``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        strays: list[psutil.Process] = []
+        pools: dict[int, list[psutil.Process]] = defaultdict(list)
+        for proc in ours(("idle",)):
+            try:
+                parent = proc.parent()
+                kept = parent is not None and parent.name() == ZYGOTE_NAME
+            except psutil.Error:
+                kept = False
+            if kept and parent is not None:
+                pools[parent.pid].append(proc)
+            else:
+                strays.append(proc)
+        strays += [p for pool in pools.values() if len(pool) > max_per_zygote for p in pool]
+        if not strays or time.monotonic() > deadline:
+            return strays
+        wait_procs_gone(strays, timeout=0.1)

@@ -1,12 +1,16 @@
 """Warm launch latency, nbddp side by side with the alternatives, in one run.
 
-    .venv/bin/python tests/bench/launch.py [--reps 7]
+    .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 0.5]
 
 The task on each of 2 CPU ranks: initialise a gloo process group, one
 all_reduce, return. Every launcher runs it ``--reps`` times after one
-warm-up launch; the table shows the median and best wall time from the
-call to its return, and each launcher's median as a ratio of nbddp's
-(forkserver). Not a test: nothing here asserts a time.
+warm-up launch, ``--pause`` seconds apart (not timed), as a notebook user
+launches: seconds apart, time in which nbddp's zygote refills its pool of
+idle workers (``--pause 0``: back to back, the refill then competes with the
+next launch). The table shows the median and best wall time from the call
+to its return, and each launcher's median as a ratio of nbddp's default
+(forkserver with its pool) and of accelerate's ``debug_launcher``. Not a
+test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -54,8 +58,23 @@ def launchers() -> dict[str, Callable[[], object]]:
     import nbddp
     from nbddp.ports import free_port
 
+    def forkserver(pool: str | None) -> Callable[[], object]:
+        def call() -> object:
+            before = os.environ.pop("NBDDP_POOL", None)
+            if pool is not None:
+                os.environ["NBDDP_POOL"] = pool  # read at each launch (starters.pool_request)
+            try:
+                return nbddp.launch(task, procs=2, output="none")
+            finally:
+                os.environ.pop("NBDDP_POOL", None)
+                if before is not None:
+                    os.environ["NBDDP_POOL"] = before
+
+        return call
+
     out: dict[str, Callable[[], object]] = {
-        "nbddp (forkserver)": lambda: nbddp.launch(task, procs=2, output="none"),
+        "nbddp (forkserver, pool)": forkserver(None),
+        "nbddp (forkserver, no pool)": forkserver("0"),
         "nbddp (fork)": lambda: nbddp.launch(task, procs=2, start_method="fork", output="none"),
         "nbddp (spawn)": lambda: nbddp.launch(task, procs=2, start_method="spawn", output="none"),
     }
@@ -78,11 +97,12 @@ def launchers() -> dict[str, Callable[[], object]]:
     return out
 
 
-def measure(fn: Callable[[], object], reps: int) -> list[float]:
-    """Wall times of ``reps`` calls after one warm-up call."""
+def measure(fn: Callable[[], object], reps: int, pause: float) -> list[float]:
+    """Wall times of ``reps`` calls after one warm-up call, ``pause`` seconds apart."""
     fn()
     times = []
     for _ in range(reps):
+        time.sleep(pause)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -93,23 +113,28 @@ def main() -> None:
     """Run every launcher and print the side-by-side table."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--pause", type=float, default=0.5, help="seconds between launches")
     args = parser.parse_args()
     rows = []
     for name, fn in launchers().items():
         try:
-            times = measure(fn, args.reps)
+            times = measure(fn, args.reps, args.pause)
         except Exception as exc:  # keep the other rows when one launcher fails here
             print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
         rows.append((name, statistics.median(times), min(times)))
     base = rows[0][1]
+    anchor = next((med for name, med, _ in rows if name.startswith("accelerate")), float("nan"))
     print(
         "\nwarm launch, 2 CPU ranks, gloo init + all_reduce; "
-        f"{args.reps} reps, {os.cpu_count()} cores"
+        f"{args.reps} reps {args.pause:g} s apart, {os.cpu_count()} cores"
     )
-    print("| launcher | median (s) | best (s) | median / nbddp |\n|---|---|---|---|")
+    print(
+        "| launcher | median (s) | best (s) | median / nbddp | median / accelerate |\n"
+        "|---|---|---|---|---|"
+    )
     for name, med, best in rows:
-        print(f"| {name} | {med:.3f} | {best:.3f} | {med / base:.2f}x |")
+        print(f"| {name} | {med:.3f} | {best:.3f} | {med / base:.2f}x | {med / anchor:.2f}x |")
 
 
 if __name__ == "__main__":

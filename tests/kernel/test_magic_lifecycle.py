@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from tests.kernel.kernel import Kernel
-from tests.procs import ours, wait_gone
+from tests.procs import ours, wait_gone, wait_pool
 
 BLOCKING_CELL = """\
 %%ddp --procs 2
@@ -47,9 +47,10 @@ def test_no_worker_or_forkserver_left_after_kernel_shutdown() -> None:
     with Kernel() as kernel:
         assert kernel.execute("%load_ext nbddp").status == "ok"
         assert kernel.execute("%%ddp --procs 2\nrank").status == "ok"
+        (zygote,) = ours(roles=("zygote",), pids=kernel.descendants())  # its forkserver
+        assert len(wait_pool(zygote.pid, 2)) == 2  # refilled after the run: idle workers
         started = kernel.descendants()
-        assert ours(roles=("zygote",), pids=started)  # the kernel's forkserver
-    assert wait_gone(roles=("worker", "zygote"), pids=started) == []
+    assert wait_gone(roles=("worker", "zygote", "idle"), pids=started) == []
 
 
 def test_no_worker_or_forkserver_left_when_the_kernel_is_killed() -> None:
@@ -60,4 +61,4 @@ def test_no_worker_or_forkserver_left_when_the_kernel_is_killed() -> None:
         started = kernel.descendants()
         assert len(ours(pids=started)) == 2
         kernel.kill()
-        assert wait_gone(roles=("worker", "zygote"), pids=started) == []
+        assert wait_gone(roles=("worker", "zygote", "idle"), pids=started) == []

@@ -216,3 +216,37 @@ def checksum_and_scribble(t: Any, model: Any) -> dict[str, str]:
         t.add_(1)
         model.weight.zero_()
     return out
+
+
+LEFT_BEHIND: str | None = None
+"""Set by ``leave_state``; a fresh process imports this module with it None."""
+
+
+def leave_state() -> int:
+    """Leave state in this process every way a run can: a module global, the
+    environment, ``sys.modules``, a process group (not destroyed). Returns the pid."""
+    import types
+
+    import torch.distributed as dist
+
+    global LEFT_BEHIND
+    LEFT_BEHIND = "left"
+    os.environ["NBDDP_TEST_LEFT"] = "left"
+    sys.modules["nbddp_test_left"] = types.ModuleType("nbddp_test_left")
+    dist.init_process_group("gloo")
+    return os.getpid()
+
+
+def find_state() -> dict[str, Any]:
+    """What this process still has of ``leave_state``'s, and whether CUDA is initialised."""
+    import torch
+    import torch.distributed as dist
+
+    return {
+        "global": LEFT_BEHIND,
+        "env": os.environ.get("NBDDP_TEST_LEFT"),
+        "module": "nbddp_test_left" in sys.modules,
+        "group": dist.is_initialized(),
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "pid": os.getpid(),
+    }
