@@ -317,8 +317,43 @@ def serve(ctrl: socket.socket) -> int:
         _flush()
         return 1
     # The process group is not destroyed here: the rank exits right after
-    # (os._exit, no destructors), which is what torchrun's workers do too.
-    return _report_result(channel, value)
+    # (os._exit, no destructors), which is what torchrun's workers do too,
+    # once every rank has returned (see _wait_for_peers).
+    code = _report_result(channel, value)
+    if code == 0:
+        _wait_for_peers()
+    return code
+
+
+_RETURNED_KEY = "nbddp/returned"
+_ALL_RETURNED_KEY = "nbddp/all_returned"
+
+
+def _wait_for_peers() -> None:
+    """Before a rank that returned exits, wait until every rank has returned.
+
+    Exiting closes this rank's gloo/nccl connections, and a peer may still
+    be using them: ``init_process_group`` returns on one rank while another
+    is still completing the connection mesh (seen as "Gloo connectFullMesh
+    failed ... Connection closed by peer" on a loaded machine, about one
+    launch in five). So the ranks count themselves out in the process
+    group's own store; the last one releases everybody. Only when the
+    default group is still initialised (a function that destroyed it has
+    nothing left to break), and any store error just lets the rank exit.
+    A rank whose peer fails waits until the run is stopped, as it would in
+    its next collective.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if store.add(_RETURNED_KEY, 1) >= dist.get_world_size():
+            store.set(_ALL_RETURNED_KEY, b"1")
+        else:
+            store.wait([_ALL_RETURNED_KEY])
+    except Exception:
+        pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 
 
 def _report_exit(channel: Channel, exc: SystemExit) -> int:
@@ -326,6 +361,7 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
     if code is None or code == 0:
         channel.send("result", cloudpickle.dumps(None))
         _flush()
+        _wait_for_peers()
         return 0
     if not isinstance(code, int):
         print(code, file=sys.stderr)

@@ -75,6 +75,17 @@ def wait_on_fifo(path: str) -> str:
         return fifo.readline().strip()
 
 
+def init_then_return(fifo: str) -> int:
+    """Initialise the process group and return; rank 1 first waits for a line in ``fifo``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        with open(fifo) as f:
+            f.readline()
+    return dist.get_rank()
+
+
 class CustomError(Exception):
     """An exception type the notebook can rebuild."""
 

@@ -5,9 +5,11 @@ Every test here gets the leftover-process check (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +226,33 @@ def test_stop_ends_a_running_job() -> None:
     with pytest.raises(nbddp.RankError, match="the run was stopped"):
         run.wait()
     assert run.status == "stopped"
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_rank_that_returned_stays_until_every_rank_has(tmp_path: Path, method: str) -> None:
+    # Exiting would close its gloo connections under a peer still using them
+    # ("connectFullMesh failed ... closed by peer" on a loaded machine).
+    import psutil
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    run = nbddp.launch(
+        fns.init_then_return, str(fifo), procs=2, start_method=method, output="none", block=False
+    )
+    assert isinstance(run, nbddp.Run)
+    try:
+        deadline = time.monotonic() + 60
+        while run.job.ranks[0].value is None:  # rank 0 has returned its value
+            assert time.monotonic() < deadline and not run.job.done.is_set()
+            run.job.done.wait(0.02)
+        rank0 = psutil.Process(run.pids[0])
+        assert rank0.status() != psutil.STATUS_ZOMBIE and not run.job.ranks[0].exited
+    finally:
+        # Release rank 1 however the checks went (non-blocking: it may be gone).
+        with contextlib.suppress(OSError):
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"go\n")
+            os.close(fd)
+    result = run.wait()
+    assert result.values == {0: 0, 1: 1}
+    assert result.exit_codes == {0: 0, 1: 0}
