@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from typing import Any
 
 import cloudpickle
@@ -327,6 +328,7 @@ def serve(ctrl: socket.socket) -> int:
 
 _RETURNED_KEY = "nbddp/returned"
 _ALL_RETURNED_KEY = "nbddp/all_returned"
+PEER_WAIT = 3.0  # seconds a returned rank waits for the others before exiting anyway
 
 
 def _wait_for_peers() -> None:
@@ -337,11 +339,12 @@ def _wait_for_peers() -> None:
     is still completing the connection mesh (seen as "Gloo connectFullMesh
     failed ... Connection closed by peer" on a loaded machine, about one
     launch in five). So the ranks count themselves out in the process
-    group's own store; the last one releases everybody. Only when the
-    default group is still initialised (a function that destroyed it has
-    nothing left to break), and any store error just lets the rank exit.
-    A rank whose peer fails waits until the run is stopped, as it would in
-    its next collective.
+    group's own store; the last one releases everybody. The wait is
+    bounded by ``PEER_WAIT``: a peer still blocked in a collective this
+    rank skipped (a bug in the function) must then see this rank leave and
+    fail at once, as it would without nbddp, rather than hang. Only when
+    the default group is still initialised (a function that destroyed it
+    has nothing left to break); any store error just lets the rank exit.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -351,7 +354,7 @@ def _wait_for_peers() -> None:
         if store.add(_RETURNED_KEY, 1) >= dist.get_world_size():
             store.set(_ALL_RETURNED_KEY, b"1")
         else:
-            store.wait([_ALL_RETURNED_KEY])
+            store.wait([_ALL_RETURNED_KEY], timedelta(seconds=PEER_WAIT))
     except Exception:
         pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 
