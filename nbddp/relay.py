@@ -45,7 +45,7 @@ from .starters import PARENT_FDS, STATUS
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20
-REST = 0.01  # seconds a drained fd waits before it is read again
+REST = 0.03  # seconds a drained fd waits before it is read again
 PIPE_SIZE = 1 << 20  # bytes a rank can write while its pipe rests (Linux default max)
 
 
