@@ -47,6 +47,8 @@ class Serialized:
 
     data: bytes
     fds: tuple[int, ...] = ()
+    owned: tuple[Any, ...] = ()
+    """What keeps descriptors made for the payload open (numpy arrays' memfds)."""
 
 
 class Payload:
@@ -62,10 +64,10 @@ class Payload:
                 f"the function to launch must be callable, got {type(fn).__name__} {fn!r:.60}"
             )
         try:
-            data, fds = shm.dumps(Call(fn, tuple(args), dict(kwargs)))
+            data, fds, owned = shm.dumps(Call(fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
-        return Serialized(data, tuple(fds))
+        return Serialized(data, tuple(fds), tuple(owned))
 
     @staticmethod
     def from_bytes(data: bytes, fds: list[int] | None = None) -> Call:

@@ -11,16 +11,23 @@ socketpair); ``loads(data, fds)`` in the rank maps them copy-on-write
 (``MAP_PRIVATE``): the ranks and the notebook share the pages, and a rank
 that writes to its tensor changes only its own copy, as with fork.
 
+Numpy arrays of at least ``SHARE_BYTES`` (contiguous, no Python objects)
+are copied once into a memfd that every rank maps copy-on-write: their
+memory cannot be swapped in place as a tensor's can, so this costs one copy
+in the notebook for the launch instead of a pickled copy per rank.
+
 Non-goals: CUDA tensors (they are pickled as usual, through the CPU),
-sparse/quantized tensors and numpy arrays (pickled as usual).
+sparse/quantized tensors, non-contiguous or object arrays, numpy
+subclasses (pickled as usual).
 """
 
 from __future__ import annotations
 
 import io
 import mmap
+import os
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -35,7 +42,9 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
         self.fds: list[int] = []
+        self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self._index: dict[int, int] = {}  # storage address -> position in fds
+        self._arrays: dict[int, tuple[int, Any]] = {}  # id(array) -> (position, array)
 
     def reducer_override(self, obj: Any) -> Any:
         # getattr: torch may be half-imported (nbddp's background prewarm); a
@@ -44,7 +53,31 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         tensor = getattr(torch, "Tensor", None)
         if tensor is not None and type(obj) is tensor and _shareable(torch, obj):
             return self._reduce_tensor(obj)
+        numpy = sys.modules.get("numpy")
+        ndarray = getattr(numpy, "ndarray", None)
+        if ndarray is not None and type(obj) is ndarray and _array_shareable(obj):
+            return self._reduce_array(obj)
         return super().reducer_override(obj)
+
+    def _reduce_array(self, array: Any) -> Any:
+        # A numpy array's memory cannot be swapped for shared memory in place,
+        # so its bytes are copied once into a memfd for all ranks (pickling
+        # would copy them once per rank, and again when unpickling).
+        key = id(array)
+        if key not in self._arrays:
+            fd = os.memfd_create("nbddp-array", os.MFD_CLOEXEC)
+            self.owned.append(OwnedFd(fd))
+            order = "C" if array.flags.c_contiguous else "F"
+            flat = array.reshape(-1, order=order).view(sys.modules["numpy"].uint8)
+            data = memoryview(flat)
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written : written + (64 << 20)])
+            self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
+            self.fds.append(fd)
+        index = self._arrays[key][0]
+        order = "C" if array.flags.c_contiguous else "F"
+        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, order)
 
     def _reduce_tensor(self, tensor: Any) -> Any:
         storage = tensor.untyped_storage()
@@ -68,6 +101,27 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         return _rebuild_tensor, meta
 
 
+class OwnedFd:
+    """A descriptor the payload owns: closed when the payload is dropped."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _array_shareable(array: Any) -> bool:
+    return bool(
+        array.nbytes >= SHARE_BYTES
+        and not array.dtype.hasobject
+        and (array.flags.c_contiguous or array.flags.f_contiguous)
+    )
+
+
 def _shareable(torch: Any, tensor: Any) -> bool:
     return bool(
         tensor.device.type == "cpu"
@@ -78,12 +132,14 @@ def _shareable(torch: Any, tensor: Any) -> bool:
     )
 
 
-def dumps(obj: Any) -> tuple[bytes, list[int]]:
-    """Pickle ``obj``; large tensors become shared-memory descriptors (see module doc)."""
+def dumps(obj: Any) -> tuple[bytes, list[int], list[OwnedFd]]:
+    """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
+    (see module doc). The third item owns the descriptors made for numpy arrays:
+    keep it as long as the descriptors are needed."""
     buf = io.BytesIO()
     pickler = _SharingPickler(buf)
     pickler.dump(obj)
-    return buf.getvalue(), pickler.fds
+    return buf.getvalue(), pickler.fds, pickler.owned
 
 
 def loads(data: bytes, fds: list[int]) -> Any:
@@ -110,3 +166,12 @@ def _rebuild_tensor(
     base = torch.frombuffer(region, dtype=torch.uint8)
     tensor = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, size, stride)
     return tensor.requires_grad_(requires_grad)
+
+
+def _rebuild_array(
+    index: int, nbytes: int, dtype: Any, shape: tuple[int, ...], order: Literal["C", "F"]
+) -> Any:
+    import numpy as np
+
+    region = mmap.mmap(_RECEIVED[index], nbytes, flags=mmap.MAP_PRIVATE)
+    return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)

@@ -3,6 +3,8 @@ and a rank's writes stay its own (fork's copy-on-write semantics)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -30,3 +32,28 @@ def test_large_tensors_arrive_intact_and_rank_writes_stay_private(method: str) -
     assert (fns.digest(data), fns.digest(model.weight)) == (expected["data"], expected["weight"])
     assert len(run.job.payload.data) < 1 << 20  # the tensors were not pickled into bytes
     assert len(run.job.payload.fds) == 2
+
+
+def array_checksum_and_scribble(array: Any) -> tuple[float, bool]:
+    total = float(array.sum())
+    array[0] = -1.0  # copy-on-write: stays in this rank
+    return total, bool(array.flags.writeable)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_large_numpy_arrays_arrive_through_one_shared_copy(method: str) -> None:
+    import numpy as np
+
+    array = np.ones(4 << 20)  # 32 MiB
+    run = nbddp.launch(
+        array_checksum_and_scribble,
+        array,
+        procs=2,
+        start_method=method,
+        block=False,
+        output="none",
+    )
+    expected = (float(4 << 20), True)
+    assert run.wait().values == {0: expected, 1: expected}
+    assert array[0] == 1.0
+    assert len(run.job.payload.data) < 1 << 20 and len(run.job.payload.fds) == 1

@@ -13,7 +13,7 @@ from nbddp.payload import Payload
 def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
     small = torch.ones(10)
-    data, fds = shm.dumps({"big": big, "view": big[10:20], "small": small})
+    data, fds, _ = shm.dumps({"big": big, "view": big[10:20], "small": small})
     assert len(fds) == 1  # one storage, shared by the tensor and its view
     assert len(data) < 64 << 10  # not the 4 MiB
     assert big.is_shared()  # moved in place: the notebook keeps using the same tensor
@@ -25,7 +25,7 @@ def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:
 
 def test_a_rank_writing_to_its_copy_leaves_the_notebooks_tensor_alone() -> None:
     big = torch.zeros(1 << 19, dtype=torch.float64)
-    data, fds = shm.dumps(big)
+    data, fds, _ = shm.dumps(big)
     theirs = shm.loads(data, [os.dup(fds[0])])
     theirs += 1  # copy-on-write: only this mapping changes
     assert float(big.sum()) == 0.0
@@ -34,7 +34,7 @@ def test_a_rank_writing_to_its_copy_leaves_the_notebooks_tensor_alone() -> None:
 
 def test_parameters_keep_their_type_and_requires_grad() -> None:
     layer = torch.nn.Linear(1024, 1024)  # 4 MiB of weights
-    data, fds = shm.dumps(layer)
+    data, fds, _ = shm.dumps(layer)
     copy = shm.loads(data, [os.dup(fd) for fd in fds])
     assert isinstance(copy.weight, torch.nn.Parameter) and copy.weight.requires_grad
     assert torch.equal(copy.weight, layer.weight)
@@ -46,3 +46,49 @@ def test_payload_carries_the_descriptors() -> None:
     assert len(payload.fds) == 1
     call = Payload.from_bytes(payload.data, [os.dup(payload.fds[0])])
     assert call.fn(*call.args) == float(1 << 20)
+
+
+def test_large_numpy_arrays_travel_as_one_memfd_mapped_copy_on_write() -> None:
+    import numpy as np
+
+    c = np.arange(1 << 18, dtype=np.float64).reshape(512, 512)  # 2 MiB
+    f = np.asfortranarray(c)
+    when = np.array(["2026-01-01"] * (1 << 18), dtype="datetime64[s]")
+    data, fds, owned = shm.dumps({"c": c, "again": c, "f": f, "when": when, "small": c[:2]})
+    assert len(fds) == 3 and len(owned) == 3  # c once, though referenced twice
+    assert len(data) < 64 << 10
+    out = shm.loads(data, [os.dup(fd) for fd in fds])
+    assert np.array_equal(out["c"], c) and out["again"] is out["c"]
+    assert np.array_equal(out["f"], f) and out["f"].flags.f_contiguous
+    assert np.array_equal(out["when"], when) and np.array_equal(out["small"], c[:2])
+    out["c"][0, 0] = -1.0  # copy-on-write: the notebook's array is untouched
+    assert c[0, 0] == 0.0
+
+
+def test_object_and_strided_arrays_are_pickled_as_usual() -> None:
+    import numpy as np
+
+    objects = np.array([object()] * (1 << 18))
+    strided = np.zeros((1024, 1024))[:, ::2]
+    _, fds, _ = shm.dumps({"o": objects, "s": strided})
+    assert fds == []
+
+
+def test_array_descriptors_close_with_the_payload() -> None:
+    import numpy as np
+
+    payload = Payload.serialize(lambda a: float(a.sum()), (np.ones(1 << 18),), {})
+    (fd,) = payload.fds
+    os.fstat(fd)  # open while the payload lives
+    call = Payload.from_bytes(payload.data, [os.dup(fd)])
+    assert call.fn(*call.args) == float(1 << 18)
+    del payload
+    import gc
+
+    gc.collect()
+    try:
+        os.fstat(fd)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the memfd outlived its payload")
