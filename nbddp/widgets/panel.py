@@ -55,7 +55,10 @@ class Panel:
         self.tail = tail
         self.run: Run | None = None
         """The latest run started from this panel (running or ended)."""
-        self.name = getattr(fn, "__name__", None) or type(fn).__name__
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        self.name = name
+        # The name the code shown uses: a lambda or a callable object has none.
+        self.code_name = name if name.isidentifier() else "fn"
         gpus = visible_gpus()
         settings = PanelSettings.initial(len(gpus), options)
         self.view = PanelView(f"nbddp · {self.name}", settings, f"GPUs: {gpus.describe()}")
@@ -90,7 +93,8 @@ class Panel:
         if errors:
             raise ConfigError(_describe(errors))
         args, _exact = call_code(self.args, self.kwargs)
-        return settings.magic_cell(f"{self.name}({args})"), settings.launch_call(self.name, args)
+        name = self.code_name
+        return settings.magic_cell(f"{name}({args})"), settings.launch_call(name, args)
 
     def refresh_form(self) -> None:
         """Re-validate the form: field errors, the Launch button and the code shown."""
@@ -104,11 +108,12 @@ class Panel:
             return
         magic, call = self.code()
         _, exact = call_code(self.args, self.kwargs)
-        note = (
-            ""
-            if exact
-            else "args[i] and kwargs[...] stand for the objects given to nbddp.panel(...)."
-        )
+        notes = []
+        if self.code_name != self.name:
+            notes.append(f"fn stands for the function given to nbddp.panel ({self.name}).")
+        if not exact:
+            notes.append("args[i] and kwargs[...] stand for the objects given to nbddp.panel.")
+        note = " ".join(notes)
         self.view.show_code(magic, call, note)
 
     # -- actions ----------------------------------------------------------------

@@ -133,6 +133,7 @@ class PanelView:
         self.ranks.add_class("nbddp-ranks")
         self.tabs = W.Tab(children=[])
         self.tabs.add_class("nbddp-outputs")
+        self.tabs.layout.display = "none"  # an empty box until a run has ranks
         self.chart = W.HTML("")
         self.chart.add_class("nbddp-chart")
         self.notices = W.HTML("")
@@ -229,6 +230,7 @@ class PanelView:
         self.tabs.children = children
         self._tab_titles = tuple(f"rank {r}" for r in range(world_size))
         self.tabs.titles = self._tab_titles
+        self.tabs.layout.display = None
 
     def show_result(self, text: str, detail: str = "") -> None:
         """The run's outcome: a summary line, and the failing rank's traceback if any."""

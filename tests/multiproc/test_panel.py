@@ -156,3 +156,11 @@ def test_a_second_launch_while_running_is_refused() -> None:
     panel.stop()
     with pytest.raises(nbddp.RankError):
         panel.wait(60)
+
+
+def test_code_for_a_lambda_names_it_fn() -> None:
+    panel = Panel(lambda: 1)
+    magic, call = panel.code()
+    assert call == "nbddp.launch(fn, procs=2)" and magic.endswith("\nfn()")
+    shown = panel.view.code.value
+    assert "fn stands for the function given to nbddp.panel (&lt;lambda&gt;)" in shown

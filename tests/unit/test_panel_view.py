@@ -88,3 +88,10 @@ def test_rerun_and_deleted_cells_close_their_panels(monkeypatch: pytest.MonkeyPa
     cells._before_cell(SimpleNamespace(cell_id="c1"))
     assert rerun.closed and deleted.closed and not other.closed
     assert list(cells._BY_CELL) == ["c3"]
+
+
+def test_the_output_tabs_appear_with_a_run() -> None:
+    view = view_with_gpus(0)
+    assert view.tabs.layout.display == "none"
+    view.start_run(2)
+    assert view.tabs.layout.display is None and len(view.tabs.children) == 2
