@@ -4,7 +4,9 @@
 
 A float32 tensor of ``--gib`` GiB is captured in a closure; each of 2 CPU
 ranks reads all of it (sums it) and returns. For each launcher: wall time
-of the launch (call to return) and the peak memory of the notebook plus all
+of the launch (call to return; it includes each rank reading the whole
+tensor), the time until every rank's function had started (what the
+launcher itself costs), and the peak memory of the notebook plus all
 its descendants, as the sum of their PSS (proportional set size: a page
 shared by N processes counts 1/N in each, so shared pages count once),
 sampled every 20 ms, minus the notebook's PSS before the tensor existed;
@@ -15,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import torch
@@ -74,18 +79,34 @@ def run_with_deadline(fn: Callable[[], object], deadline: float) -> bool:
     return False
 
 
-def make_task(data: torch.Tensor) -> Callable[[], float]:
-    """A closure over ``data``: every rank reads all of it."""
+def stamp(stamps: str) -> None:
+    """Record, in the directory ``stamps``, when this rank's function started."""
+    import os
+
+    with open(os.path.join(stamps, str(os.getpid())), "w") as f:
+        f.write(repr(time.time()))
+
+
+def make_task(data: torch.Tensor, stamps: str) -> Callable[[], float]:
+    """A closure over ``data``: every rank notes when it started, then reads all of it."""
 
     def task() -> float:
+        stamp(stamps)
         return float(data.sum())
 
     return task
 
 
-def task_with_rank(rank: int, data: torch.Tensor) -> None:
+def task_with_rank(rank: int, data: torch.Tensor, stamps: str) -> None:
     """torch.multiprocessing's convention: fn(rank, *args)."""
+    stamp(stamps)
     float(data.sum())
+
+
+def last_start(stamps: str) -> float | None:
+    """The latest start time the ranks recorded (every rank is running by then)."""
+    times = [float(p.read_text()) for p in Path(stamps).iterdir()]
+    return max(times) if times else None
 
 
 def main() -> None:
@@ -103,8 +124,9 @@ def main() -> None:
     base = tree_pss()
     data = torch.ones(int(args.gib * (1 << 30)) // 4)
     size = data.numel() * 4
-    small = make_task(torch.ones(4))
-    task = make_task(data)
+    stamps = tempfile.mkdtemp(prefix="nbddp-bench-")
+    small = make_task(torch.ones(4), stamps)
+    task = make_task(data, stamps)
     cases: list[tuple[str, Callable[[], object]]] = [
         ("nbddp, small payload (reference)", lambda: nbddp.launch(small, procs=2, output="none")),
         (
@@ -116,24 +138,36 @@ def main() -> None:
         ("accelerate debug_launcher (fork)", lambda: debug_launcher(task, num_processes=2)),
         (
             "torch.multiprocessing (spawn)",
-            lambda: start_processes(task_with_rank, args=(data,), nprocs=2, start_method="spawn"),
+            lambda: start_processes(
+                task_with_rank, args=(data, stamps), nprocs=2, start_method="spawn"
+            ),
         ),
     ]
     rows = []
     for name, fn in cases:
+        for old in Path(stamps).iterdir():
+            old.unlink()
         with peak_pss() as peak:
+            wall_start = time.time()
             start = time.perf_counter()
             finished = run_with_deadline(fn, args.deadline)
             elapsed = time.perf_counter() - start
-        rows.append((name, elapsed if finished else None, (peak[0] - base) / size))
+        started = last_start(stamps)
+        to_start = None if started is None else started - wall_start
+        rows.append((name, elapsed if finished else None, to_start, (peak[0] - base) / size))
         print(f"{name}: {elapsed:.2f}s{'' if finished else ' (hung; killed)'}", flush=True)
+    shutil.rmtree(stamps, ignore_errors=True)
     print(f"\n{args.gib:g} GiB float32 tensor in a closure, 2 CPU ranks each summing it")
-    print("| launcher | launch (s) | peak memory / tensor size |\n|---|---|---|")
-    for name, elapsed, ratio in rows:
+    print(
+        "| launcher | launch to return (s) | launch to every rank running (s) "
+        "| peak memory / tensor size |\n|---|---|---|---|"
+    )
+    for name, elapsed, to_start, ratio in rows:
         shown = (
             f"{elapsed:.2f}" if elapsed is not None else f"hung (killed after {args.deadline:g} s)"
         )
-        print(f"| {name} | {shown} | {ratio:.2f}x |")
+        begun = "?" if to_start is None else f"{to_start:.3f}"
+        print(f"| {name} | {shown} | {begun} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":
