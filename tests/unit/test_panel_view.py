@@ -95,3 +95,13 @@ def test_the_output_tabs_appear_with_a_run() -> None:
     assert view.tabs.layout.display == "none"
     view.start_run(2)
     assert view.tabs.layout.display is None and len(view.tabs.children) == 2
+
+
+def test_without_ipywidgets_the_panel_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import nbddp
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import now fails
+    with pytest.raises(ImportError, match=r"pip install ipywidgets \(or nbddp\[panel\]\)"):
+        nbddp.panel(lambda: None)
