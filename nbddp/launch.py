@@ -34,16 +34,22 @@ Output = Literal["all", "rank0", "none"]
 DEFAULT_TAIL = 40
 
 
-def in_kernel() -> bool:
-    """True inside a Jupyter kernel (not a terminal IPython, not a script).
+def kernel_shell() -> Any:
+    """The IPython shell of the Jupyter kernel this runs in, or None (a terminal
+    IPython, a script).
 
     Looks only at modules already imported: importing nbddp never imports IPython.
     """
     ipython = sys.modules.get("IPython")
     if ipython is None or "ipykernel" not in sys.modules:
-        return False
+        return None
     shell = ipython.get_ipython()
-    return getattr(shell, "kernel", None) is not None
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (not a terminal IPython, not a script)."""
+    return kernel_shell() is not None
 
 
 def make_display(output: str, tail: int = DEFAULT_TAIL) -> Display | None:

@@ -10,10 +10,10 @@ Outside a kernel the panel is returned without being shown.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..launch import kernel_shell as _kernel_shell
 from .panel import Panel
 
 _BY_CELL: dict[str, list[Panel]] = {}
@@ -63,14 +63,6 @@ def _hook(shell: Any) -> None:
         return
     shell.events.register("pre_run_cell", _before_cell)
     _HOOKED.append(shell)
-
-
-def _kernel_shell() -> Any:
-    ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel" not in sys.modules:
-        return None
-    shell = ipython.get_ipython()
-    return shell if getattr(shell, "kernel", None) is not None else None
 
 
 def _request_metadata(shell: Any) -> dict[str, Any]:

@@ -92,9 +92,13 @@ class Panel:
         errors = settings.errors()
         if errors:
             raise ConfigError(_describe(errors))
-        args, _exact = call_code(self.args, self.kwargs)
+        return self._code(settings)[:2]
+
+    def _code(self, settings: PanelSettings) -> tuple[str, str, bool]:
+        """The code for valid ``settings``, and whether it is exact (see ``call_code``)."""
+        args, exact = call_code(self.args, self.kwargs)
         name = self.code_name
-        return settings.magic_cell(f"{name}({args})"), settings.launch_call(name, args)
+        return settings.magic_cell(f"{name}({args})"), settings.launch_call(name, args), exact
 
     def refresh_form(self) -> None:
         """Re-validate the form: field errors, the Launch button and the code shown."""
@@ -106,8 +110,7 @@ class Panel:
         if errors:
             self.view.show_code("", "", "Fix the settings above to see the equivalent code.")
             return
-        magic, call = self.code()
-        _, exact = call_code(self.args, self.kwargs)
+        magic, call, exact = self._code(settings)
         notes = []
         if self.code_name != self.name:
             notes.append(f"fn stands for the function given to nbddp.panel ({self.name}).")
