@@ -21,8 +21,7 @@ Order: C-level writes to fd 1/2 (NCCL and gloo warnings, faulthandler
 dumps, ``os.write``, subprocesses) still go through the pipes. The relay
 drains a stream's ring before reading its pipe, so Python output followed
 by C output (a traceback, then a crash dump) keeps its order; C output
-that the relay has not read yet when Python output follows (within a tick,
-``relay.REST``) comes out after that Python output.
+followed at once by Python output may come out Python first.
 
 Full ring: the writer copies what fits, marks itself waiting, and blocks
 (``wait_for_space``, woken by the notebook's ``space`` message after a
@@ -33,10 +32,8 @@ full pipe would.
 
 Forks: a child forked from the rank (a DataLoader worker) must not write
 into the ring beside its parent (one writer per ring), so after a fork
-every writer in the child writes to its pipe fd instead, a line at a time
-(what a ``print`` writes in pieces leaves in one ``write`` at its newline
-or at ``flush()``, so its line is never split by the parent's output).
-Processes started with spawn inherit fd 1/2, the pipes.
+every writer in the child writes to its pipe fd instead. Processes started
+with spawn inherit fd 1/2, the pipes.
 
 Memory order: the writer stores the bytes, then the new write position;
 the reader loads the position, then the bytes. x86-64 keeps stores in
@@ -156,7 +153,6 @@ class RingWriter(io.RawIOBase):
         self._lock = threading.Lock()
         self._owner = 0  # thread ident inside write(): a signal handler there must not re-enter
         self.forked = False  # set in a forked child: write to the pipe instead
-        self._pending = bytearray()  # a forked child's unfinished line
         _WRITERS.add(self)
 
     def writable(self) -> bool:
@@ -167,15 +163,10 @@ class RingWriter(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         data = b if type(b) is bytes else bytes(b)
-        if self.forked:
-            self._pending += data
-            if b"\n" in data:
-                self.flush()
-            return len(data)
         ident = threading.get_ident()
-        if self._owner == ident:
-            # A signal handler that interrupted a write on this thread (the
-            # ring's positions are mid-update): the pipe.
+        if self.forked or self._owner == ident:
+            # A forked child, or a signal handler that interrupted a write on
+            # this thread (the ring's positions are mid-update): the pipe.
             return self._write_pipe(data)
         with self._lock:
             self._owner = ident
@@ -184,14 +175,6 @@ class RingWriter(io.RawIOBase):
             finally:
                 self._owner = 0
         return len(data)
-
-    def flush(self) -> None:
-        """In a forked child, write out the unfinished line; otherwise nothing is held."""
-        if self._pending:
-            data = bytes(self._pending)
-            self._pending.clear()
-            self._write_pipe(data)
-        super().flush()
 
     def _put(self, data: bytes) -> None:
         count = len(data)
