@@ -35,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from . import protocol, ring
+from . import protocol
 from .config import LaunchConfig
 from .payload import Serialized
 from .ports import choose_port, listen
@@ -104,7 +104,6 @@ class Job:
         self._stop_scheduled = False
         self._pipes: dict[int, RankPipes] = {}
         self._store: object | None = None  # the rendezvous store, while the run lasts
-        self._rings = ring.enabled()  # Python-level rank output through shared memory
 
     # -- starting ---------------------------------------------------------
 
@@ -124,25 +123,16 @@ class Job:
         except BaseException:
             self.stop("failed")
             self._store = None
-            for pipes in self._pipes.values():
-                for reader in pipes.rings.values():
-                    PARENT_FDS.discard(reader.fd)
-                    reader.close()
             raise
         for state, (sock, order) in zip(self.ranks, links, strict=True):
-            pipes = self._pipes[state.rank]
-            fds = [r.fd for r in pipes.rings.values()] + list(self.payload.fds)
             try:
                 # Blocking send: the worker reads its order as soon as it runs.
                 protocol.send(sock, "run", order)
-                if fds:
-                    socket.send_fds(sock, [b"\0"], fds)
+                if self.payload.fds:
+                    socket.send_fds(sock, [b"\0"], list(self.payload.fds))
             except OSError:
                 pass  # it already died; the relay reports how
-            for reader in pipes.rings.values():
-                PARENT_FDS.discard(reader.fd)
-                reader.close_fd()  # the rank has its own copy now; the mapping stays
-            self._relay.attach(state.rank, pipes)
+            self._relay.attach(state.rank, self._pipes[state.rank])
         if self.config.timeout is not None:
             self._loop.call(self._arm_timeout, self.config.timeout)
 
@@ -180,9 +170,7 @@ class Job:
             os.close(err_w)
         PARENT_FDS.add(child.status_fd)
         state.pid = child.pid
-        rings = {"stdout": ring.RingReader(), "stderr": ring.RingReader()} if self._rings else {}
-        PARENT_FDS.update(r.fd for r in rings.values())  # a rank forked next must not hold them
-        self._pipes[state.rank] = RankPipes(out_r, err_r, ours, child.status_fd, rings)
+        self._pipes[state.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
         return ours
 
     def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
@@ -190,8 +178,7 @@ class Job:
             rank=rank,
             env=env,
             payload=self.payload.data,
-            fd_count=len(self.payload.fds) + (2 if self._rings else 0),
-            ring_count=2 if self._rings else 0,
+            fd_count=len(self.payload.fds),
             sys_path=list(sys.path),
             cwd=os.getcwd(),
             init_process_group=self.config.init_process_group,

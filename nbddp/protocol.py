@@ -8,9 +8,7 @@ no address anyone else could connect to (see DESIGN.md, Safety).
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (cloudpickled
 value), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
-``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``), ``space`` (the
-notebook drained the rank's output rings: a writer blocked on a full ring
-looks again).
+``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``).
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ class RunOrder:
     backend: str
     set_cuda_device: bool
     fd_count: int = 0  # shared-memory descriptors sent right after the order (SCM_RIGHTS)
-    ring_count: int = 0  # how many of them, first, are stdout/stderr rings (``ring``)
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,6 @@ fds together, not one per line or per fd, and their writes never wake it.
 A read that fills the buffer is followed at once, so a flood is read at
 full speed. Once a rank has exited its fds no longer rest: what is left is
 read at once.
-
-Rings: a rank's Python-level stdout and stderr arrive through shared-memory
-rings (``RankPipes.rings``, see ``ring``) rather than the pipes, which
-then carry only C-level output. The run ticks every ``REST`` seconds while
-any rank that has rings has not exited, and each tick drains every ring; a
-stream's ring is also drained before each read of its pipe, and once more
-when the rank has exited and when its fds are all closed. Ring bytes are
-logged and reported exactly like pipe bytes. After a drain that finds the
-rank's writer blocked on a full ring, the relay sends the rank ``space``.
 """
 
 from __future__ import annotations
@@ -49,9 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import protocol
 from .protocol import FrameReader
-from .ring import RingReader
 from .starters import PARENT_FDS, STATUS
 
 READ_SIZE = 1 << 16
@@ -121,7 +110,6 @@ class RankPipes:
     err: int
     ctrl: socket.socket
     status: int
-    rings: dict[str, RingReader] = field(default_factory=dict)  # stream -> its ring, if any
 
     def fds(self) -> list[int]:
         """All of them, as numbers."""
@@ -196,49 +184,26 @@ class Relay:
         self._watch(state, state.ctrl_fd)
         os.set_blocking(pipes.status, False)
         self.loop.loop.add_reader(pipes.status, self._on_status, rank)
-        if pipes.rings:
-            self._arm_tick()
 
     def _read_stream(self, rank: int, state: _RankState, stream: str, fd: int) -> int:
-        # The ring first: Python output written before C output stays before it.
-        self._drain_ring(rank, state, stream)
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return EMPTY
         except OSError:
             data = b""
+        decoder = state.decoders[stream]
         if not data:
-            tail = state.decoders[stream].decode(b"", final=True)
+            tail = decoder.decode(b"", final=True)
             if tail:
                 self.sink.on_output(rank, stream, tail)
             self._close_fd(rank, state, fd)
             return CLOSED
-        self._emit(rank, state, stream, data)
-        return SHORT if len(data) < READ_SIZE else FULL
-
-    def _emit(self, rank: int, state: _RankState, stream: str, data: bytes) -> None:
-        """Log ``data`` (raw) and report it (decoded) as ``stream`` output of ``rank``."""
         os.write(state.log, data)
-        text = state.decoders[stream].decode(data)
+        text = decoder.decode(data)
         if text:
             self.sink.on_output(rank, stream, text)
-
-    def _drain_ring(self, rank: int, state: _RankState, stream: str) -> None:
-        reader = state.pipes.rings.get(stream)
-        if reader is None:
-            return
-        data = reader.drain()
-        if data:
-            self._emit(rank, state, stream, data)
-        if reader.take_waiting() and state.ctrl_fd in state.open_fds:
-            # Best effort: a writer that misses it looks again within ring.SPACE_POLL.
-            with contextlib.suppress(OSError):
-                state.pipes.ctrl.send(protocol.encode("space", None))
-
-    def _drain_rings(self, rank: int, state: _RankState) -> None:
-        for stream in state.pipes.rings:
-            self._drain_ring(rank, state, stream)
+        return SHORT if len(data) < READ_SIZE else FULL
 
     def _read_ctrl(self, rank: int, state: _RankState) -> int:
         try:
@@ -274,7 +239,6 @@ class Relay:
         # reporting the exit, so a rank's own error is never mistaken for a
         # death without one; then whatever is left (EOFs, an orphaned child's
         # output) is read as it comes, without resting.
-        self._drain_rings(rank, state)
         for open_fd in (state.ctrl_fd, *state.pipes.fds()[:2]):
             if open_fd in state.readers:
                 while open_fd in state.open_fds and state.readers[open_fd]() == FULL:
@@ -302,25 +266,18 @@ class Relay:
             state.watched.discard(fd)
             self.loop.loop.remove_reader(fd)
         state.resting.add(fd)
-        self._arm_tick()
-
-    def _arm_tick(self) -> None:
         if self._tick is None:
             self._tick = self.loop.call_later(REST, self._on_tick)
 
     def _on_tick(self) -> None:
-        """Drain every ring, and read every resting fd of the run once.
+        """Read every resting fd of the run once.
 
         An fd goes back to being watched only when two ticks in a row find
         it empty: a rank sending metric rows every other tick would
         otherwise cost a wakeup of its own between ticks.
         """
         self._tick = None
-        for rank, state in list(self._ranks.items()):
-            if state.pipes.rings and state.open_fds:
-                self._drain_rings(rank, state)
-                if not state.exit_reported:
-                    self._arm_tick()  # rings are never watched: only ticks read them
+        for state in list(self._ranks.values()):
             for fd in list(state.resting):
                 if fd not in state.resting:
                     continue  # closed by what an earlier read reported
@@ -354,9 +311,6 @@ class Relay:
             state.exit_reported = True
             self.sink.on_exit(rank, None)
         if not state.open_fds:
-            self._drain_rings(rank, state)  # anything the last pipe reads came after
-            for reader in state.pipes.rings.values():
-                reader.close()
             for text in state.log_tail:
                 os.write(state.log, text.encode("utf-8", "backslashreplace"))
             os.close(state.log)

@@ -34,7 +34,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import protocol, ring
+from . import protocol
 from .payload import Payload
 from .protocol import ErrorInfo, RunOrder
 
@@ -182,19 +182,8 @@ def set_process_name(name: str) -> None:
         pass
 
 
-_SPACE = threading.Event()
-"""Set by the link watcher when the notebook says it has drained this rank's rings."""
-
-
-def _wait_for_space(timeout: float) -> None:
-    """A ring writer's wait for the notebook to drain (``ring.RingWriter``)."""
-    _SPACE.wait(timeout)
-    _SPACE.clear()
-
-
 def _watch_link(sock: socket.socket) -> None:
-    """Block on the link; wake ring writers on ``space``; when the notebook is gone,
-    take the whole group down."""
+    """Block on the link; when the notebook is gone, take the whole group down."""
     while True:
         try:
             msg = protocol.recv(sock)
@@ -202,8 +191,6 @@ def _watch_link(sock: socket.socket) -> None:
             msg = None
         if msg is None:
             break
-        if msg[0] == "space":
-            _SPACE.set()
     # Why SIGKILL to the group: the notebook that would collect our output and
     # stop our children no longer exists; nothing of this rank may outlive it.
     if os.getpgrp() == os.getpid():
@@ -312,10 +299,6 @@ def serve(ctrl: socket.socket) -> int:
     if order.fd_count:
         # Before the link watcher starts reading: it would swallow the descriptors.
         _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
-    if order.ring_count:
-        # Before any user code: from here on print() writes into shared memory.
-        ring.install(fds[: order.ring_count], _wait_for_space)
-        fds = fds[order.ring_count :]
     set_process_name(f"nbddp-rank{order.rank}")
     _apply_order(order)
     faulthandler.enable(file=sys.stderr, all_threads=True)
