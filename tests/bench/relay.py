@@ -38,6 +38,15 @@ measured wall time per step. A full garbage collection
 left due by earlier launches would land in whichever run comes next (the
 notebook imports torch: tens of milliseconds), so each launch is preceded
 by ``gc.collect()``, outside the timing.
+
+(c) The same costs, paired: separate launches drift (on this 2-core VM one
+variant's runs spread by 20%), so in one launch each rank alternates
+blocks of ``--block-steps`` steps between the variants (print to a
+block-buffered /dev/null, the baseline; a line-buffered /dev/null;
+relayed; ``nbddp.log`` alone; relayed print + ``nbddp.log``), ``--blocks``
+rounds, and sums each variant's wall time and its training thread's CPU
+time. Whatever disturbs the machine then disturbs every variant alike;
+the ratio and the extra microseconds per step are reported per rank.
 """
 
 from __future__ import annotations
@@ -122,6 +131,74 @@ def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, flo
             nbddp.log(step=step, loss=value)
     sys.stdout.flush()
     return steps / (time.perf_counter() - start), (process_cpu() - cpu) / steps
+
+
+PAIRED = ("devnull", "devnull-line", "relay", "log", "relay+log")
+"""(c)'s variants; the first is the baseline."""
+
+
+def paired_loop(blocks: int, block_steps: int, hidden: int) -> dict[str, tuple[float, float]]:
+    """(c): the training step of ``train_loop``, variants alternating block by block.
+
+    Returns, per variant, (wall seconds, training-thread CPU seconds) summed over
+    ``blocks`` rounds of ``block_steps`` steps (a first round, warm-up, not counted).
+    """
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    null = open(os.devnull, "w")  # noqa: SIM115 - the rank exits after this loop
+    null_line = open(os.devnull, "w", buffering=1)  # noqa: SIM115
+    relayed = sys.stdout
+    outs = {"devnull": null, "devnull-line": null_line, "relay": relayed, "log": null}
+    outs["relay+log"] = relayed
+    totals = {name: (0.0, 0.0) for name in PAIRED}
+    step = 0
+    for round_ in range(blocks + 1):
+        for name in PAIRED:
+            out, log = outs[name], name.endswith("log")
+            wall, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(block_steps):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                value = loss.item()
+                print(f"step {step} loss {value:.4f}", file=out)
+                if log:
+                    nbddp.log(step=step, loss=value)
+                step += 1
+            if round_:
+                w, c = totals[name]
+                totals[name] = (
+                    w + time.perf_counter() - wall,
+                    c + time.thread_time() - cpu,
+                )
+    sys.stdout.flush()
+    return totals
+
+
+def paired_cost(blocks: int, block_steps: int, hidden: int) -> list[tuple[str, ...]]:
+    _, result = launch(paired_loop, (blocks, block_steps, hidden), text_display())
+    steps = blocks * block_steps
+    rows = []
+    for name in PAIRED:
+        cells = [name]
+        for rank in range(RANKS):
+            totals = result.values[rank]
+            base_wall, base_cpu = totals[PAIRED[0]]
+            wall, cpu = totals[name]
+            cells += [
+                f"{base_wall / wall:.3f}",
+                f"{(wall - base_wall) / steps * 1e6:+.1f}",
+                f"{(cpu - base_cpu) / steps * 1e6:+.1f}",
+            ]
+        rows.append(tuple(cells))
+    return rows
 
 
 # -- notebook side -------------------------------------------------------------
@@ -267,10 +344,28 @@ def main() -> None:
         "--steps", type=int, default=3000, help="steps per rank (wide MLP: a fifth)"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=40, help="(c): rounds of the variants")
+    parser.add_argument("--block-steps", type=int, default=50, help="(c): steps per block")
+    parser.add_argument("--skip-ab", action="store_true", help="run (c) only")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPU cores, {RANKS} ranks, torch threads per rank: OMP default")
     print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     launch(print_lines, (10, 16), text_display())  # warm the forkserver
+
+    header = ("variant", *[f"rank {r} {c}" for r in range(RANKS) for c in ("ratio", "wall", "cpu")])
+    for hidden in (128, 2048):
+        print(
+            f"\n(c) paired, in one launch: MLP 64-{hidden}-10, {args.blocks} rounds of "
+            f"{args.block_steps} steps per variant and rank"
+        )
+        print(table(header, paired_cost(args.blocks, args.block_steps, hidden)))
+    print(
+        "ratio: baseline (print to block-buffered /dev/null) wall / variant wall; wall, cpu:\n"
+        "microseconds per step above the baseline (cpu: the rank's training thread)."
+    )
+    if args.skip_ab:
+        nbddp.shutdown()
+        return
 
     print("\n(a) relay throughput, 2 ranks -> notebook side (medians)")
     header = ("lines", "display", "total", "wall s", "net s", "rank s", "lines/s", "MB/s")
