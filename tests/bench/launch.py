@@ -1,6 +1,6 @@
 """Warm launch latency, nbddp side by side with the alternatives, in one run.
 
-    .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 0.5]
+    .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 0.5] [--first-reps 3] [--think 3]
 
 The task on each of 2 CPU ranks: initialise a gloo process group, one
 all_reduce, return. Every launcher runs it ``--reps`` times after one
@@ -9,8 +9,10 @@ launches: seconds apart, time in which nbddp's zygote refills its pool of
 idle workers (``--pause 0``: back to back, the refill then competes with the
 next launch). The table shows the median and best wall time from the call
 to its return, and each launcher's median as a ratio of nbddp's default
-(forkserver with its pool) and of accelerate's ``debug_launcher``. Not a
-test: nothing here asserts a time.
+(forkserver with its pool) and of accelerate's ``debug_launcher``. First,
+``--first-reps`` fresh interpreters each import nbddp, wait ``--think``
+seconds (the background prewarm's head start) and time their first
+launch. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -115,12 +118,47 @@ def measure(fn: Callable[[], object], reps: int, pause: float) -> list[float]:
     return times
 
 
+def first_launch_child(think: float) -> None:
+    """In a fresh interpreter: ``import nbddp``, let ``think`` seconds pass (the user
+    writing the next cell, while the background prewarm runs), then print the time of
+    the first launch."""
+    import nbddp
+
+    time.sleep(think)  # the user's pause before launching, not a synchronisation
+    start = time.perf_counter()
+    nbddp.launch(task, procs=2, output="none")
+    print(f"FIRST {time.perf_counter() - start:.4f}")
+
+
+def first_launches(reps: int, think: float) -> list[float]:
+    """Times of the first launch after import, each in a fresh interpreter."""
+    times = []
+    for _ in range(reps):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--first-child", str(think)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FIRST "))
+        times.append(float(line.split()[1]))
+    return times
+
+
 def main() -> None:
     """Run every launcher and print the side-by-side table."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between launches")
+    parser.add_argument("--first-reps", type=int, default=3, help="first launches after import")
+    parser.add_argument("--think", type=float, default=3.0, help="seconds from import to launch")
+    parser.add_argument("--first-child", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.first_child is not None:
+        first_launch_child(args.first_child)
+        return
+    first = first_launches(args.first_reps, args.think)
     rows = []
     for name, fn in launchers().items():
         try:
@@ -141,6 +179,11 @@ def main() -> None:
     )
     for name, med, best in rows:
         print(f"| {name} | {med:.3f} | {best:.3f} | {med / base:.2f}x | {med / anchor:.2f}x |")
+    print(
+        f"\nfirst launch {args.think:g} s after `import nbddp` (fresh interpreter each): "
+        + ", ".join(f"{t:.3f}" for t in first)
+        + f" s; median {statistics.median(first):.3f} s"
+    )
 
 
 if __name__ == "__main__":
