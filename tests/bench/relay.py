@@ -94,6 +94,27 @@ def process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def mlp_step(hidden: int) -> Callable[[], float]:
+    """One training step of an MLP (64 -> ``hidden`` -> 10, batch 64) on CPU; its loss."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+
+    def step() -> float:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        return float(loss.item())
+
+    return step
+
+
 def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, float]:
     """An MLP (64 -> ``hidden`` -> 10, batch 64) trained for ``steps`` steps.
 
@@ -105,14 +126,7 @@ def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, flo
     a terminal or the relay's pipe). With ``log`` every step also calls
     ``nbddp.log``.
     """
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    train_step = mlp_step(hidden)
     if out != "relay":
         # The rank exits after this loop: the file lives as long as it needs to.
         sys.stdout = open(os.devnull, "w", buffering=1 if out == "devnull-line" else -1)  # noqa: SIM115
@@ -121,11 +135,7 @@ def train_loop(steps: int, hidden: int, out: str, log: bool) -> tuple[float, flo
     for step in range(steps + warmup):
         if step == warmup:
             start, cpu = time.perf_counter(), process_cpu()
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        value = loss.item()
+        value = train_step()
         print(f"step {step} loss {value:.4f}")
         if log:
             nbddp.log(step=step, loss=value)
@@ -143,14 +153,7 @@ def paired_loop(blocks: int, block_steps: int, hidden: int) -> dict[str, tuple[f
     Returns, per variant, (wall seconds, training-thread CPU seconds) summed over
     ``blocks`` rounds of ``block_steps`` steps (a first round, warm-up, not counted).
     """
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    train_step = mlp_step(hidden)
     null = open(os.devnull, "w")  # noqa: SIM115 - the rank exits after this loop
     null_line = open(os.devnull, "w", buffering=1)  # noqa: SIM115
     relayed = sys.stdout
@@ -163,11 +166,7 @@ def paired_loop(blocks: int, block_steps: int, hidden: int) -> dict[str, tuple[f
             out, log = outs[name], name.endswith("log")
             wall, cpu = time.perf_counter(), time.thread_time()
             for _ in range(block_steps):
-                opt.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                value = loss.item()
+                value = train_step()
                 print(f"step {step} loss {value:.4f}", file=out)
                 if log:
                     nbddp.log(step=step, loss=value)
@@ -185,7 +184,7 @@ def paired_loop(blocks: int, block_steps: int, hidden: int) -> dict[str, tuple[f
 def paired_cost(blocks: int, block_steps: int, hidden: int) -> list[tuple[str, ...]]:
     _, result = launch(paired_loop, (blocks, block_steps, hidden), text_display())
     steps = blocks * block_steps
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name in PAIRED:
         cells = [name]
         for rank in range(RANKS):
@@ -305,7 +304,7 @@ def train_cost(steps: int, hidden: int, repeats: int) -> list[tuple[str, ...]]:
     base_cpu = statistics.median(cpu[base])
     base_notebook = statistics.median(notebook_cpu[base])
     rank_steps = RANKS * (steps + steps // 10)  # warm-up steps print and log too
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for label, *_ in TRAIN_VARIANTS:
         med, best = statistics.median(wall[label]), max(wall[label])
         rank_extra = statistics.median(cpu[label]) - base_cpu
