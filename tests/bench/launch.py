@@ -46,8 +46,8 @@ def task_with_rank(rank: int, world_size: int, port: int) -> None:
     destroys it at the end as the DDP tutorial's ``cleanup()`` does. Without it, a rank
     sometimes aborted at exit in this bench (SIGABRT, "terminate called without an
     active exception", the message of a C++ thread destroyed while still running),
-    failing the row in 1 of 1 runs this session and in 3 of 6 before; 0 of 4 runs
-    failed with it. (Alone, 20 launches each way all passed.)"""
+    failing the row in 4 of 7 runs of this bench; with it, 0 of 4 failed. (Alone,
+    outside this bench, 20 launches each way all passed.)"""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     t = torch.ones(1)
