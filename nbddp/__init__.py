@@ -13,8 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .config import LaunchConfig
-from .errors import (
+from nbddp.errors import (
     ConfigError,
     LaunchTimeout,
     NbddpError,
@@ -23,13 +22,14 @@ from .errors import (
     RankExitedError,
     WorkerError,
 )
-from .launch import Launcher, launch, notebook_launcher, spawn
-from .metrics import log
-from .run import Run, RunResult
-from .starters import ZYGOTE
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.entry import Launcher, launch, notebook_launcher, spawn
+from nbddp.launcher.run import Run, RunResult
+from nbddp.launcher.starters import FORKSERVER
+from nbddp.rank.metrics import log
 
 if TYPE_CHECKING:
-    from .widgets.panel import Panel
+    from nbddp.notebook.panel.panel import Panel
 
 __all__ = [
     "ConfigError",
@@ -58,7 +58,7 @@ __version__ = "0.1.0"
 
 def shutdown() -> None:
     """Stop nbddp's background forkserver (it restarts on the next launch)."""
-    ZYGOTE.close()
+    FORKSERVER.close()
 
 
 def panel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Panel:
@@ -78,7 +78,7 @@ def panel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Panel:
         raise ImportError(
             "nbddp.panel needs ipywidgets: pip install ipywidgets (or nbddp[panel])"
         ) from None
-    from .widgets.cells import show_panel
+    from nbddp.notebook.panel.cells import show_panel
 
     return show_panel(fn, args, kwargs)
 
@@ -96,23 +96,23 @@ def _import_store_support() -> None:
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config`` and ``%ddp_status``."""
     # Imported here: importing nbddp must not import IPython (ranks import it).
-    from .magics import load_ipython_extension as load
+    from nbddp.notebook.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext nbddp``: remove the magics."""
-    from .magics import unload_ipython_extension as unload
+    from nbddp.notebook.magics import unload_ipython_extension as unload
 
     unload(ipython)
 
 
 def _prewarm() -> None:
-    # Only the notebook (or script) prewarms: never a worker or the zygote itself.
+    # Only the notebook (or script) prewarms: never a worker or the forkserver itself.
     if os.environ.get("NBDDP_ROLE") or os.environ.get("NBDDP_PREWARM", "1") == "0":
         return
-    ZYGOTE.prewarm()
+    FORKSERVER.prewarm()
     threading.Thread(target=_import_store_support, name="nbddp-prewarm", daemon=True).start()
 
 

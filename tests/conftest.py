@@ -1,6 +1,6 @@
 """Shared fixtures. Every test that starts processes checks that none is left.
 
-``NBDDP_TEST_SESSION`` is set before nbddp is imported, so the zygote, the
+``NBDDP_TEST_SESSION`` is set before nbddp is imported, so the forkserver, the
 workers and any kernel a test starts all carry it (see ``tests/procs.py``).
 """
 
@@ -21,8 +21,8 @@ from tests.procs import POOL_CAP, ours, stray_idle, wait_gone
 def no_leftovers() -> Iterator[None]:
     """Fail the test if any worker (or a worker's child) outlives it.
 
-    Idle pool workers are the zygote's, not the test's: they may stay, but
-    only as children of a live zygote and no more than its pool may hold."""
+    Idle pool workers are the forkserver's, not the test's: they may stay, but
+    only as children of a live forkserver and no more than its pool may hold."""
     before = {p.pid for p in ours()}
     yield
     survivors = [p for p in wait_gone(timeout=10.0) if p.pid not in before]

@@ -1,17 +1,17 @@
 """Finding the nbddp processes this test session started, to prove none is left behind.
 
 A process is nbddp's when it is named ``nbddp-*`` (ranks name themselves
-``nbddp-rank<N>``, the forkserver ``nbddp-zygote``, its pool's idle workers
+``nbddp-rank<N>``, the forkserver ``nbddp-forksrv``, its pool's idle workers
 ``nbddp-idle``) or when its environment
 at exec time has ``NBDDP_ROLE`` (spawned ranks, and everything forked from
-the zygote: ranks and their DataLoader workers, which rename themselves).
+the forkserver: ranks and their DataLoader workers, which rename themselves).
 It is this session's when it descends from the test process, or when that
 exec-time environment carries ``NBDDP_TEST_SESSION`` (set by
-``conftest.py``; kernels started by tests and their zygotes inherit it),
+``conftest.py``; kernels started by tests and their forkservers inherit it),
 which still holds for orphans. Other sessions on the machine are ignored.
 Zombies count as gone: in some containers nothing reaps orphans.
 
-Idle pool workers are expected while their zygote lives: ``stray_idle``
+Idle pool workers are expected while their forkserver lives: ``stray_idle``
 finds the ones that are not (an orphan, or more than a pool may hold).
 """
 
@@ -25,21 +25,21 @@ from collections.abc import Collection
 import psutil
 
 MARKER = "NBDDP_TEST_SESSION"
-ZYGOTE_NAME = "nbddp-zygote"
+FORKSERVER_NAME = "nbddp-forksrv"
 IDLE_NAME = "nbddp-idle"
-POOL_CAP = 8  # nbddp.starters.POOL_MAX (checked by a unit test): no nbddp import here
+POOL_CAP = 8  # nbddp.launcher.starters.POOL_MAX (checked by a unit test): no nbddp import here
 
 
 def _role(proc: psutil.Process, name: str) -> str:
     if name == IDLE_NAME:
         return "idle"
-    if name == ZYGOTE_NAME:
-        # A child the zygote has just forked still carries its name for an
+    if name == FORKSERVER_NAME:
+        # A child the forkserver has just forked still carries its name for an
         # instant (until it names itself nbddp-idle or nbddp-rank<N>).
         with_parent = proc.parent()
-        if with_parent is not None and with_parent.name() == ZYGOTE_NAME:
+        if with_parent is not None and with_parent.name() == FORKSERVER_NAME:
             return "idle"
-        return "zygote"
+        return "forkserver"
     return "worker"
 
 
@@ -55,7 +55,7 @@ def ours(
 ) -> list[psutil.Process]:
     """Live processes of this test session with one of ``roles``.
 
-    ``zygote``: nbddp's forkserver; ``idle``: its pool's idle workers (and
+    ``forkserver``: nbddp's forkserver; ``idle``: its pool's idle workers (and
     a child it forked an instant ago); ``worker``: every other nbddp process
     (ranks and their children). With ``pids``, only those processes (e.g.
     what one kernel started)."""
@@ -109,10 +109,10 @@ def wait_gone(
     return wait_procs_gone(ours(roles, pids), timeout)
 
 
-def idle_of(zygote: int) -> list[psutil.Process]:
-    """The zygote's idle pool workers now (children named ``nbddp-idle``)."""
+def idle_of(forkserver: int) -> list[psutil.Process]:
+    """The forkserver's idle pool workers now (children named ``nbddp-idle``)."""
     try:
-        kids = psutil.Process(zygote).children()
+        kids = psutil.Process(forkserver).children()
     except psutil.NoSuchProcess:
         return []
     found = []
@@ -125,30 +125,34 @@ def idle_of(zygote: int) -> list[psutil.Process]:
     return found
 
 
-def wait_pool(zygote: int, size: int, timeout: float = 10.0) -> list[psutil.Process]:
-    """Wait until ``zygote`` has exactly ``size`` idle workers and no other live child
+def wait_pool(forkserver: int, size: int, timeout: float = 10.0) -> list[psutil.Process]:
+    """Wait until ``forkserver`` has exactly ``size`` idle workers and no other live child
     (a refill is done, or a wind-down); return them. Raises on timeout."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             kids = [
-                p for p in psutil.Process(zygote).children() if p.status() != psutil.STATUS_ZOMBIE
+                p
+                for p in psutil.Process(forkserver).children()
+                if p.status() != psutil.STATUS_ZOMBIE
             ]
         except psutil.Error:
             kids = []
-        idle = idle_of(zygote)
+        idle = idle_of(forkserver)
         if len(idle) == size and len(kids) == size:
             return idle
         if time.monotonic() > deadline:
-            raise AssertionError(f"pool of {zygote}: {len(idle)} idle of {len(kids)}, not {size}")
+            raise AssertionError(
+                f"pool of {forkserver}: {len(idle)} idle of {len(kids)}, not {size}"
+            )
         psutil.wait_procs(kids, timeout=0.02)  # wakes early when a child exits
 
 
-def stray_idle(max_per_zygote: int, timeout: float = 10.0) -> list[psutil.Process]:
+def stray_idle(max_per_forkserver: int, timeout: float = 10.0) -> list[psutil.Process]:
     """Idle pool workers of this session that should not exist, after waiting up to
-    ``timeout`` for them to go: any whose parent is not a live zygote (idle workers
-    must never outlive theirs), and all of a zygote's when it keeps more than
-    ``max_per_zygote``."""
+    ``timeout`` for them to go: any whose parent is not a live forkserver (idle workers
+    must never outlive theirs), and all of a forkserver's when it keeps more than
+    ``max_per_forkserver``."""
     deadline = time.monotonic() + timeout
     while True:
         strays: list[psutil.Process] = []
@@ -156,14 +160,14 @@ def stray_idle(max_per_zygote: int, timeout: float = 10.0) -> list[psutil.Proces
         for proc in ours(("idle",)):
             try:
                 parent = proc.parent()
-                kept = parent is not None and parent.name() == ZYGOTE_NAME
+                kept = parent is not None and parent.name() == FORKSERVER_NAME
             except psutil.Error:
                 kept = False
             if kept and parent is not None:
                 pools[parent.pid].append(proc)
             else:
                 strays.append(proc)
-        strays += [p for pool in pools.values() if len(pool) > max_per_zygote for p in pool]
+        strays += [p for pool in pools.values() if len(pool) > max_per_forkserver for p in pool]
         if not strays or time.monotonic() > deadline:
             return strays
         wait_procs_gone(strays, timeout=0.1)

@@ -6,7 +6,7 @@ IPython only when it draws). ``screen``, ``ratelimit`` and ``chart`` are
 their building blocks.
 """
 
-from .kernel import KernelDisplay
-from .text import TextDisplay
+from nbddp.display.kernel import KernelDisplay
+from nbddp.display.text import TextDisplay
 
 __all__ = ["KernelDisplay", "TextDisplay"]

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from .chart import MetricHistory, chart_html, chart_text, metric_summary
-from .ratelimit import RateLimiter
-from .screen import Screen
+from nbddp.display.chart import MetricHistory, chart_html, chart_text, metric_summary
+from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.screen import Screen
 
 Bundle = dict[str, str]
 ENDED = ("done", "failed", "stopped")

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .chart import metric_summary
-from .ratelimit import RateLimiter
-from .screen import strip_cursor_codes
+from nbddp.display.chart import metric_summary
+from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.screen import strip_cursor_codes
 
 
 def apply_carriage_returns(line: str) -> str:

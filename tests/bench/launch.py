@@ -5,7 +5,7 @@
 The task on each of 2 CPU ranks: initialise a gloo process group, one
 all_reduce, return. Every launcher runs it ``--reps`` times after one
 warm-up launch, ``--pause`` seconds apart (not timed), as a notebook user
-launches: seconds apart, time in which nbddp's zygote refills its pool of
+launches: seconds apart, time in which nbddp's forkserver refills its pool of
 idle workers (``--pause 0``: back to back, the refill then competes with the
 next launch). The table shows the median and best wall time from the call
 to its return, and each launcher's median as a ratio of nbddp's default
@@ -65,7 +65,7 @@ def task_in_group() -> float:
 def launchers() -> dict[str, Callable[[], object]]:
     """Name -> a call that runs the task once on 2 ranks and returns when done."""
     import nbddp
-    from nbddp.ports import free_port
+    from nbddp.launcher.ports import free_port
 
     def forkserver(pool: str | None) -> Callable[[], object]:
         def call() -> object:

@@ -65,12 +65,13 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import nbddp
-from nbddp.config import LaunchConfig
 from nbddp.display.kernel import KernelDisplay
+from nbddp.display.protocol import Display
 from nbddp.display.text import TextDisplay
-from nbddp.job import Job
-from nbddp.payload import Payload
-from nbddp.run import Display, Run
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.job import Job
+from nbddp.launcher.run import Run
+from nbddp.wire.payload import Payload
 
 RANKS = 2
 

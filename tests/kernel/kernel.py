@@ -133,7 +133,7 @@ class Kernel:
         return int(provisioner.process.pid)  # type: ignore[attr-defined]
 
     def descendants(self) -> set[int]:
-        """Pids of every live process the kernel started, directly or not (zygote, ranks)."""
+        """Pids of every live process the kernel started, directly or not (forkserver, ranks)."""
         return {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
 
     def execute(self, code: str, timeout: float = 120.0) -> CellResult:

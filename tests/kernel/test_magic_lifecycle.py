@@ -47,10 +47,10 @@ def test_no_worker_or_forkserver_left_after_kernel_shutdown() -> None:
     with Kernel() as kernel:
         assert kernel.execute("%load_ext nbddp").status == "ok"
         assert kernel.execute("%%ddp --procs 2\nrank").status == "ok"
-        (zygote,) = ours(roles=("zygote",), pids=kernel.descendants())  # its forkserver
-        assert len(wait_pool(zygote.pid, 2)) == 2  # refilled after the run: idle workers
+        (forkserver,) = ours(roles=("forkserver",), pids=kernel.descendants())  # its forkserver
+        assert len(wait_pool(forkserver.pid, 2)) == 2  # refilled after the run: idle workers
         started = kernel.descendants()
-    assert wait_gone(roles=("worker", "zygote", "idle"), pids=started) == []
+    assert wait_gone(roles=("worker", "forkserver", "idle"), pids=started) == []
 
 
 def test_no_worker_or_forkserver_left_when_the_kernel_is_killed() -> None:
@@ -61,4 +61,4 @@ def test_no_worker_or_forkserver_left_when_the_kernel_is_killed() -> None:
         started = kernel.descendants()
         assert len(ours(pids=started)) == 2
         kernel.kill()
-        assert wait_gone(roles=("worker", "zygote", "idle"), pids=started) == []
+        assert wait_gone(roles=("worker", "forkserver", "idle"), pids=started) == []

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import nbddp
-from nbddp.config import LaunchConfig
 from nbddp.errors import RemoteTraceback
-from nbddp.launch import start_run
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.entry import start_run
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
 

@@ -107,7 +107,7 @@ def test_killing_the_notebook_process_takes_every_worker_down(tmp_path: Path) ->
             if ready == 2:
                 break
         tree = psutil.Process(proc.pid).children(recursive=True)
-        # the zygote, 2 ranks, and each rank's 2 DataLoader workers
+        # the forkserver, 2 ranks, and each rank's 2 DataLoader workers
         assert len(tree) == 7, tree
     finally:
         os.kill(proc.pid, signal.SIGKILL)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 
 import nbddp
-from nbddp.widgets import cells
-from nbddp.widgets.panel import Panel
+from nbddp.notebook.panel import cells
+from nbddp.notebook.panel.panel import Panel
 from tests.multiproc.fns import fail_on
 from tests.procs import wait_procs_gone
 

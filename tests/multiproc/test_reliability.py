@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.starters import ZYGOTE
+from nbddp.launcher.starters import FORKSERVER
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
 from tests.procs import wait_pool
@@ -113,14 +113,14 @@ def _resources() -> tuple[int, int, int, int]:
 
 
 def test_fifty_launches_leak_no_threads_fds_processes_or_ports() -> None:
-    nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")  # warm: loop thread, zygote
-    zygote = ZYGOTE.pid
-    assert zygote is not None
-    wait_pool(zygote, 2)  # the zygote refills its pool after a run: count once it has
+    nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")  # warm: loop thread, forkserver
+    forkserver = FORKSERVER.pid
+    assert forkserver is not None
+    wait_pool(forkserver, 2)  # the forkserver refills its pool after a run: count once it has
     threads, fds, procs, ports = _resources()
     for _ in range(50):
         assert nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none") == 1.0
-    wait_pool(zygote, 2)  # still two idle workers: each run's are gone, none piled up
+    wait_pool(forkserver, 2)  # still two idle workers: each run's are gone, none piled up
     threads_after, fds_after, procs_after, ports_after = _resources()
     # A leak would grow by one or more per launch (50+). The last run's rendezvous
     # store closes its socket on torch's own thread, so either snapshot may still

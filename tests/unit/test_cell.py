@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from nbddp.cell import (
+from nbddp.errors import CellError
+from nbddp.notebook.cell import (
     CellProgram,
     CellValues,
     compile_cell,
@@ -19,7 +20,6 @@ from nbddp.cell import (
     names_read,
     select_names,
 )
-from nbddp.errors import CellError
 
 
 @pytest.mark.parametrize(

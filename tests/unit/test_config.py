@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.config import LaunchConfig
-from nbddp.devices import VisibleGpus, parse_visible_devices, visible_gpus
 from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
 
 NO_GPU = VisibleGpus((), "0 in /proc/driver/nvidia/gpus")
 TWO_GPUS = VisibleGpus(("4", "5"), "CUDA_VISIBLE_DEVICES=4,5")

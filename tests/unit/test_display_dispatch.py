@@ -12,7 +12,7 @@ import pytest
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
 from nbddp.errors import ConfigError
-from nbddp.launch import in_kernel, make_display
+from nbddp.launcher.entry import in_kernel, make_display
 
 
 def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nbddp.job import RankState
-from nbddp.run import Run
+from nbddp.launcher.job import RankState
+from nbddp.launcher.run import Run
 
 
 class RecordingDisplay:

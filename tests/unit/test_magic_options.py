@@ -11,8 +11,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbddp.errors import ConfigError
-from nbddp.magics import DdpMagics, launch_options, parse
-from nbddp.session import Session, format_options, merge_options
+from nbddp.notebook.magics import DdpMagics, launch_options, parse
+from nbddp.notebook.runner import CellRunner, format_options, merge_options
 
 
 def cell_options(line: str) -> dict[str, Any]:
@@ -98,10 +98,10 @@ def test_format_options_round_trips(line: str) -> None:
 
 
 def test_session_defaults_are_validated_and_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nbddp.run
+    import nbddp.launcher.run
 
-    monkeypatch.setattr(nbddp.run, "_LATEST", None)  # as in a kernel where nothing ran yet
-    session = Session()
+    monkeypatch.setattr(nbddp.launcher.run, "_LATEST", None)  # as in a kernel where nothing ran yet
+    session = CellRunner()
     assert "no session defaults" in session.describe_defaults()
     session.configure({"procs": 2, "timeout": 600.0})
     assert session.describe_defaults() == "%ddp_config --procs 2 --timeout 600"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import nbddp
-from nbddp.metrics import Metrics
+from nbddp.rank.metrics import Metrics
 
 
 def test_log_outside_a_launch_is_a_no_op() -> None:

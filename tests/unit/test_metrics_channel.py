@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from nbddp import worker
-from nbddp.protocol import FrameReader
+from nbddp.rank import worker
+from nbddp.wire.protocol import FrameReader
 
 
 @pytest.fixture

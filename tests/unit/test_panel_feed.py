@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nbddp.widgets.feed import PanelFeed, RankView
+from nbddp.notebook.panel.feed import PanelFeed, RankView
 
 
 class Clock:

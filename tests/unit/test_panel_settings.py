@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from nbddp.config import LaunchConfig
-from nbddp.widgets.settings import PanelSettings, call_code
+from nbddp.launcher.config import LaunchConfig
+from nbddp.notebook.panel.settings import PanelSettings, call_code
 
 CPU = PanelSettings.initial(0)
 GPUS = PanelSettings.initial(4)

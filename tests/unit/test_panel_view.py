@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from nbddp.widgets import cells
-from nbddp.widgets.feed import RankView
-from nbddp.widgets.settings import PanelSettings
-from nbddp.widgets.view import PanelView
+from nbddp.notebook.panel import cells
+from nbddp.notebook.panel.feed import RankView
+from nbddp.notebook.panel.settings import PanelSettings
+from nbddp.notebook.panel.view import PanelView
 
 
 def view_with_gpus(n: int) -> PanelView:

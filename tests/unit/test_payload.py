@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nbddp.errors import PayloadError
-from nbddp.payload import Payload
+from nbddp.wire.payload import Payload
 
 LOCK = threading.Lock()
 

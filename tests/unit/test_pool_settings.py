@@ -1,11 +1,11 @@
-"""Pool settings a launch sends to the zygote (``starters.pool_request``)."""
+"""Pool settings a launch sends to the forkserver (``starters.pool_request``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.starters import POOL_IDLE, POOL_MAX, pool_request
+from nbddp.launcher.starters import POOL_IDLE, POOL_MAX, pool_request
 from tests.procs import POOL_CAP
 
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.ports import choose_port, listen, port_is_free
+from nbddp.launcher.ports import choose_port, listen, port_is_free
 
 
 def test_auto_port_is_free() -> None:

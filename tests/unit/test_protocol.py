@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from nbddp import protocol
+from nbddp.wire import protocol
 
 
 def test_frames_survive_arbitrary_splits() -> None:

@@ -8,9 +8,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from nbddp import protocol
-from nbddp.relay import RankPipes, Relay
-from nbddp.starters import STATUS
+from nbddp.launcher.relay import RankPipes, Relay
+from nbddp.launcher.starters import STATUS
+from nbddp.wire import protocol
 
 
 class Recorder:

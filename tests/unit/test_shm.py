@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from nbddp import shm
-from nbddp.payload import Payload
+from nbddp.wire import shm
+from nbddp.wire.payload import Payload
 
 
 def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from nbddp import shm_move
+from nbddp.wire import shm_move
 
 MiB = 1 << 20
 

@@ -28,47 +28,19 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import cloudpickle
 
-from .errors import LaunchTimeout, RankError, RankExitedError, RemoteTraceback, WorkerError
-from .job import Failure, Job
-from .metrics import Metrics
+from nbddp.display.protocol import Display
+from nbddp.errors import LaunchTimeout, RankError, RankExitedError, RemoteTraceback, WorkerError
+from nbddp.launcher.job import Failure, Job
+from nbddp.rank.metrics import Metrics
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
 BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
 BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
-
-
-class Display(Protocol):
-    """What ``Run.wait`` feeds (``display.text.TextDisplay``, ``display.kernel.KernelDisplay``).
-
-    The event methods record and must be cheap; drawing that can be
-    batched belongs in ``refresh``.
-    """
-
-    def attach(self, log_dir: Path, world_size: int) -> None:
-        """The run's log directory and rank count, before any event."""
-
-    def output(self, rank: int, stream: str, text: str) -> None:
-        """A chunk of decoded text ``rank`` wrote to ``stream`` (stdout or stderr)."""
-
-    def notice(self, text: str) -> None:
-        """A message from nbddp itself."""
-
-    def state(self, rank: int, state: str) -> None:
-        """``rank`` is now running, done, failed or stopped."""
-
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
-        """A row ``rank`` sent with ``nbddp.log``."""
-
-    def refresh(self) -> float | None:
-        """Draw what is due; return seconds until another call is useful (None: no need)."""
-
-    def close(self) -> None:
-        """The run's output is complete: draw everything that is left."""
 
 
 @dataclass

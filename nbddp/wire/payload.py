@@ -26,8 +26,8 @@ from typing import Any
 
 import cloudpickle
 
-from . import shm
-from .errors import PayloadError
+from nbddp.errors import PayloadError
+from nbddp.wire import shm
 
 LARGE_PAYLOAD_BYTES = 256 << 20
 

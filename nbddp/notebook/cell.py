@@ -41,7 +41,7 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import CellError
+from nbddp.errors import CellError
 
 # Names IPython keeps in the user namespace for itself: input/output history
 # (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .protocol import FrameReader
-from .starters import PARENT_FDS, STATUS
+from nbddp.launcher.starters import PARENT_FDS, STATUS
+from nbddp.wire.protocol import FrameReader
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20

@@ -1,6 +1,6 @@
 """What the panel shows of a run while it goes on: the ``Display`` a panel run is fed.
 
-Contract: ``PanelFeed`` implements ``run.Display``. Its event methods only
+Contract: ``PanelFeed`` implements ``display.protocol.Display``. Its event methods only
 record (each rank's output goes into a ``Screen``, so ``\\r`` and tqdm's
 cursor moves redraw in place and only the last ``tail`` lines are kept;
 metric rows go into a ``MetricHistory``). ``refresh()`` hands the sink a
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..display.chart import MetricHistory, chart_html, metric_summary
-from ..display.kernel import ENDED, format_elapsed
-from ..display.ratelimit import RateLimiter
-from ..display.screen import Screen
+from nbddp.display.chart import MetricHistory, chart_html, metric_summary
+from nbddp.display.kernel import ENDED, format_elapsed
+from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.screen import Screen
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import time
 from numbers import Real
 from typing import Any
 
-from . import worker
+from nbddp.rank import worker
 
 RESERVED = frozenset(("rank", "step", "time"))
 

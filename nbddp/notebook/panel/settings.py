@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ..config import LaunchConfig
-from ..errors import ConfigError
-from ..session import format_options
+from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.notebook.runner import format_options
 
 DeviceChoice = Literal["gpu", "cpu"]
 START_METHODS = ("forkserver", "spawn", "fork")

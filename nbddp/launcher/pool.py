@@ -1,11 +1,11 @@
-"""The zygote's pool of idle one-shot workers: how a warm launch beats a plain fork.
+"""The forkserver's pool of idle one-shot workers: how a warm launch beats a plain fork.
 
-Contract: a ``Pool`` lives in the zygote (single-threaded, like the zygote)
-and owns the idle children. Each was forked from the zygote ahead of time,
+Contract: a ``Pool`` lives in the forkserver (single-threaded, like the forkserver)
+and owns the idle children. Each was forked from the forkserver ahead of time,
 has already done what a forked rank does first (its own session, the
-zygote's fds closed, default signals) and warmed up, is then named
+forkserver's fds closed, default signals) and warmed up, is then named
 ``nbddp-idle``, and blocks
-on a private socketpair to the zygote. ``hand_over`` sends the fds of one
+on a private socketpair to the forkserver. ``hand_over`` sends the fds of one
 rank (ctrl, out, err) to the oldest idle child and returns its pid: from
 then on that child is exactly a rank forked on demand
 (``starters.run_detached_worker``) and no longer the pool's; it runs one
@@ -13,11 +13,11 @@ order and exits. A worker never runs two jobs, so no state (module
 globals, environment, ``sys.modules``, a process group) passes from one
 run to the next.
 
-Sizing is the zygote's call (``resize`` on each request, ``spawn_one``
+Sizing is the forkserver's call (``resize`` on each request, ``spawn_one``
 when a refill is due, ``wind_down`` after ``idle_timeout`` seconds without
-a launch). An idle child exits on its own when its link closes (the zygote
-ended it, exited, or died) and the kernel kills it if the zygote dies
-first (``PR_SET_PDEATHSIG``): idle workers never outlive the zygote.
+a launch). An idle child exits on its own when its link closes (the forkserver
+ended it, exited, or died) and the kernel kills it if the forkserver dies
+first (``PR_SET_PDEATHSIG``): idle workers never outlive the forkserver.
 
 CUDA: an idle child runs only nbddp's code and ``_warm_up``, neither of
 which initialises CUDA; the rank's environment (``CUDA_VISIBLE_DEVICES``
@@ -37,26 +37,28 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import NoReturn
 
-from .starters import ChildFds, detach, run_detached_worker
-from .worker import set_process_name
+from nbddp.launcher.starters import ChildFds, detach, run_detached_worker
+from nbddp.rank.worker import set_process_name
 
 IDLE_NAME = "nbddp-idle"
 PR_SET_PDEATHSIG = 1
 
 
 class Pool:
-    """The idle workers of one zygote (see module contract)."""
+    """The idle workers of one forkserver (see module contract)."""
 
     def __init__(self) -> None:
         self.size = 0  # idle workers to keep: the last launch's, 0 until the first
         self.idle_timeout = 0.0
-        self.idle: dict[int, socket.socket] = {}  # pid -> zygote's end of its link, oldest first
+        self.idle: dict[
+            int, socket.socket
+        ] = {}  # pid -> forkserver's end of its link, oldest first
         self.ending: set[int] = set()  # pids told to end, not yet reaped
         self.last_used = time.monotonic()
 
     def fds(self) -> set[int]:
-        """The zygote's ends of the idle links: every child it forks must close them,
-        or an idle worker would never see EOF when the zygote ends it."""
+        """The forkserver's ends of the idle links: every child it forks must close them,
+        or an idle worker would never see EOF when the forkserver ends it."""
         return {link.fileno() for link in self.idle.values()}
 
     def resize(self, size: int, idle_timeout: float) -> None:
@@ -91,12 +93,12 @@ class Pool:
         return len(self.idle) < self.size
 
     def spawn_one(self, close: set[int]) -> None:
-        """Fork one idle worker; ``close``: the zygote's fds, which it must not keep."""
+        """Fork one idle worker; ``close``: the forkserver's fds, which it must not keep."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        zygote = os.getpid()
+        forkserver = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            _idle_main(theirs, {*close, *self.fds(), ours.fileno()}, zygote)
+            _idle_main(theirs, {*close, *self.fds(), ours.fileno()}, forkserver)
         theirs.close()
         self.idle[pid] = ours
 
@@ -113,7 +115,7 @@ class Pool:
             self._end(pid)
 
     def forget(self, pid: int) -> bool:
-        """A child exited (reaped by the zygote): True if it was one of the pool's."""
+        """A child exited (reaped by the forkserver): True if it was one of the pool's."""
         if pid in self.ending:
             self.ending.discard(pid)
             return True
@@ -129,17 +131,17 @@ class Pool:
     def _end(self, pid: int) -> None:
         self.idle.pop(pid).close()
         # Why SIGKILL as well as EOF: an idle worker holds no job and no user
-        # state, and the zygote waits for it before exiting, so it must not be
+        # state, and the forkserver waits for it before exiting, so it must not be
         # able to linger. It is not reaped yet, so the pid is still this child.
         os.kill(pid, signal.SIGKILL)
         self.ending.add(pid)
 
 
-def _idle_main(link: socket.socket, close: set[int], zygote: int) -> NoReturn:
+def _idle_main(link: socket.socket, close: set[int], forkserver: int) -> NoReturn:
     """The body of an idle worker: get ready, wait for one rank's fds, run it."""
     try:
         detach(close)
-        _die_with(zygote)
+        _die_with(forkserver)
         try:
             _warm_up()
         except Exception:  # only ever a head start: the rank does the same work itself
@@ -162,15 +164,15 @@ def _prctl_pdeathsig(sig: int) -> None:
         pass  # not Linux: the link's EOF still ends an idle worker
 
 
-def _die_with(zygote: int) -> None:
+def _die_with(forkserver: int) -> None:
     _prctl_pdeathsig(signal.SIGKILL)
-    if os.getppid() != zygote:  # it died before the line above took effect
+    if os.getppid() != forkserver:  # it died before the line above took effect
         os._exit(0)
 
 
 def _warm_up() -> None:
     """Run, while idle, the code paths a rank runs after its launch, so that the
-    pages they write are already this process's own (fork shares the zygote's
+    pages they write are already this process's own (fork shares the forkserver's
     pages copy-on-write; each first write costs a fault and a copy).
 
     Measured on the launch benchmark's rank (2 CPU ranks, gloo): about 1,000
@@ -186,7 +188,7 @@ def _warm_up() -> None:
     import torch
     import torch.distributed as dist
 
-    from .protocol import RunOrder, encode
+    from nbddp.wire.protocol import RunOrder, encode
 
     fn = cloudpickle.dumps((_warm_up, (), {}))
     order = RunOrder(0, dict(os.environ), fn, [], "/", False, "gloo", False)
@@ -200,7 +202,7 @@ def _warm_up() -> None:
 
 
 def _wait_for_rank(link: socket.socket) -> ChildFds | None:
-    """Block until the zygote sends a rank's fds; None if the link closes instead."""
+    """Block until the forkserver sends a rank's fds; None if the link closes instead."""
     try:
         _, fds, _, _ = socket.recv_fds(link, 1, 3)
     except OSError:
@@ -212,6 +214,6 @@ def _wait_for_rank(link: socket.socket) -> ChildFds | None:
             os.close(fd)
         return None
     # A rank's life is tied to its link to the notebook, as for a rank forked
-    # on demand; the zygote going away must not kill a run in progress.
+    # on demand; the forkserver going away must not kill a run in progress.
     _prctl_pdeathsig(0)
     return ChildFds(*fds)

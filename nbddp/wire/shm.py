@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import cloudpickle
 
-from .shm_move import move_to_shared
+from nbddp.wire.shm_move import move_to_shared
 
 SHARE_BYTES = 1 << 20
 

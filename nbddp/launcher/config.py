@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
-from .devices import VisibleGpus, visible_gpus
-from .errors import ConfigError
+from nbddp.errors import ConfigError
+from nbddp.launcher.devices import VisibleGpus, visible_gpus
 
 StartMethod = Literal["forkserver", "spawn", "fork"]
 MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]

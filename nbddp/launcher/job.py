@@ -35,13 +35,14 @@ from typing import Any
 
 import psutil
 
-from . import protocol
-from .config import LaunchConfig
-from .payload import Serialized
-from .ports import choose_port, listen
-from .protocol import ErrorInfo, RunOrder
-from .relay import RankPipes, Relay
-from .starters import PARENT_FDS, Child, ChildFds, starter
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.logs import run_base_dir
+from nbddp.launcher.ports import choose_port, listen
+from nbddp.launcher.relay import RankPipes, Relay
+from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, starter
+from nbddp.wire import protocol
+from nbddp.wire.payload import Serialized
+from nbddp.wire.protocol import ErrorInfo, RunOrder
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
@@ -71,16 +72,6 @@ class Failure:
     rank: int
     kind: str  # error (raised), exit (sys.exit), died (ended without a word)
     error: ErrorInfo | None = None
-
-
-def run_base_dir() -> Path:
-    """Where run directories go: a per-user directory under the temp dir, mode 0700."""
-    base = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
-        # Someone else made it, or it is open to others: do not write logs there.
-        base = Path(tempfile.mkdtemp(prefix="nbddp-"))
-    return base
 
 
 class Job:

@@ -21,14 +21,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..config import LaunchConfig
-from ..devices import visible_gpus
-from ..errors import ConfigError, RemoteTraceback
-from ..launch import start_with_display
-from ..run import Run, RunResult
-from .feed import PanelFeed
-from .settings import PanelSettings, call_code
-from .view import PanelView
+from nbddp.errors import ConfigError, RemoteTraceback
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.devices import visible_gpus
+from nbddp.launcher.entry import start_with_display
+from nbddp.launcher.run import Run, RunResult
+from nbddp.notebook.panel.feed import PanelFeed
+from nbddp.notebook.panel.settings import PanelSettings, call_code
+from nbddp.notebook.panel.view import PanelView
 
 PANEL_TAIL = 15  # lines of each rank's output in its tab (the full output is in its log)
 CLOSE_WAIT = 10.0  # seconds close() waits for a stopped run's ranks to be gone

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from .errors import ConfigError
+from nbddp.errors import ConfigError
 
 
 def _family(addr: str) -> socket.AddressFamily:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..launch import kernel_shell as _kernel_shell
-from .panel import Panel
+from nbddp.launcher.entry import kernel_shell as _kernel_shell
+from nbddp.notebook.panel.panel import Panel
 
 _BY_CELL: dict[str, list[Panel]] = {}
 _HOOKED: list[object] = []  # the shell whose pre_run_cell hook is ours

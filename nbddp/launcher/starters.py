@@ -1,4 +1,4 @@
-"""Starting one worker process, by forkserver (the zygote), spawn or fork.
+"""Starting one worker process: from nbddp's forkserver, by spawn, or by fork.
 
 Contract: ``starter(method).start(fds, env)`` starts a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
@@ -8,7 +8,7 @@ killed by that signal), when the process has exited. The caller keeps
 ownership of ``fds`` and closes its copies after ``start`` returns.
 
 Every start method runs the same worker and none re-imports ``__main__``:
-spawn execs ``python -c`` (never the user's script), and fork/zygote
+spawn execs ``python -c`` (never the user's script), and fork/forkserver
 children go straight to ``worker.serve``.
 """
 
@@ -27,19 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from . import worker
-from .errors import ConfigError
+from nbddp.errors import ConfigError
+from nbddp.rank import worker
 
 STATUS = struct.Struct("!q")
 REQUEST = struct.Struct("!cqd")
-"""A request to the zygote: kind (``b"F"``: fork a rank; it carries four fds),
+"""A request to the forkserver: kind (``b"F"``: fork a rank; it carries four fds),
 how many idle workers to keep afterwards, and after how many idle seconds they end."""
-ZYGOTE_REPLY_TIMEOUT = 120.0
-POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the zygote keeps
+FORKSERVER_REPLY_TIMEOUT = 120.0
+POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keeps
 POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
 
 PARENT_FDS: set[int] = set()
-"""File descriptors the notebook keeps for itself (relay ends, zygote link).
+"""File descriptors the notebook keeps for itself (relay ends, forkserver link).
 
 A forked child must close them: a rank that held another rank's pipe, or
 its own link's notebook end, would keep those from ever reaching EOF."""
@@ -88,7 +88,12 @@ class SpawnStarter:
     def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
         child_env = dict(env, PYTHONPATH=package_pythonpath(env))
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import nbddp.worker as w; w.spawned_main()", str(fds.ctrl)],
+            [
+                sys.executable,
+                "-c",
+                "import nbddp.rank.worker as w; w.spawned_main()",
+                str(fds.ctrl),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=fds.out,
             stderr=fds.err,
@@ -134,7 +139,7 @@ def run_detached_worker(fds: ChildFds) -> NoReturn:
 
 
 def run_forked_worker(fds: ChildFds, close: set[int]) -> NoReturn:
-    """The body of a forked child (fork starter and zygote): never returns."""
+    """The body of a forked child (fork starter and forkserver): never returns."""
     try:
         detach(close - {fds.ctrl, fds.out, fds.err})
     except BaseException:
@@ -175,7 +180,7 @@ def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def pool_request(env: Mapping[str, str]) -> tuple[int, float]:
-    """The zygote's pool settings for a launch whose rank environment is ``env``:
+    """The forkserver's pool settings for a launch whose rank environment is ``env``:
     (idle workers to keep, idle seconds before they end).
 
     The pool is sized to the launch: ``LOCAL_WORLD_SIZE`` is the number of
@@ -188,10 +193,10 @@ def pool_request(env: Mapping[str, str]) -> tuple[int, float]:
     return min(int(env.get("LOCAL_WORLD_SIZE", "1")), cap), idle
 
 
-class ZygoteStarter:
-    """Fork from the zygote: a server process with torch imported that never touches CUDA.
+class ForkserverStarter:
+    """Fork from the forkserver: a server process with torch imported that never touches CUDA.
 
-    One zygote per notebook process, started on first use (or by
+    One forkserver per notebook process, started on first use (or by
     ``prewarm``). It exits when the notebook closes the link or dies.
     Each request also tells it how large a pool of idle workers to keep
     (see ``pool_request`` and ``nbddp.pool``).
@@ -204,12 +209,12 @@ class ZygoteStarter:
 
     @property
     def pid(self) -> int | None:
-        """The zygote's pid while it runs."""
+        """The forkserver's pid while it runs."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def prewarm(self) -> None:
-        """Start the zygote now so that its torch import overlaps the user's work."""
+        """Start the forkserver now so that its torch import overlaps the user's work."""
         with self._lock:
             self._ensure_running()
 
@@ -218,11 +223,16 @@ class ZygoteStarter:
             return self._sock
         self._close_locked()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ, NBDDP_ROLE="zygote")
+        env = dict(os.environ, NBDDP_ROLE="forkserver")
         env["PYTHONPATH"] = package_pythonpath(env)
         with theirs:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "import nbddp.zygote as z; z.main()", str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-c",
+                    "import nbddp.launcher.forkserver as z; z.main()",
+                    str(theirs.fileno()),
+                ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -243,7 +253,7 @@ class ZygoteStarter:
                 except OSError:
                     os.close(status_r)
                     os.close(status_w)
-                    self._close_locked()  # the zygote died: start a new one once
+                    self._close_locked()  # the forkserver died: start a new one once
                     if attempt == 2:
                         raise
                     continue
@@ -252,9 +262,9 @@ class ZygoteStarter:
         raise AssertionError("unreachable")
 
     def _read_pid(self, status_r: int) -> int:
-        # Why a timeout: the first request waits for the zygote's torch import
-        # (seconds); a zygote that never answers must not hang the notebook.
-        ready, _, _ = select.select([status_r], [], [], ZYGOTE_REPLY_TIMEOUT)
+        # Why a timeout: the first request waits for the forkserver's torch import
+        # (seconds); a forkserver that never answers must not hang the notebook.
+        ready, _, _ = select.select([status_r], [], [], FORKSERVER_REPLY_TIMEOUT)
         data = os.read(status_r, STATUS.size) if ready else b""
         if len(data) != STATUS.size:
             os.close(status_r)
@@ -266,7 +276,7 @@ class ZygoteStarter:
         return int(STATUS.unpack(data)[0])
 
     def close(self) -> None:
-        """Stop the zygote (running workers are not affected)."""
+        """Stop the forkserver (running workers are not affected)."""
         with self._lock:
             self._close_locked()
 
@@ -284,13 +294,13 @@ class ZygoteStarter:
             self._proc = None
 
 
-ZYGOTE = ZygoteStarter()
+FORKSERVER = ForkserverStarter()
 
 
 def starter(method: str) -> Starter:
     """The starter for a start method name (validated by ``LaunchConfig``)."""
     if method == "forkserver":
-        return ZYGOTE
+        return FORKSERVER
     if method == "spawn":
         return SpawnStarter()
     if method == "fork":

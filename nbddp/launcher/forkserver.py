@@ -1,6 +1,6 @@
-"""The zygote: nbddp's forkserver, a process that has imported torch and forks ranks.
+"""nbddp's forkserver: a process that has imported torch (never CUDA) and forks ranks.
 
-Contract: started by ``starters.ZygoteStarter`` with one end of a Unix
+Contract: started by ``starters.ForkserverStarter`` with one end of a Unix
 socketpair as ``argv[1]``. For each request (``starters.REQUEST`` plus four
 fds: status write end, ctrl, out, err) it finds a process for the rank
 (an idle worker from its pool, or else a child forked now), writes that
@@ -11,7 +11,7 @@ or closed it on purpose), after ending its idle workers and waiting for
 its ranks.
 
 The pool (``nbddp.pool``): each request says how many idle workers to keep
-(the launch's size, capped) and for how long without a launch. The zygote
+(the launch's size, capped) and for how long without a launch. The forkserver
 refills it once no rank of its own has run for ``REFILL_DELAY``, one fork at
 a time with requests served first, and ends the idle workers when that
 time passes.
@@ -33,11 +33,11 @@ import socket
 import sys
 import time
 
-from .pool import Pool
-from .starters import REQUEST, STATUS, ChildFds, run_forked_worker
+from nbddp.launcher.pool import Pool
+from nbddp.launcher.starters import REQUEST, STATUS, ChildFds, run_forked_worker
 
 REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
-PRELOAD = ("torch", "torch.distributed", "cloudpickle", "nbddp.worker", "nbddp.metrics")
+PRELOAD = ("torch", "torch.distributed", "cloudpickle", "nbddp.rank.worker", "nbddp.rank.metrics")
 
 
 def _preload() -> None:
@@ -45,13 +45,13 @@ def _preload() -> None:
         try:
             __import__(name)
         except Exception as exc:  # a worker will hit and report the same import itself
-            print(f"nbddp zygote: could not preload {name}: {exc}", file=sys.stderr)
+            print(f"nbddp forkserver: could not preload {name}: {exc}", file=sys.stderr)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # pragma: no cover - guard
-        print("nbddp zygote: CUDA was initialised during preload", file=sys.stderr)
+        print("nbddp forkserver: CUDA was initialised during preload", file=sys.stderr)
 
 
-class Zygote:
+class Forkserver:
     """The fork loop (see module contract)."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -89,7 +89,7 @@ class Zygote:
         """Seconds until a refill is due (0: now); None while none will be.
 
         Why only once no rank has run for ``REFILL_DELAY``: a refill fork
-        takes milliseconds of the zygote (the page tables of a process with
+        takes milliseconds of the forkserver (the page tables of a process with
         torch imported) and each new worker's warm-up takes CPU. Between a
         launch's requests that would delay the next rank; while ranks run it
         would take CPU from them; right after a run it would compete with a
@@ -114,11 +114,11 @@ class Zygote:
             try:
                 self.pool.spawn_one(self._fds())
             except OSError as exc:  # out of processes or fds: serve requests by fork alone
-                print(f"nbddp zygote: could not refill the pool: {exc}", file=sys.stderr)
+                print(f"nbddp forkserver: could not refill the pool: {exc}", file=sys.stderr)
                 self.pool.size = len(self.pool.idle)
 
     def _fds(self) -> set[int]:
-        """Every fd the zygote holds: a forked child must close them all."""
+        """Every fd the forkserver holds: a forked child must close them all."""
         own = {self.sock.fileno(), self.wake_r, self.wake_w, *self.children.values()}
         selector_fd = getattr(self.selector, "fileno", None)  # epoll and kqueue hold one
         if selector_fd is not None:
@@ -178,10 +178,10 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def main() -> None:
-    """Entry point: ``python -c "import nbddp.zygote as z; z.main()" FD``."""
+    """Entry point: ``python -c "import nbddp.launcher.forkserver as z; z.main()" FD``."""
     sock = socket.socket(fileno=int(sys.argv[1]))
-    from .worker import set_process_name
+    from nbddp.rank.worker import set_process_name
 
-    set_process_name("nbddp-zygote")
+    set_process_name("nbddp-forksrv")
     _preload()
-    Zygote(sock).serve()
+    Forkserver(sock).serve()

@@ -17,14 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
-from .config import LaunchConfig
-from .devices import visible_gpus
-from .display.kernel import KernelDisplay
-from .display.text import TextDisplay
-from .errors import ConfigError
-from .job import Job
-from .payload import LARGE_PAYLOAD_BYTES, Payload
-from .run import Display, Run
+from nbddp.display.kernel import KernelDisplay
+from nbddp.display.protocol import Display
+from nbddp.display.text import TextDisplay
+from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.devices import visible_gpus
+from nbddp.launcher.job import Job
+from nbddp.launcher.run import Run
+from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -3,7 +3,7 @@
 Contract: the magics only parse their arguments (IPython's
 ``magic_arguments``; the launch options are declared once and shared by
 ``%%ddp`` and ``%ddp_config``) and hand over to the kernel's
-``session.Session``. Bad options, invalid launch settings and an empty
+``runner.CellRunner``. Bad options, invalid launch settings and an empty
 cell raise a one-line ``UsageError`` (no traceback); nothing given on a
 magic line is ever evaluated as Python. ``%%ddp?`` shows the options.
 
@@ -25,8 +25,8 @@ from IPython.core.magic import Magics, magics_class
 from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
-from .errors import CellError, ConfigError
-from .session import OUTPUTS, Session, merge_options
+from nbddp.errors import CellError, ConfigError
+from nbddp.notebook.runner import OUTPUTS, CellRunner, merge_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -185,7 +185,7 @@ class DdpMagics(Magics):
 
     def __init__(self, shell: InteractiveShell) -> None:
         super().__init__(shell)
-        self.session = Session()
+        self.runner = CellRunner()
 
     @cell_magic
     @magic_arguments("%ddp")  # usage: %%ddp
@@ -216,7 +216,7 @@ class DdpMagics(Magics):
         shell = self.shell
         assert shell is not None
         with _as_usage_error():
-            out, last = self.session.run_cell(
+            out, last = self.runner.run_cell(
                 cell,
                 header=f"%%ddp {line}".rstrip(),
                 filename=f"<ddp cell [{shell.execution_count}]>",
@@ -242,8 +242,8 @@ class DdpMagics(Magics):
         given = launch_options(args)
         if given or args.reset:
             with _as_usage_error():
-                self.session.configure(given, reset=args.reset)
-        print(self.session.describe_defaults())
+                self.runner.configure(given, reset=args.reset)
+        print(self.runner.describe_defaults())
 
     @line_magic
     def ddp_status(self, line: str) -> None:
@@ -255,7 +255,7 @@ class DdpMagics(Magics):
         words = line.split()
         if any(word != "--stacks" for word in words):
             raise UsageError(f"%ddp_status takes only --stacks, got {line.strip()!r}")
-        print(self.session.status(stacks=bool(words)))
+        print(self.runner.status(stacks=bool(words)))
 
     @line_magic
     @magic_arguments("%ddp_panel")
@@ -276,10 +276,10 @@ class DdpMagics(Magics):
         if fn is None or not callable(fn):
             what = "no name" if fn is None else f"{type(fn).__name__}, not a function:"
             raise UsageError(f"%ddp_panel: the notebook has {what} {name!r}; define it first")
-        options = merge_options(self.session.defaults, launch_options(args))
+        options = merge_options(self.runner.defaults, launch_options(args))
         options.pop("output", None)
         try:
-            from .widgets.cells import show_panel
+            from nbddp.notebook.panel.cells import show_panel
         except ImportError:
             raise UsageError("%ddp_panel needs ipywidgets: pip install ipywidgets") from None
         with _as_usage_error():

@@ -21,9 +21,9 @@ from typing import Any
 
 import ipywidgets as W
 
-from ..display.kernel import STATE_COLORS
-from .feed import RankView
-from .settings import PRECISIONS, START_METHODS, PanelSettings
+from nbddp.display.kernel import STATE_COLORS
+from nbddp.notebook.panel.feed import RankView
+from nbddp.notebook.panel.settings import PRECISIONS, START_METHODS, PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"

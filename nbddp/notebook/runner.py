@@ -1,7 +1,7 @@
 """The notebook side of ``%%ddp``: session defaults, running a cell, the last run.
 
-Contract: a ``Session`` is what one kernel's magics remember: the
-``%ddp_config`` defaults and the last run. ``Session.run_cell`` merges the
+Contract: a ``CellRunner`` is what one kernel's magics remember: the
+``%ddp_config`` defaults and the last run. ``CellRunner.run_cell`` merges the
 cell's options over the defaults, validates them (``ConfigError``), builds
 the cell program (``SyntaxError``, ``CellError``, ``PayloadError`` naming
 the notebook name that cannot be sent), runs it on every rank and returns
@@ -23,13 +23,13 @@ from typing import Any
 
 import cloudpickle
 
-from .cell import CellProgram, CellValues
-from .config import LaunchConfig
-from .errors import CellError, PayloadError, WorkerError
-from .launch import start_run
-from .payload import find_unpicklable, short_error
-from .protocol import ErrorInfo
-from .run import Run, describe_exit, latest_run
+from nbddp.errors import CellError, PayloadError, WorkerError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.entry import start_run
+from nbddp.launcher.run import Run, describe_exit, latest_run
+from nbddp.notebook.cell import CellProgram, CellValues
+from nbddp.wire.payload import find_unpicklable, short_error
+from nbddp.wire.protocol import ErrorInfo
 
 OUTPUTS = ("all", "rank0", "none")
 """Choices of ``--output``."""
@@ -72,7 +72,7 @@ def format_options(options: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-class Session:
+class CellRunner:
     """One kernel's ``%%ddp`` state (see module contract)."""
 
     def __init__(self) -> None:

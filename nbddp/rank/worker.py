@@ -34,9 +34,9 @@ from typing import Any
 
 import cloudpickle
 
-from . import protocol
-from .payload import Payload
-from .protocol import ErrorInfo, RunOrder
+from nbddp.wire import protocol
+from nbddp.wire.payload import Payload
+from nbddp.wire.protocol import ErrorInfo, RunOrder
 
 BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
 TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming

@@ -1,0 +1,37 @@
+"""``Display``: what a run's display implements (text, kernel blocks, the panel).
+
+Contract: ``Run`` calls ``attach`` once, then the event methods as events
+arrive (on the thread that waits for the run), ``refresh`` between batches,
+and ``close`` once the run's output is complete. The event methods record
+and must be cheap; drawing that can be batched belongs in ``refresh``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Display(Protocol):
+    """What ``Run.wait`` feeds (see module contract)."""
+
+    def attach(self, log_dir: Path, world_size: int) -> None:
+        """The run's log directory and rank count, before any event."""
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """A chunk of decoded text ``rank`` wrote to ``stream`` (stdout or stderr)."""
+
+    def notice(self, text: str) -> None:
+        """A message from nbddp itself."""
+
+    def state(self, rank: int, state: str) -> None:
+        """``rank`` is now running, done, failed or stopped."""
+
+    def metric(self, rank: int, row: dict[str, Any]) -> None:
+        """A row ``rank`` sent with ``nbddp.log``."""
+
+    def refresh(self) -> float | None:
+        """Draw what is due; return seconds until another call is useful (None: no need)."""
+
+    def close(self) -> None:
+        """The run's output is complete: draw everything that is left."""

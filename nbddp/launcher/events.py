@@ -1,0 +1,119 @@
+"""What a run reports while it goes on, and what each rank came to: typed, immutable.
+
+Contract: the job (``launcher.job``) is the only producer. It puts
+``RunEvent`` values on its event queue, in the order they happened per
+rank, and ends every run with exactly one ``Done``. Consumers (``Run``,
+its display, the ``%%ddp`` back end, the panel) read these and each rank's
+``RankOutcome``; they never read the job's own bookkeeping. Every value
+here is frozen, so a consumer on another thread can keep it.
+
+States are ``RankState`` and ``RunStatus`` members. Both are ``str``
+enums: they compare equal to their names (``RankState.DONE == "done"``),
+print as them and cross processes as plain strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from nbddp.wire.protocol import ErrorInfo
+
+
+class RankState(str, Enum):
+    """Where one rank is: starting, running, then done, failed or stopped."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ended(self) -> bool:
+        """True once the rank will not change state again."""
+        return self in _ENDED
+
+
+_ENDED = frozenset((RankState.DONE, RankState.FAILED, RankState.STOPPED))
+
+
+class RunStatus(str, Enum):
+    """Where a whole run is; the last five are how it ended."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    """Stopped on request (``Run.stop()``, the panel's Stop)."""
+    TIMEOUT = "timeout"
+    """Stopped because it ran past its ``timeout``."""
+    INTERRUPTED = "interrupted"
+    """Stopped by a ``KeyboardInterrupt`` in the notebook."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Output:
+    """Decoded text ``rank`` wrote to ``stream`` (``stdout`` or ``stderr``)."""
+
+    rank: int
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    """``rank`` is now in ``state``."""
+
+    rank: int
+    state: RankState
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Rows ``rank`` sent with ``nbddp.log``, in the order it logged them."""
+
+    rank: int
+    rows: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A one-line message from nbddp itself (a port fallback, a timeout)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """Every rank has exited and all of its output has been read: the last event."""
+
+
+RunEvent = Output | StateChanged | Metrics | Notice | Done
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """One rank as the job last saw it; final once ``state.ended`` and the run is done."""
+
+    rank: int
+    state: RankState
+    pid: int | None
+    exit_code: int | None
+    """Exit code; negative: killed by that signal; None: still running, or lost."""
+    exited: bool
+    value: bytes | None
+    """Its return value, pickled, once it returned."""
+    error: ErrorInfo | None
+    """What it raised, once it did."""
+    started_at: float
+    ended_at: float | None
+    """``time.monotonic()`` values."""
