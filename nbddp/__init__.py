@@ -5,13 +5,9 @@ starts the forkserver in the background (torch preloaded, CUDA untouched)
 so the first launch is fast; set ``NBDDP_PREWARM=0`` to opt out.
 """
 
-from __future__ import annotations
-
-import atexit
-import os
-import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable as _Callable
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from nbddp.errors import (
     ConfigError,
@@ -24,11 +20,12 @@ from nbddp.errors import (
 )
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import Launcher, launch, notebook_launcher, spawn
+from nbddp.launcher.prewarm import shutdown
+from nbddp.launcher.prewarm import start as _prewarm_start
 from nbddp.launcher.run import Run, RunResult
-from nbddp.launcher.starters import FORKSERVER
 from nbddp.rank.metrics import log
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from nbddp.notebook.panel.panel import Panel
 
 __all__ = [
@@ -56,12 +53,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def shutdown() -> None:
-    """Stop nbddp's background forkserver (it restarts on the next launch)."""
-    FORKSERVER.close()
-
-
-def panel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Panel:
+def panel(fn: _Callable[..., _Any], *args: _Any, **kwargs: _Any) -> "Panel":
     """Show a widget panel that launches ``fn(*args, **kwargs)`` on every rank.
 
     The panel sets the devices (visible GPUs, or CPU processes), start
@@ -83,17 +75,7 @@ def panel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Panel:
     return show_panel(fn, args, kwargs)
 
 
-def _import_store_support() -> None:
-    # The notebook hosts each run's rendezvous store, which needs torch.distributed
-    # (seconds to import; never initialises CUDA). Importing it in the background
-    # now keeps that off the first launch.
-    try:
-        import torch.distributed  # noqa: F401
-    except Exception:
-        pass  # e.g. the interpreter is shutting down; a launch imports it again
-
-
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: _Any) -> None:
     """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config`` and ``%ddp_status``."""
     # Imported here: importing nbddp must not import IPython (ranks import it).
     from nbddp.notebook.magics import load_ipython_extension as load
@@ -101,20 +83,11 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: _Any) -> None:
     """``%unload_ext nbddp``: remove the magics."""
     from nbddp.notebook.magics import unload_ipython_extension as unload
 
     unload(ipython)
 
 
-def _prewarm() -> None:
-    # Only the notebook (or script) prewarms: never a worker or the forkserver itself.
-    if os.environ.get("NBDDP_ROLE") or os.environ.get("NBDDP_PREWARM", "1") == "0":
-        return
-    FORKSERVER.prewarm()
-    threading.Thread(target=_import_store_support, name="nbddp-prewarm", daemon=True).start()
-
-
-atexit.register(shutdown)
-_prewarm()
+_prewarm_start()
