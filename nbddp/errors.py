@@ -6,13 +6,41 @@ after every rank has been stopped and its output collected (``RankError``
 and its subclasses, ``LaunchTimeout``). A rank's own exception is re-raised
 with its original type whenever it can be unpickled in the notebook; the
 classes here are the fallback and the carriers of rank information.
+
+Rendering: an nbddp error given lines with ``show_as`` shows in IPython as
+exactly those lines (``_render_traceback_``), not as local frames; one
+without them has no ``_render_traceback_`` at all, so IPython formats it as
+usual (``nbddp.launch`` in a kernel) and the magics can tell a rank's
+already-rendered error from their own option errors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 
 class NbddpError(Exception):
     """Base class of every error nbddp itself raises."""
+
+    _shown: tuple[str, ...] | None = None
+
+    def show_as(self, lines: Iterable[str]) -> None:
+        """Have IPython show ``lines`` for this error instead of its local traceback."""
+        self._shown = tuple(lines)
+
+    @property
+    def _render_traceback_(self) -> Callable[[], list[str]]:
+        """IPython's hook, present only after ``show_as``.
+
+        Why a property: IPython and the magics test for the hook with
+        ``hasattr``, so an error without lines must not have it.
+        """
+        if self._shown is None:
+            raise AttributeError("_render_traceback_")
+        return self._shown_lines
+
+    def _shown_lines(self) -> list[str]:
+        return list(self._shown or ())
 
 
 class ConfigError(NbddpError, ValueError):

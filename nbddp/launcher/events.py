@@ -3,9 +3,10 @@
 Contract: the job (``launcher.job``) is the only producer. It puts
 ``RunEvent`` values on its event queue, in the order they happened per
 rank, and ends every run with exactly one ``Done``. Consumers (``Run``,
-its display, the ``%%ddp`` back end, the panel) read these and each rank's
-``RankOutcome``; they never read the job's own bookkeeping. Every value
-here is frozen, so a consumer on another thread can keep it.
+its display, the ``%%ddp`` back end, the panel) read these, each rank's
+``RankOutcome`` and the run's root-cause ``Failure``; they never read the
+job's own bookkeeping. Every value here is frozen, so a consumer on
+another thread can keep it.
 
 States are ``RankState`` and ``RunStatus`` members. Both are ``str``
 enums: they compare equal to their names (``RankState.DONE == "done"``),
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from nbddp.wire.protocol import ErrorInfo
 
@@ -117,3 +118,18 @@ class RankOutcome:
     started_at: float
     ended_at: float | None
     """``time.monotonic()`` values."""
+
+
+FailureKind = Literal["raised", "exited", "died"]
+"""How a rank failed: it raised, it called ``sys.exit`` with a failure, or it
+ended without a word (a crash, a signal, ``os._exit``)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rank's failure; the job names the run's root cause among them."""
+
+    rank: int
+    kind: FailureKind
+    error: ErrorInfo | None = None
+    """What it raised, when ``kind`` is ``raised``."""

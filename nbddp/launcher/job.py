@@ -2,18 +2,21 @@
 
 Contract: ``Job(config, payload).start()`` chooses the port, starts one
 worker per rank, sends each its ``RunOrder`` and hands its fds to a
-``Relay``. From then on the job's state changes only on the relay loop
-thread, in the ``RelaySink`` callbacks; other threads read it through
-``snapshot()``-style properties and ``events`` (a queue of display events),
-and ask for changes with ``stop()`` / ``dump_stacks()``.
+``Relay``. From then on the job's bookkeeping changes only on the relay
+loop thread, in the ``RelaySink`` callbacks. Other threads read the run
+only as typed values: ``events`` (a queue of ``events.RunEvent``, ending
+with one ``Done``), ``outcomes()`` (a frozen ``RankOutcome`` per rank),
+``root_cause``, ``status`` and ``elapsed()``, and ``wait(timeout)`` for the
+end; they ask for changes with ``stop()`` / ``dump_stacks()``.
 
 Policy: when a rank fails (raises, exits non-zero, dies by a signal) the
 others get ``failure_grace`` seconds to report their own errors, then are
 stopped: they would otherwise block in a collective until the backend's
 timeout. Stopping a rank sends SIGTERM to its whole process group (its
 DataLoader workers too), then SIGKILL after ``kill_grace``. ``timeout``
-dumps every rank's stacks into its output, then stops the run. ``done``
-is set once every rank has exited and all its output has been read.
+dumps every rank's stacks into its output, then stops the run. The run
+has ended (``wait`` returns True) once every rank has exited and all its
+output has been read.
 """
 
 from __future__ import annotations
@@ -36,10 +39,23 @@ from typing import Any
 import psutil
 
 from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.events import (
+    Done,
+    Failure,
+    Metrics,
+    Notice,
+    Output,
+    RankOutcome,
+    RankState,
+    RunEvent,
+    RunStatus,
+    StateChanged,
+)
+from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import run_base_dir
 from nbddp.launcher.ports import choose_port, listen
 from nbddp.launcher.relay import RankPipes, Relay
-from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, starter
+from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Serialized
 from nbddp.wire.protocol import ErrorInfo, RunOrder
@@ -49,12 +65,12 @@ STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch
 
 
 @dataclass
-class RankState:
+class _RankRecord:
     """What the notebook knows about one rank. Written on the relay loop only."""
 
     rank: int
     pid: int | None = None
-    state: str = "starting"  # starting, running, done, failed, stopped
+    state: RankState = RankState.STARTING
     exit_code: int | None = None
     exited: bool = False
     closed: bool = False
@@ -64,14 +80,19 @@ class RankState:
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
 
-
-@dataclass(frozen=True)
-class Failure:
-    """The first failure of a run: its root cause."""
-
-    rank: int
-    kind: str  # error (raised), exit (sys.exit), died (ended without a word)
-    error: ErrorInfo | None = None
+    def outcome(self) -> RankOutcome:
+        """A frozen copy, for other threads."""
+        return RankOutcome(
+            rank=self.rank,
+            state=self.state,
+            pid=self.pid,
+            exit_code=self.exit_code,
+            exited=self.exited,
+            value=self.value,
+            error=self.error,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+        )
 
 
 class Job:
@@ -82,14 +103,14 @@ class Job:
         self.payload = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.log_dir = Path(tempfile.mkdtemp(prefix=f"run-{self.run_id}-", dir=run_base_dir()))
-        self.ranks = [RankState(r) for r in range(config.world_size)]
-        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self.done = Event()
+        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.port: int | None = None
-        self.failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
-        self.stop_reason: str | None = None  # stopped, failed, timeout, interrupted
-        self.started_at = time.monotonic()
-        self.ended_at: float | None = None
+        self._ranks = [_RankRecord(r) for r in range(config.world_size)]
+        self._done = Event()
+        self._failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
+        self._stop_reason: RunStatus | None = None  # STOPPED, FAILED, TIMEOUT or INTERRUPTED
+        self._started_at = time.monotonic()
+        self._ended_at: float | None = None
         self._relay = Relay(self.log_dir, self)
         self._loop = self._relay.loop
         self._stop_scheduled = False
@@ -103,19 +124,19 @@ class Job:
         port, notice = self._rendezvous()
         self.port = port
         if notice:
-            self.events.put(("notice", notice))
+            self.events.put(Notice(notice))
         start = starter(self.config.start_method)
         base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
         links: list[tuple[socket.socket, RunOrder]] = []
         try:
-            for state in self.ranks:
+            for state in self._ranks:
                 env = {**base_env, **self.config.rank_env(state.rank, port)}
                 links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
         except BaseException:
-            self.stop("failed")
+            self.stop(RunStatus.FAILED)
             self._store = None
             raise
-        for state, (sock, order) in zip(self.ranks, links, strict=True):
+        for state, (sock, order) in zip(self._ranks, links, strict=True):
             try:
                 # Blocking send: the worker reads its order as soon as it runs.
                 protocol.send(sock, "run", order)
@@ -148,7 +169,9 @@ class Job:
         )
         return port, notice
 
-    def _start_rank(self, start: Any, state: RankState, env: dict[str, str]) -> socket.socket:
+    def _start_rank(
+        self, start: Starter, record: _RankRecord, env: dict[str, str]
+    ) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -160,8 +183,8 @@ class Job:
             os.close(out_w)
             os.close(err_w)
         PARENT_FDS.add(child.status_fd)
-        state.pid = child.pid
-        self._pipes[state.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
+        record.pid = child.pid
+        self._pipes[record.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
         return ours
 
     def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
@@ -177,9 +200,9 @@ class Job:
             set_cuda_device=self.config.device == "cuda",
         )
 
-    # -- requests from other threads --------------------------------------
+    # -- requests and reads from other threads -----------------------------
 
-    def stop(self, reason: str = "stopped") -> None:
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
         """Stop every rank (any thread): SIGTERM to each process group, SIGKILL after grace."""
         self._loop.call(self._stop, reason)
 
@@ -189,33 +212,61 @@ class Job:
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks started so far."""
-        return {s.rank: s.pid for s in self.ranks if s.pid is not None}
+        return {r.rank: r.pid for r in self._ranks if r.pid is not None}
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every rank has exited and all its output has been read."""
+        return self._done.wait(timeout)
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """Each rank as the job last saw it, by rank; final once ``wait`` returns True."""
+        return tuple(record.outcome() for record in self._ranks)
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The failure that ended the run, if any (``failures.root_cause``)."""
+        return root_cause(list(self._failures), self.config.failure_grace)
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the run is; once it has ended, how it ended."""
+        if not self._done.is_set():
+            started = any(r.state is not RankState.STARTING for r in self._ranks)
+            return RunStatus.RUNNING if started else RunStatus.STARTING
+        reason = self._stop_reason
+        if self.root_cause is not None and reason in (None, RunStatus.FAILED):
+            return RunStatus.FAILED
+        return reason or RunStatus.DONE
+
+    def elapsed(self) -> float:
+        """Seconds from the start until the run ended (or until now, while it goes on)."""
+        return (self._ended_at or time.monotonic()) - self._started_at
 
     # -- relay callbacks (loop thread) -------------------------------------
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
-        """Forward output to the display queue."""
-        self.events.put(("output", rank, stream, text))
+        """Forward output to the event queue."""
+        self.events.put(Output(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Any) -> None:
-        """Handle a worker message."""
-        state = self.ranks[rank]
+        """Handle a worker message (``protocol``: its body's type depends on ``kind``)."""
+        record = self._ranks[rank]
         if kind == "started":
-            state.state = "running"
-            self.events.put(("state", rank, "running"))
+            record.state = RankState.RUNNING
+            self.events.put(StateChanged(rank, RankState.RUNNING))
         elif kind == "result":
-            state.value = body
+            record.value = body
         elif kind == "error":
-            state.error = body
+            record.error = body
             # The worker does not print its traceback (it is raised here once);
             # the rank's log keeps it after everything the rank wrote.
             self._relay.log_at_end(rank, body.traceback)
-            self._fail(Failure(rank, "error", error=body))
+            self._fail(Failure(rank, "raised", error=body))
         elif kind == "exit":
-            state.exit_request = int(body)
-            self._fail(Failure(rank, "exit"))
+            record.exit_request = int(body)
+            self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
-            self.events.put(("metrics", rank, body))
+            self.events.put(Metrics(rank, tuple(body)))
 
     def on_link_closed(self, rank: int) -> None:
         """A link that closes before its rank said how it ended means the rank died.
@@ -224,71 +275,58 @@ class Job:
         process's sockets at once), so it is recorded before the errors the
         other ranks raise when their collectives break.
         """
-        state = self.ranks[rank]
-        said = state.value is not None or state.error is not None or state.exit_request is not None
-        if not said and self.stop_reason is None:
+        record = self._ranks[rank]
+        said = (
+            record.value is not None or record.error is not None or record.exit_request is not None
+        )
+        if not said and self._stop_reason is None:
             self._fail(Failure(rank, "died"))
 
     def on_exit(self, rank: int, code: int | None) -> None:
         """Classify a rank's exit; a failure stops the others."""
-        state = self.ranks[rank]
-        state.exited, state.exit_code, state.ended_at = True, code, time.monotonic()
-        if state.error is not None:
-            state.state = "failed"
+        record = self._ranks[rank]
+        record.exited, record.exit_code, record.ended_at = True, code, time.monotonic()
+        if record.error is not None:
+            record.state = RankState.FAILED
         elif code == 0:
-            state.state = "done"
-        elif self.stop_reason is not None and not self._has_failed(rank):
-            state.state = "stopped"  # we ended it; the run's root cause is elsewhere
+            record.state = RankState.DONE
+        elif self._stop_reason is not None and not self._has_failed(rank):
+            record.state = RankState.STOPPED  # we ended it; the run's root cause is elsewhere
         else:
-            state.state = "failed"
+            record.state = RankState.FAILED
             self._fail(Failure(rank, "died"))
-        self.events.put(("state", rank, state.state))
-        if not state.closed:
+        self.events.put(StateChanged(rank, record.state))
+        if not record.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.
             self._loop.call_later(ORPHAN_GRACE, self._reap_orphans, rank)
 
     def on_closed(self, rank: int) -> None:
-        """A rank's output is complete; the job is done when all are."""
-        state = self.ranks[rank]
-        state.closed = True
-        if all(s.closed for s in self.ranks):
-            self.ended_at = time.monotonic()
+        """A rank's output is complete; the run has ended when all are."""
+        record = self._ranks[rank]
+        record.closed = True
+        if all(r.closed for r in self._ranks):
+            self._ended_at = time.monotonic()
             self._store = None  # shuts the store's server down
-            # ``done`` first: a reader that takes the "done" event at once may
-            # ask for ``Run.status``, which reads ``done``.
-            self.done.set()
-            self.events.put(("done",))
+            # The end first: a reader that takes ``Done`` at once may ask for
+            # ``status``, which reads it.
+            self._done.set()
+            self.events.put(Done())
 
     # -- loop-thread internals ---------------------------------------------
 
-    @property
-    def failure(self) -> Failure | None:
-        """The run's root cause: the earliest failure, except that a rank that died or
-        exited wins over ranks that raised within ``failure_grace`` of the first.
-
-        Why: a rank that crashes breaks the others' collectives, and their
-        "connection reset" errors can reach the notebook in the same instant
-        as the news of the crash; a raised error never makes another rank die.
-        """
-        if not self.failures:
-            return None
-        first = self.failures[0][0]
-        window = [f for when, f in self.failures if when - first <= self.config.failure_grace]
-        return next((f for f in window if f.kind != "error"), window[0])
-
     def _has_failed(self, rank: int) -> bool:
-        return any(f.rank == rank for _, f in self.failures)
+        return any(f.rank == rank for _, f in self._failures)
 
     def _fail(self, failure: Failure) -> None:
         if not self._has_failed(failure.rank):
-            self.failures.append((time.monotonic(), failure))
+            self._failures.append((time.monotonic(), failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
-            self._loop.call_later(self.config.failure_grace, self._stop, "failed")
+            self._loop.call_later(self.config.failure_grace, self._stop, RunStatus.FAILED)
 
-    def _stop(self, reason: str) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = reason
+    def _stop(self, reason: RunStatus) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self._stop_scheduled = True
         if self._signal_all(signal.SIGTERM, True):
             self._loop.call_later(self.config.kill_grace, self._signal_all, signal.SIGKILL, True)
@@ -301,38 +339,37 @@ class Job:
         remain, but once they are gone the number could name someone else's.
         """
         any_alive = False
-        for state in self.ranks:
-            if state.pid is None or state.closed or (state.exited and not include_orphans):
+        for record in self._ranks:
+            if record.pid is None or record.closed or (record.exited and not include_orphans):
                 continue
-            any_alive |= _signal_group(state.pid, sig, tree=not state.exited)
+            any_alive |= _signal_group(record.pid, sig, tree=not record.exited)
         return any_alive
 
     def _dump_stacks(self) -> None:
         # Only ranks that said "started": before that, faulthandler has not
         # claimed SIGUSR1 yet and the signal's default action would kill them.
-        for state in self.ranks:
-            if state.state == "running" and state.pid is not None and not state.exited:
+        for record in self._ranks:
+            running = record.state is RankState.RUNNING
+            if running and record.pid is not None and not record.exited:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(state.pid, signal.SIGUSR1)
+                    os.kill(record.pid, signal.SIGUSR1)
 
     def _reap_orphans(self, rank: int) -> None:
-        state = self.ranks[rank]
-        if state.closed or state.pid is None:
+        record = self._ranks[rank]
+        if record.closed or record.pid is None:
             return
-        _signal_group(state.pid, signal.SIGKILL, tree=False)
+        _signal_group(record.pid, signal.SIGKILL, tree=False)
         self._loop.call_later(ORPHAN_GRACE, self._relay.force_close, rank)
 
     def _arm_timeout(self, seconds: float) -> None:
         def expire() -> None:
-            if self.done.is_set():
+            if self._done.is_set():
                 return
-            self.events.put(
-                ("notice", f"timeout of {seconds:g}s reached: dumping stacks, stopping")
-            )
+            self.events.put(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
             self._dump_stacks()
-            self.stop_reason = self.stop_reason or "timeout"
+            self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
             # Give faulthandler a moment to write the stacks before SIGTERM.
-            self._loop.call_later(0.5, self._stop, "timeout")
+            self._loop.call_later(0.5, self._stop, RunStatus.TIMEOUT)
 
         self._loop.call_later(seconds, expire)
 

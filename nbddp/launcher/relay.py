@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbddp.launcher.logs import rank_log
 from nbddp.launcher.starters import PARENT_FDS, STATUS
 from nbddp.wire.protocol import FrameReader
 
@@ -121,7 +122,9 @@ EMPTY, SHORT, FULL, CLOSED = range(4)
 
 
 @dataclass
-class _RankState:
+class _RankStreams:
+    """The relay's reading state for one rank: its fds, decoders, log and pending frames."""
+
     pipes: RankPipes
     log: int
     open_fds: set[int] = field(default_factory=set)
@@ -143,12 +146,12 @@ class Relay:
         self.log_dir = log_dir
         self.sink = sink
         self.loop = loop()
-        self._ranks: dict[int, _RankState] = {}
+        self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
 
     def log_path(self, rank: int) -> Path:
         """Where ``rank``'s full output is kept."""
-        return self.log_dir / f"rank{rank}.log"
+        return rank_log(self.log_dir, rank)
 
     def attach(self, rank: int, pipes: RankPipes) -> None:
         """Start relaying ``rank`` (any thread). The relay now owns ``pipes``."""
@@ -158,114 +161,114 @@ class Relay:
 
     def force_close(self, rank: int) -> None:
         """Stop reading ``rank`` now (loop thread): used when orphans hold its pipes."""
-        state = self._ranks.get(rank)
-        if state is not None:
-            for fd in list(state.open_fds):
-                self._close_fd(rank, state, fd)
+        streams = self._ranks.get(rank)
+        if streams is not None:
+            for fd in list(streams.open_fds):
+                self._close_fd(rank, streams, fd)
 
     def log_at_end(self, rank: int, text: str) -> None:
         """Append ``text`` to ``rank``'s log once its output is complete (loop thread)."""
-        state = self._ranks.get(rank)
-        if state is not None:
-            state.log_tail.append(text)
+        streams = self._ranks.get(rank)
+        if streams is not None:
+            streams.log_tail.append(text)
 
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = os.open(self.log_path(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        state = _RankState(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
-        self._ranks[rank] = state
+        streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
+        self._ranks[rank] = streams
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
-            state.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            streams.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             os.set_blocking(fd, False)
             _grow_pipe(fd)
-            state.readers[fd] = functools.partial(self._read_stream, rank, state, stream, fd)
-            self._watch(state, fd)
+            streams.readers[fd] = functools.partial(self._read_stream, rank, streams, stream, fd)
+            self._watch(streams, fd)
         pipes.ctrl.setblocking(False)
-        state.readers[state.ctrl_fd] = functools.partial(self._read_ctrl, rank, state)
-        self._watch(state, state.ctrl_fd)
+        streams.readers[streams.ctrl_fd] = functools.partial(self._read_ctrl, rank, streams)
+        self._watch(streams, streams.ctrl_fd)
         os.set_blocking(pipes.status, False)
         self.loop.loop.add_reader(pipes.status, self._on_status, rank)
 
-    def _read_stream(self, rank: int, state: _RankState, stream: str, fd: int) -> int:
+    def _read_stream(self, rank: int, streams: _RankStreams, stream: str, fd: int) -> int:
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return EMPTY
         except OSError:
             data = b""
-        decoder = state.decoders[stream]
+        decoder = streams.decoders[stream]
         if not data:
             tail = decoder.decode(b"", final=True)
             if tail:
                 self.sink.on_output(rank, stream, tail)
-            self._close_fd(rank, state, fd)
+            self._close_fd(rank, streams, fd)
             return CLOSED
-        os.write(state.log, data)
+        os.write(streams.log, data)
         text = decoder.decode(data)
         if text:
             self.sink.on_output(rank, stream, text)
         return SHORT if len(data) < READ_SIZE else FULL
 
-    def _read_ctrl(self, rank: int, state: _RankState) -> int:
+    def _read_ctrl(self, rank: int, streams: _RankStreams) -> int:
         try:
-            data = state.pipes.ctrl.recv(CTRL_READ_SIZE)
+            data = streams.pipes.ctrl.recv(CTRL_READ_SIZE)
         except BlockingIOError:
             return EMPTY
         except OSError:
             data = b""
         if not data:
-            self._close_fd(rank, state, state.ctrl_fd)
+            self._close_fd(rank, streams, streams.ctrl_fd)
             return CLOSED
-        for kind, body in state.frames.feed(data):
+        for kind, body in streams.frames.feed(data):
             self.sink.on_message(rank, kind, body)
         return SHORT if len(data) < CTRL_READ_SIZE else FULL
 
-    def _on_readable(self, state: _RankState, fd: int) -> None:
+    def _on_readable(self, streams: _RankStreams, fd: int) -> None:
         """A watched fd is readable: read it; once drained, it rests."""
-        if state.readers[fd]() == SHORT:
-            self._rest(state, fd)
+        if streams.readers[fd]() == SHORT:
+            self._rest(streams, fd)
         # FULL: stays watched, read again at once; EMPTY: spurious; CLOSED: gone.
 
     def _on_status(self, rank: int) -> None:
-        state = self._ranks[rank]
-        fd = state.pipes.status
+        streams = self._ranks[rank]
+        fd = streams.pipes.status
         try:
             data = os.read(fd, STATUS.size)
         except BlockingIOError:
             return
         code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
-        state.exit_reported = True
+        streams.exit_reported = True
         # The process is gone: what it sent before exiting (its error report,
         # last rows, last output) is already buffered. Read it all before
         # reporting the exit, so a rank's own error is never mistaken for a
         # death without one; then whatever is left (EOFs, an orphaned child's
         # output) is read as it comes, without resting.
-        for open_fd in (state.ctrl_fd, *state.pipes.fds()[:2]):
-            if open_fd in state.readers:
-                while open_fd in state.open_fds and state.readers[open_fd]() == FULL:
+        for open_fd in (streams.ctrl_fd, *streams.pipes.fds()[:2]):
+            if open_fd in streams.readers:
+                while open_fd in streams.open_fds and streams.readers[open_fd]() == FULL:
                     pass
-        for resting_fd in list(state.resting):
-            self._watch(state, resting_fd)
+        for resting_fd in list(streams.resting):
+            self._watch(streams, resting_fd)
         self.sink.on_exit(rank, code)
-        self._close_fd(rank, state, fd)
+        self._close_fd(rank, streams, fd)
 
-    def _watch(self, state: _RankState, fd: int) -> None:
+    def _watch(self, streams: _RankStreams, fd: int) -> None:
         """Have the loop read ``fd`` as soon as it is readable."""
-        state.resting.discard(fd)
-        state.idle.discard(fd)
-        if fd not in state.watched:
-            state.watched.add(fd)
-            self.loop.loop.add_reader(fd, self._on_readable, state, fd)
+        streams.resting.discard(fd)
+        streams.idle.discard(fd)
+        if fd not in streams.watched:
+            streams.watched.add(fd)
+            self.loop.loop.add_reader(fd, self._on_readable, streams, fd)
 
-    def _rest(self, state: _RankState, fd: int) -> None:
+    def _rest(self, streams: _RankStreams, fd: int) -> None:
         """Leave ``fd`` unwatched until the next tick (see module docstring: batching)."""
-        if state.exit_reported:
+        if streams.exit_reported:
             # The rank has exited: what is left (an orphan's output, EOF) is read at once.
-            self._watch(state, fd)
+            self._watch(streams, fd)
             return
-        if fd in state.watched:
-            state.watched.discard(fd)
+        if fd in streams.watched:
+            streams.watched.discard(fd)
             self.loop.loop.remove_reader(fd)
-        state.resting.add(fd)
+        streams.resting.add(fd)
         if self._tick is None:
             self._tick = self.loop.call_later(REST, self._on_tick)
 
@@ -277,43 +280,43 @@ class Relay:
         otherwise cost a wakeup of its own between ticks.
         """
         self._tick = None
-        for state in list(self._ranks.values()):
-            for fd in list(state.resting):
-                if fd not in state.resting:
+        for streams in list(self._ranks.values()):
+            for fd in list(streams.resting):
+                if fd not in streams.resting:
                     continue  # closed by what an earlier read reported
-                outcome = state.readers[fd]()
+                outcome = streams.readers[fd]()
                 if outcome == SHORT:
-                    state.idle.discard(fd)
-                    self._rest(state, fd)
-                elif outcome == EMPTY and fd not in state.idle:
-                    self._rest(state, fd)
-                    state.idle.add(fd)
+                    streams.idle.discard(fd)
+                    self._rest(streams, fd)
+                elif outcome == EMPTY and fd not in streams.idle:
+                    self._rest(streams, fd)
+                    streams.idle.add(fd)
                 elif outcome != CLOSED:
-                    self._watch(state, fd)
+                    self._watch(streams, fd)
 
-    def _close_fd(self, rank: int, state: _RankState, fd: int) -> None:
-        if fd not in state.open_fds:
+    def _close_fd(self, rank: int, streams: _RankStreams, fd: int) -> None:
+        if fd not in streams.open_fds:
             return
-        state.open_fds.discard(fd)
+        streams.open_fds.discard(fd)
         # No longer read at the next tick: the fd number may be reused by then.
-        state.resting.discard(fd)
-        state.idle.discard(fd)
-        state.watched.discard(fd)
+        streams.resting.discard(fd)
+        streams.idle.discard(fd)
+        streams.watched.discard(fd)
         self.loop.loop.remove_reader(fd)
         PARENT_FDS.discard(fd)
-        if fd == state.ctrl_fd:
-            state.pipes.ctrl.close()
+        if fd == streams.ctrl_fd:
+            streams.pipes.ctrl.close()
             self.sink.on_link_closed(rank)
         else:
             os.close(fd)
-        if fd == state.pipes.status and not state.exit_reported:
+        if fd == streams.pipes.status and not streams.exit_reported:
             # Forced close before the exit code arrived: report it as lost.
-            state.exit_reported = True
+            streams.exit_reported = True
             self.sink.on_exit(rank, None)
-        if not state.open_fds:
-            for text in state.log_tail:
-                os.write(state.log, text.encode("utf-8", "backslashreplace"))
-            os.close(state.log)
+        if not streams.open_fds:
+            for text in streams.log_tail:
+                os.write(streams.log, text.encode("utf-8", "backslashreplace"))
+            os.close(streams.log)
             self.sink.on_closed(rank)
 
 

@@ -5,11 +5,13 @@ it goes on, returns a ``RunResult`` when every rank has finished and all
 output has been read, and raises the root-cause failure otherwise: the
 earliest failing rank's exception with its original type when it can be
 rebuilt here (the rank's traceback attached as the ``__cause__`` and in a
-note), else ``WorkerError``/``RankExitedError``. ``KeyboardInterrupt``
-during ``wait`` stops every rank, waits for them to be gone, and re-raises.
+note), else ``WorkerError``/``RankExitedError`` (``failures.run_error``).
+``KeyboardInterrupt`` during ``wait`` stops every rank, waits for them to
+be gone, and re-raises. A ``Run`` reads its job only through ``RunSource``:
+typed events, rank outcomes, the root cause and the status.
 
-Display pump: events (output chunks, states, metrics) are taken from the
-job's queue in the waiting thread, in batches (everything queued, up to
+Display pump: typed events (output chunks, states, metrics) are taken from
+the job's queue in the waiting thread, in batches (everything queued, up to
 ``BATCH_SECONDS`` of work), and handed to the display, which only records
 them; between batches the display's ``refresh()`` draws at its own rate and
 says when it next needs a call, and the queue wait ends then. So however
@@ -20,7 +22,6 @@ once every rank's output is complete.
 
 from __future__ import annotations
 
-import pickle
 import queue
 import signal
 import sys
@@ -28,13 +29,16 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
 
 from nbddp.display.protocol import Display
-from nbddp.errors import LaunchTimeout, RankError, RankExitedError, RemoteTraceback, WorkerError
-from nbddp.launcher.job import Failure, Job
+from nbddp.launcher import events as ev
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
+from nbddp.launcher.failures import run_error
+from nbddp.launcher.logs import rank_log
 from nbddp.rank.metrics import Metrics
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
@@ -66,7 +70,42 @@ class RunResult:
 
     def log_path(self, rank: int) -> Path:
         """The full log of ``rank``."""
-        return self.log_dir / f"rank{rank}.log"
+        return rank_log(self.log_dir, rank)
+
+
+class RunSource(Protocol):
+    """What a ``Run`` reads from its job (``launcher.job.Job``): typed values only."""
+
+    events: queue.SimpleQueue[RunEvent]
+    log_dir: Path
+    config: LaunchConfig
+    run_id: str
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The run's root-cause failure, if any."""
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the run is; once it has ended, how it ended."""
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """Each rank as last seen."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the run has ended and all output has been read."""
+
+    def elapsed(self) -> float:
+        """Seconds since the start, until the end."""
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid."""
+
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
+        """Stop every rank."""
+
+    def dump_stacks(self) -> None:
+        """Have every running rank dump its stacks."""
 
 
 _LATEST: weakref.ref[Run] | None = None
@@ -80,7 +119,7 @@ def latest_run() -> Run | None:
 class Run:
     """A launched run (see module contract)."""
 
-    def __init__(self, job: Job, display: Display | None) -> None:
+    def __init__(self, job: RunSource, display: Display | None) -> None:
         global _LATEST
         self.job = job
         self.display = display
@@ -89,7 +128,7 @@ class Run:
         self._result: RunResult | None = None
         self._refresh_at: float | None = None  # when the display next wants a refresh
         if display is not None:
-            display.attach(job.log_dir, len(job.ranks))
+            display.attach(job.log_dir, len(job.outcomes()))
         _LATEST = weakref.ref(self)
 
     @property
@@ -98,34 +137,43 @@ class Run:
         return self.job.log_dir
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """starting, running, done, failed, stopped, timeout or interrupted."""
-        job = self.job
-        if not job.done.is_set():
-            return "running" if any(s.state != "starting" for s in job.ranks) else "starting"
-        if job.failure is not None and job.stop_reason in (None, "failed"):
-            return "failed"
-        return job.stop_reason or "done"
+        return self.job.status
 
     @property
     def pids(self) -> dict[int, int]:
         """Rank -> pid."""
         return self.job.pids()
 
-    def rank_states(self) -> dict[int, str]:
+    @property
+    def root_cause(self) -> Failure | None:
+        """The failure that ended the run, if one did: the rank, how, what it raised."""
+        return self.job.root_cause
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the run started, until it ended."""
+        return self.job.elapsed()
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """Each rank's state, pid, exit code, value and error, as last seen."""
+        return self.job.outcomes()
+
+    def rank_states(self) -> dict[int, RankState]:
         """Rank -> starting, running, done, failed or stopped."""
-        return {s.rank: s.state for s in self.job.ranks}
+        return {o.rank: o.state for o in self.job.outcomes()}
 
     def output(self, rank: int) -> str:
         """Everything ``rank`` wrote so far (stdout and stderr, as they arrived)."""
         try:
-            return (self.log_dir / f"rank{rank}.log").read_bytes().decode("utf-8", "replace")
+            return rank_log(self.log_dir, rank).read_bytes().decode("utf-8", "replace")
         except FileNotFoundError:
             return ""
 
     def stop(self) -> None:
         """Stop every rank; returns at once (``wait()`` to wait for them)."""
-        self.job.stop("stopped")
+        self.job.stop(RunStatus.STOPPED)
 
     def dump_stacks(self) -> None:
         """Have every running rank write its threads' Python stacks into its output."""
@@ -187,10 +235,10 @@ class Run:
                     # letting events gather makes it one wakeup per batch. ``done``
                     # ends the pause early so the end of a run is not delayed.
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
-                    self.job.done.wait(max(0.0, pause))
+                    self.job.wait(max(0.0, pause))
             self._refresh()
 
-    def _dispatch_batch(self, event: tuple[Any, ...]) -> bool | None:
+    def _dispatch_batch(self, event: RunEvent) -> bool | None:
         """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).
 
         None once the run is done; True if the queue was emptied; False if
@@ -208,28 +256,27 @@ class Run:
             except queue.Empty:
                 return True
 
-    def _dispatch(self, event: tuple[Any, ...]) -> bool:
-        """Hand one event to the display; True if it was the last ("done")."""
-        kind = event[0]
-        if kind == "done":
+    def _dispatch(self, event: RunEvent) -> bool:
+        """Hand one event to the display; True if it was the last (``Done``)."""
+        if isinstance(event, ev.Done):
             if self.display is not None:
                 self.display.close()
             return True
-        if kind == "metrics":
-            self.metrics.extend(event[2])
+        if isinstance(event, ev.Metrics):
+            self.metrics.extend(event.rows)
         display = self.display
         if display is None:
             return False
-        if kind == "output":
-            display.output(event[1], event[2], event[3])
-        elif kind == "state":
-            display.state(event[1], event[2])
-        elif kind == "metrics":
-            rank, metric = event[1], display.metric
-            for row in event[2]:
+        if isinstance(event, ev.Output):
+            display.output(event.rank, event.stream, event.text)
+        elif isinstance(event, ev.StateChanged):
+            display.state(event.rank, event.state)
+        elif isinstance(event, ev.Metrics):
+            rank, metric = event.rank, display.metric
+            for row in event.rows:
                 metric(rank, row)
-        elif kind == "notice":
-            display.notice(event[1])
+        elif isinstance(event, ev.Notice):
+            display.notice(event.text)
         return False
 
     def _refresh(self) -> None:
@@ -247,7 +294,7 @@ class Run:
         # everything the ranks write meanwhile.
         display, self.display = self.display, None
         try:
-            self.job.stop("interrupted")
+            self.job.stop(RunStatus.INTERRUPTED)
             self._pump(time.monotonic() + self.job.config.kill_grace + STOP_WAIT)
         except TimeoutError:
             print("nbddp: some ranks did not stop in time", file=sys.__stderr__)
@@ -258,31 +305,19 @@ class Run:
 
     def _build_result(self) -> RunResult:
         job = self.job
+        outcomes = job.outcomes()
         values: dict[int, Any] = {}
-        for state in job.ranks:
-            data = state.value
-            if data is not None:
-                values[state.rank] = cloudpickle.loads(data)
-        failure: BaseException | None = None
-        if job.failure is not None:
-            failure = build_error(job.failure, job.ranks[job.failure.rank].exit_code, self.log_dir)
-        elif job.stop_reason == "timeout":
-            stuck = [s.rank for s in job.ranks if s.value is None]
-            failure = LaunchTimeout(
-                f"the run exceeded its timeout of {job.config.timeout:g}s and was stopped "
-                f"with rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
-                f"still running; each one's stacks are at the end of its log in {self.log_dir}"
-            )
-        elif job.stop_reason is not None and len(values) < len(job.ranks):
-            failure = RankError(f"the run was {job.stop_reason}", rank=-1)
-        end = job.ended_at or time.monotonic()
+        for outcome in outcomes:
+            if outcome.value is not None:
+                values[outcome.rank] = cloudpickle.loads(outcome.value)
+        failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, job.config.timeout)
         return RunResult(
             values=values,
-            exit_codes={s.rank: s.exit_code for s in job.ranks},
+            exit_codes={o.rank: o.exit_code for o in outcomes},
             log_dir=self.log_dir,
             metrics=Metrics(self.metrics),
             failure=failure,
-            duration=end - job.started_at,
+            duration=job.elapsed(),
         )
 
 
@@ -290,50 +325,3 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def describe_exit(code: int | None) -> str:
-    """ "exit code 3", "signal SIGSEGV (Segmentation fault)", or "an unknown status"."""
-    if code is None:
-        return "an unknown status (its exit code was lost)"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        sig = signal.Signals(-code)
-    except ValueError:
-        return f"signal {-code}"
-    return f"signal {sig.name} ({signal.strsignal(sig) or sig.name})"
-
-
-def build_error(failure: Failure, exit_code: int | None, log_dir: Path) -> BaseException:
-    """The exception to raise in the notebook for a run's root-cause failure."""
-    rank = failure.rank
-    log = str(log_dir / f"rank{rank}.log")
-    info = failure.error
-    if info is None:
-        what = describe_exit(exit_code)
-        verb = "was killed by" if exit_code is not None and exit_code < 0 else "ended with"
-        return RankExitedError(
-            f"rank {rank} {verb} {what} before returning; its output is in {log}",
-            rank=rank,
-            exit_code=exit_code,
-            log_path=log,
-        )
-    exc: BaseException | None = None
-    if info.exc_bytes is not None:
-        try:
-            exc = pickle.loads(info.exc_bytes)
-        except Exception:
-            exc = None
-    if exc is None:
-        exc = WorkerError(
-            f"rank {rank} raised {info.type_name}: {info.message}",
-            rank=rank,
-            remote_type=info.type_name,
-            remote_traceback=info.traceback,
-            log_path=log,
-        )
-    exc.__cause__ = RemoteTraceback(f"\n--- traceback from rank {rank} ---\n{info.traceback}")
-    if hasattr(exc, "add_note"):  # Python 3.11+
-        exc.add_note(f"(raised on rank {rank}; full output in {log})")
-    return exc

@@ -7,38 +7,32 @@ the cell program (``SyntaxError``, ``CellError``, ``PayloadError`` naming
 the notebook name that cannot be sent), runs it on every rank and returns
 rank 0's ``--out`` values and trailing expression. A failed run raises an
 exception that IPython shows as a failed cell with the root-cause rank's
-traceback once (``_render_traceback_``), not the local nbddp frames that
-re-raised it; an interrupt stops every rank and raises ``KeyboardInterrupt``.
+traceback once (``_render_traceback_``, made by ``launcher.failures``), not
+the local nbddp frames that re-raised it; an interrupt stops every rank and
+raises ``KeyboardInterrupt``.
 
 Nothing here imports IPython: ``magics`` parses arguments and hands over.
 """
 
 from __future__ import annotations
 
-import builtins
-import time
 import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import cloudpickle
 
-from nbddp.errors import CellError, PayloadError, WorkerError
+from nbddp.errors import CellError, PayloadError
+from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import start_run
-from nbddp.launcher.run import Run, describe_exit, latest_run
+from nbddp.launcher.failures import describe_exit, rendered
+from nbddp.launcher.run import Run, latest_run
 from nbddp.notebook.cell import CellProgram, CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
-from nbddp.wire.protocol import ErrorInfo
 
 OUTPUTS = ("all", "rank0", "none")
 """Choices of ``--output``."""
-
-# IPython shows these its own way, ignoring ``_render_traceback_``.
-_NOT_RENDERED: tuple[type[BaseException], ...] = (
-    SyntaxError,
-    *((builtins.BaseExceptionGroup,) if hasattr(builtins, "BaseExceptionGroup") else ()),
-)
 
 
 def merge_options(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -126,15 +120,15 @@ class CellRunner:
             # Shown as Python shows it (file, line, caret), without the
             # local frames IPython would list for a SyntaxError raised here.
             shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
-            raise _rendered(CellError(shown), shown.split("\n")) from None
+            raise rendered(CellError(shown), shown.split("\n")) from None
         try:
             run = start_run(config, program, (), {}, output)
         except PayloadError as exc:
-            raise _rendered(PayloadError(_explain_names(program.names) or str(exc))) from None
+            raise rendered(PayloadError(_explain_names(program.names) or str(exc))) from None
         except KeyboardInterrupt:
             # Job.start stops the ranks it had started before re-raising.
             message = "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
-            raise _rendered(KeyboardInterrupt(), [message]) from None
+            raise rendered(KeyboardInterrupt(), [message]) from None
         self.last_run = run
         return _finish(run)
 
@@ -147,20 +141,19 @@ class CellRunner:
             return "%ddp_status: no run has started in this kernel yet"
         note = ""
         if stacks:
-            if run.job.done.is_set():
+            if run.job.wait(0):
                 note = "\n(--stacks: the run has ended; no stacks to dump)"
             else:
                 run.dump_stacks()
                 note = "\nstacks requested: each running rank writes them to its output and log"
-        job, config = run.job, run.job.config
-        elapsed = (job.ended_at or time.monotonic()) - job.started_at
+        config = run.job.config
         lines = [
-            f"latest run: {run.status} after {elapsed:.1f}s; {config.world_size} ranks "
-            f"({config.device}, {config.backend}, {config.start_method}); run id {job.run_id}"
+            f"latest run: {run.status} after {run.elapsed:.1f}s; {config.world_size} ranks "
+            f"({config.device}, {config.backend}, {config.start_method}); run id {run.job.run_id}"
         ]
-        for state in job.ranks:
-            ended = describe_exit(state.exit_code) if state.exited else "still running"
-            lines.append(f"  rank {state.rank}: {state.state:<8} pid {state.pid}  {ended}")
+        for o in run.outcomes():
+            ended = describe_exit(o.exit_code) if o.exited else "still running"
+            lines.append(f"  rank {o.rank}: {o.state:<8} pid {o.pid}  {ended}")
         lines.append(f"log dir: {run.log_dir}")
         return "\n".join(lines) + note
 
@@ -171,12 +164,12 @@ def _finish(run: Run) -> tuple[dict[str, Any], Any]:
     try:
         values = run.wait().values.get(0)
     except KeyboardInterrupt:
-        failure = _rendered(
+        failure = rendered(
             KeyboardInterrupt(),
             [f"KeyboardInterrupt: every rank was stopped; their output is in {run.log_dir}"],
         )
     except Exception as exc:
-        failure = presentable(exc, run)
+        failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir)
     if failure is not None:
         # Raised here, outside the except blocks, so that the error carries
         # no __context__ for IPython to walk (it falls back to a plain local
@@ -185,70 +178,6 @@ def _finish(run: Run) -> tuple[dict[str, Any], Any]:
     if not isinstance(values, CellValues):
         return {}, None
     return values.restore()
-
-
-def presentable(exc: BaseException, run: Run) -> BaseException:
-    """``exc`` (a run's failure) made to show as the failing rank's traceback, once.
-
-    The lines are the rank's own traceback (formatted in the rank, so they
-    show the cell's lines), then which rank it was, which other ranks failed,
-    and where the full log is. Exceptions IPython would not render this way
-    (syntax errors, exception groups) are replaced by a ``WorkerError``.
-    """
-    failure = run.job.failure
-    info = failure.error if failure is not None else None
-    if failure is None or info is None:
-        return _rendered(exc, [f"{type(exc).__name__}: {exc}"])
-    rank = failure.rank
-    lines = info.traceback.rstrip("\n").split("\n")
-    others = _other_failures(run, rank, info)
-    also = f"; also failed: {', '.join(others)}" if others else ""
-    lines.append(
-        f"(raised on rank {rank} of {run.job.config.world_size}{also}; "
-        f"full output in {run.log_dir / f'rank{rank}.log'})"
-    )
-    if isinstance(exc, _NOT_RENDERED):
-        exc = WorkerError(
-            f"rank {rank} raised {info.type_name}: {info.message}",
-            rank=rank,
-            remote_type=info.type_name,
-            remote_traceback=info.traceback,
-            log_path=str(run.log_dir / f"rank{rank}.log"),
-        )
-    return _rendered(exc, lines)
-
-
-def _other_failures(run: Run, root: int, info: ErrorInfo) -> list[str]:
-    """The other failed ranks, each with its error unless it is the root cause's."""
-    found: list[str] = []
-    for state in run.job.ranks:
-        if state.rank == root or state.state != "failed":
-            continue
-        error = state.error
-        if error is None:
-            found.append(f"rank {state.rank} ({describe_exit(state.exit_code)})")
-        elif (error.type_name, error.message) == (info.type_name, info.message):
-            found.append(f"rank {state.rank} (the same error)")
-        else:
-            name = error.type_name.rpartition(".")[2]
-            found.append(f"rank {state.rank} ({name}: {error.message})")
-    return found
-
-
-def _rendered(exc: BaseException, lines: list[str] | None = None) -> BaseException:
-    """``exc`` with IPython's ``_render_traceback_`` hook showing ``lines`` (default: one line)."""
-    shown = lines if lines is not None else [f"{type(exc).__name__}: {exc}"]
-    try:
-        # IPython calls exc._render_traceback_() instead of formatting the
-        # local traceback (the hook ipyparallel uses for remote errors).
-        exc._render_traceback_ = lambda: list(shown)  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type without instance attributes
-        fallback = WorkerError(
-            str(exc), rank=-1, remote_type=type(exc).__qualname__, remote_traceback="\n".join(shown)
-        )
-        fallback._render_traceback_ = lambda: list(shown)  # type: ignore[attr-defined]
-        return fallback
-    return exc
 
 
 def _explain_names(names: Mapping[str, Any]) -> str | None:

@@ -158,7 +158,7 @@ def test_keyboard_interrupt_stops_every_rank_and_reraises() -> None:
         run.wait()
     assert run.status == "interrupted"
     assert run.rank_states() == {0: "stopped", 1: "stopped"}
-    assert all(s.exit_code is not None and s.exit_code < 0 for s in run.job.ranks)
+    assert all(o.exit_code is not None and o.exit_code < 0 for o in run.outcomes())
 
 
 def test_dataloader_worker_processes_are_stopped_with_their_rank() -> None:
@@ -244,11 +244,11 @@ def test_a_rank_that_returned_stays_until_every_rank_has(tmp_path: Path, method:
     assert isinstance(run, nbddp.Run)
     try:
         deadline = time.monotonic() + 60
-        while run.job.ranks[0].value is None:  # rank 0 has returned its value
-            assert time.monotonic() < deadline and not run.job.done.is_set()
-            run.job.done.wait(0.02)
+        while run.outcomes()[0].value is None:  # rank 0 has returned its value
+            assert time.monotonic() < deadline and not run.job.wait(0)
+            run.job.wait(0.02)
         rank0 = psutil.Process(run.pids[0])
-        assert rank0.status() != psutil.STATUS_ZOMBIE and not run.job.ranks[0].exited
+        assert rank0.status() != psutil.STATUS_ZOMBIE and not run.outcomes()[0].exited
     finally:
         # Release rank 1 however the checks went (non-blocking: it may be gone).
         with contextlib.suppress(OSError):

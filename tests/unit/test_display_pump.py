@@ -10,7 +10,19 @@ from typing import Any
 
 import pytest
 
-from nbddp.launcher.job import RankState
+import nbddp
+from nbddp.launcher.events import (
+    Done,
+    Failure,
+    Metrics,
+    Notice,
+    Output,
+    RankOutcome,
+    RankState,
+    RunEvent,
+    RunStatus,
+    StateChanged,
+)
 from nbddp.launcher.run import Run
 
 
@@ -44,49 +56,75 @@ class RecordingDisplay:
         self.closed = True
 
 
-def fake_job(tmp_path: Path) -> Any:
-    ranks = [RankState(0), RankState(1)]
-    for state in ranks:
-        state.exit_code, state.ended_at = 0, 1.0
-    return SimpleNamespace(
-        events=queue.SimpleQueue(),
-        done=threading.Event(),
-        ranks=ranks,
-        log_dir=tmp_path,
-        failure=None,
-        stop_reason=None,
-        started_at=0.0,
-        ended_at=1.0,
-        config=SimpleNamespace(kill_grace=1.0, timeout=None),
-    )
+class FakeSource:
+    """Only what a ``Run`` reads: the event queue, outcomes, root cause, status, end."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
+        self.log_dir = log_dir
+        self.config = SimpleNamespace(kill_grace=1.0, timeout=None)
+        self.ended = threading.Event()
+        self.root_cause: Failure | None = None
+        self.status = RunStatus.DONE
+        self.ranks = [
+            RankOutcome(r, RankState.DONE, 100 + r, 0, True, None, None, 0.0, 1.0) for r in (0, 1)
+        ]
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        return tuple(self.ranks)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ended.wait(timeout)
+
+    def elapsed(self) -> float:
+        return 1.0
 
 
 def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None:
-    job = fake_job(tmp_path)
+    job = FakeSource(tmp_path)
     display = RecordingDisplay()
     run = Run(job, display)
     assert display.attached == (tmp_path, 2)
-    sent = [("output", 0, "stdout", f"line {i}\n") for i in range(100_000)]
+    sent: list[RunEvent] = [Output(0, "stdout", f"line {i}\n") for i in range(100_000)]
     row = {"rank": 1, "step": 0, "time": 0.0, "x": 1.0}
-    sent += [("state", 0, "done"), ("metrics", 1, [row, row])]
+    sent += [StateChanged(0, RankState.DONE), Notice("a notice"), Metrics(1, (row, row))]
     for event in sent:
         job.events.put(event)
-    job.events.put(("done",))
-    job.done.set()
+    job.events.put(Done())
+    job.ended.set()
     result = run.wait()
-    assert display.events == [*sent[:-1], ("metric", 1, row), ("metric", 1, row)]
+    expected = [("output", 0, "stdout", f"line {i}\n") for i in range(100_000)]
+    expected += [("state", 0, "done"), ("notice", "a notice")]
+    assert display.events == [*expected, ("metric", 1, row), ("metric", 1, row)]
     assert display.closed
     assert display.refreshes < 100  # batches, not an event at a time
     assert result.metrics == [row, row]
     assert run.metrics == result.metrics
+    assert result.failure is None and result.duration == 1.0
+    assert result.exit_codes == {0: 0, 1: 0}
 
 
 def test_timeout_refreshes_then_raises(tmp_path: Path) -> None:
-    job = fake_job(tmp_path)
+    job = FakeSource(tmp_path)
     display = RecordingDisplay()
-    job.events.put(("output", 0, "stdout", "partial"))
+    job.events.put(Output(0, "stdout", "partial"))
     with pytest.raises(TimeoutError):
         Run(job, display).wait(timeout=0.01)
     assert display.events == [("output", 0, "stdout", "partial")]
     assert display.refreshes >= 1
     assert not display.closed
+
+
+def test_the_root_cause_and_outcomes_make_the_error_raised(tmp_path: Path) -> None:
+    job = FakeSource(tmp_path)
+    job.ranks[1] = RankOutcome(1, RankState.FAILED, 101, -11, True, None, None, 0.0, 1.0)
+    job.root_cause = Failure(1, "died")
+    job.status = RunStatus.FAILED
+    job.events.put(Done())
+    job.ended.set()
+    run = Run(job, None)
+    with pytest.raises(nbddp.RankExitedError, match=r"rank 1 was killed by signal SIGSEGV") as info:
+        run.wait()
+    assert info.value.exit_code == -11 and info.value.rank == 1
+    assert info.value.log_path == str(tmp_path / "rank1.log")
+    assert run.status == "failed" and run.rank_states() == {0: "done", 1: "failed"}

@@ -50,7 +50,7 @@ def test_an_error_sent_just_before_exiting_is_reported_before_the_exit(tmp_path:
         status_r, status_w = os.pipe()
         ours, theirs = socket.socketpair()
         sink = Recorder()
-        relay = Relay(tmp_path, sink)  # type: ignore[arg-type]
+        relay = Relay(tmp_path, sink)
         relay.attach(0, RankPipes(out_r, err_r, ours, status_r))
         # Traffic first, so that the relay reads and then rests every fd.
         theirs.sendall(protocol.encode("state", "running"))

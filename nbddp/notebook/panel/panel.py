@@ -21,10 +21,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nbddp.errors import ConfigError, RemoteTraceback
+from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.entry import start_with_display
+from nbddp.launcher.events import RunStatus
+from nbddp.launcher.failures import summary
 from nbddp.launcher.run import Run, RunResult
 from nbddp.notebook.panel.feed import PanelFeed
 from nbddp.notebook.panel.settings import PanelSettings, call_code
@@ -143,7 +145,7 @@ class Panel:
             feed = PanelFeed(self.view, tail=self.tail)
             run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
             self.run = run
-            self.view.show_run_state("running")
+            self.view.show_run_state(RunStatus.RUNNING)
             self.view.set_running(True, can_launch=False)
             self._thread = threading.Thread(
                 target=self._pump, args=(run,), name="nbddp-panel", daemon=True
@@ -203,7 +205,7 @@ class Panel:
             text = repr(value)
             if len(text) > _MAX_VALUE_REPR:
                 text = text[:_MAX_VALUE_REPR] + "…"
-            self.view.show_run_state("done", f"done in {result.duration:.1f}s")
+            self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
             self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
         finally:
             can_launch = not self._closed and not self.settings().errors()
@@ -211,14 +213,12 @@ class Panel:
 
     def _show_failure(self, run: Run, exc: BaseException) -> None:
         status = run.status
-        if status in ("stopped", "interrupted"):
-            self.view.show_run_state("stopped")
+        if status in (RunStatus.STOPPED, RunStatus.INTERRUPTED):
+            self.view.show_run_state(RunStatus.STOPPED)
             self.view.show_result(f"stopped; each rank's output is in {run.log_dir}")
             return
-        self.view.show_run_state("failed" if status == "done" else status)
-        detail = str(exc.__cause__) if isinstance(exc.__cause__, RemoteTraceback) else ""
-        notes = "\n".join(getattr(exc, "__notes__", ()))
-        self.view.show_result(f"{type(exc).__name__}: {exc}\n{notes}".rstrip(), detail.strip())
+        self.view.show_run_state(RunStatus.FAILED if status is RunStatus.DONE else status)
+        self.view.show_result(*summary(exc, run.root_cause))
 
     def show(self) -> None:
         """Display the panel in the running cell (once per cell: a panel that

@@ -1,0 +1,179 @@
+"""``launcher.failures``: the root cause, the exception raised, and how IPython shows it."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+from pathlib import Path
+
+import pytest
+
+import nbddp
+from nbddp.errors import RemoteTraceback
+from nbddp.launcher import failures
+from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
+from nbddp.wire.protocol import ErrorInfo
+
+TB = 'Traceback (most recent call last):\n  File "<ddp cell [3]>", line 4\nValueError: bad\n'
+
+
+def info(exc: BaseException | None = None, message: str = "bad") -> ErrorInfo:
+    data = pickle.dumps(exc) if exc is not None else None
+    return ErrorInfo("builtins.ValueError", message, TB, data)
+
+
+def outcome(
+    rank: int,
+    state: RankState = RankState.DONE,
+    exit_code: int | None = 0,
+    error: ErrorInfo | None = None,
+    value: bytes | None = None,
+) -> RankOutcome:
+    return RankOutcome(rank, state, 100 + rank, exit_code, True, value, error, 0.0, 1.0)
+
+
+def test_the_earliest_failure_is_the_root_cause() -> None:
+    a, b = Failure(0, "raised", info()), Failure(1, "raised", info())
+    assert failures.root_cause([(10.0, a), (10.1, b)], grace=3.0) == a
+    assert failures.root_cause([], grace=3.0) is None
+
+
+def test_a_rank_that_died_within_the_grace_wins_over_ranks_that_raised() -> None:
+    raised, died = Failure(0, "raised", info()), Failure(1, "died")
+    assert failures.root_cause([(10.0, raised), (12.0, died)], grace=3.0) == died
+    assert failures.root_cause([(10.0, raised), (14.0, died)], grace=3.0) == raised
+    exited = Failure(2, "exited")
+    assert failures.root_cause([(10.0, raised), (10.5, exited)], grace=3.0) == exited
+
+
+def test_a_rebuilt_exception_carries_the_ranks_traceback_and_a_note(tmp_path: Path) -> None:
+    cause = Failure(1, "raised", info(ValueError("bad")))
+    exc = failures.run_error(
+        cause, RunStatus.FAILED, [outcome(0), outcome(1, RankState.FAILED, 1)], tmp_path, None
+    )
+    assert type(exc) is ValueError and str(exc) == "bad"
+    assert isinstance(exc.__cause__, RemoteTraceback)
+    assert str(exc.__cause__) == f"\n--- traceback from rank 1 ---\n{TB}"
+    assert exc.__notes__ == [f"(raised on rank 1; full output in {tmp_path / 'rank1.log'})"]
+    # What Python prints: the rank's traceback, then the exception with its note.
+    printed = "".join(traceback.format_exception(exc))
+    assert printed.index('File "<ddp cell [3]>"') < printed.index("(raised on rank 1;")
+    assert not hasattr(exc, "_render_traceback_")  # launch() keeps IPython's usual formatting
+
+
+@pytest.mark.parametrize("exc_bytes", [None, b"not a pickle"])
+def test_an_exception_that_cannot_be_rebuilt_falls_back_to_worker_error(
+    tmp_path: Path, exc_bytes: bytes | None
+) -> None:
+    error = ErrorInfo("mymod.Custom", "it broke", TB, exc_bytes)
+    exc = failures.rank_error(Failure(0, "raised", error), 1, tmp_path)
+    assert isinstance(exc, nbddp.WorkerError)
+    assert str(exc) == "rank 0 raised mymod.Custom: it broke"
+    assert (exc.rank, exc.remote_type, exc.remote_traceback) == (0, "mymod.Custom", TB)
+    assert exc.log_path == str(tmp_path / "rank0.log")
+    assert isinstance(exc.__cause__, RemoteTraceback)
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        (-signal.SIGKILL, "rank 2 was killed by signal SIGKILL (Killed) before returning"),
+        (-signal.SIGSEGV, "rank 2 was killed by signal SIGSEGV (Segmentation fault) before"),
+        (3, "rank 2 ended with exit code 3 before returning"),
+        (None, "rank 2 ended with an unknown status (its exit code was lost)"),
+    ],
+)
+def test_a_rank_that_exited_or_died_names_how(tmp_path: Path, code: int | None, text: str) -> None:
+    outcomes = [outcome(0), outcome(1), outcome(2, RankState.FAILED, code)]
+    exc = failures.run_error(Failure(2, "died"), RunStatus.FAILED, outcomes, tmp_path, None)
+    assert isinstance(exc, nbddp.RankExitedError)
+    assert str(exc).startswith(text)
+    assert str(exc).endswith(f"its output is in {tmp_path / 'rank2.log'}")
+    assert (exc.rank, exc.exit_code) == (2, code)
+
+
+def test_a_timeout_names_the_ranks_still_running(tmp_path: Path) -> None:
+    outcomes = [outcome(0, value=b"x"), outcome(1, RankState.STOPPED, -15), outcome(2)]
+    exc = failures.run_error(None, RunStatus.TIMEOUT, outcomes, tmp_path, 0.5)
+    assert isinstance(exc, nbddp.LaunchTimeout)
+    assert "timeout of 0.5s and was stopped with ranks 1, 2 still running" in str(exc)
+
+
+def test_a_stopped_run_fails_unless_every_rank_returned(tmp_path: Path) -> None:
+    stopped = [outcome(0, RankState.STOPPED, -15), outcome(1, value=b"x")]
+    exc = failures.run_error(None, RunStatus.INTERRUPTED, stopped, tmp_path, None)
+    assert isinstance(exc, nbddp.RankError) and str(exc) == "the run was interrupted"
+    returned = [outcome(0, value=b"x"), outcome(1, value=b"y")]
+    assert failures.run_error(None, RunStatus.STOPPED, returned, tmp_path, None) is None
+    assert failures.run_error(None, RunStatus.DONE, stopped, tmp_path, None) is None
+
+
+def test_ipython_shows_the_ranks_traceback_then_where_and_what_else_failed(
+    tmp_path: Path,
+) -> None:
+    root = info(ValueError("bad"))
+    outcomes = [
+        outcome(0, RankState.FAILED, 1, info(message="bad")),
+        outcome(1, RankState.FAILED, 1, root),
+        outcome(2, RankState.FAILED, -9),
+        outcome(3, RankState.FAILED, 1, ErrorInfo("torch.DistBackendError", "reset", "", None)),
+        outcome(4, RankState.STOPPED, -15),
+    ]
+    cause = Failure(1, "raised", root)
+    exc = failures.run_error(cause, RunStatus.FAILED, outcomes, tmp_path, None)
+    assert exc is not None
+    shown = failures.presentable(exc, cause, outcomes, tmp_path)
+    assert shown is exc
+    lines = shown._render_traceback_()
+    assert lines == [
+        *TB.rstrip("\n").split("\n"),
+        "(raised on rank 1 of 5; also failed: rank 0 (the same error), "
+        "rank 2 (signal SIGKILL (Killed)), rank 3 (DistBackendError: reset); "
+        f"full output in {tmp_path / 'rank1.log'})",
+    ]
+
+
+def test_a_syntax_error_from_a_rank_is_shown_as_a_worker_error(tmp_path: Path) -> None:
+    error = ErrorInfo("builtins.SyntaxError", "invalid syntax", TB, None)
+    cause = Failure(0, "raised", error)
+    outcomes = [outcome(0, RankState.FAILED, 1, error)]
+    shown = failures.presentable(SyntaxError("invalid syntax"), cause, outcomes, tmp_path)
+    assert isinstance(shown, nbddp.WorkerError)
+    assert str(shown) == "rank 0 raised builtins.SyntaxError: invalid syntax"
+    assert shown._render_traceback_()[-1].startswith("(raised on rank 0 of 1; full output in")
+
+
+def test_a_failure_without_a_rank_error_shows_as_one_line(tmp_path: Path) -> None:
+    exc = nbddp.LaunchTimeout("the run exceeded its timeout")
+    shown = failures.presentable(exc, None, [outcome(0)], tmp_path)
+    assert shown._render_traceback_() == ["LaunchTimeout: the run exceeded its timeout"]
+
+
+def test_nbddp_errors_render_only_once_given_lines() -> None:
+    exc = nbddp.ConfigError("bad option")
+    assert not hasattr(exc, "_render_traceback_")  # IPython formats it as usual
+    assert failures.rendered(exc, ["one", "two"]) is exc
+    assert exc._render_traceback_() == ["one", "two"]
+    assert "_render_traceback_" not in vars(type(exc))  # owned by NbddpError, not patched
+
+
+def test_other_exceptions_get_a_rendering_callable() -> None:
+    exc = failures.rendered(KeyboardInterrupt(), ["KeyboardInterrupt: every rank was stopped"])
+    assert isinstance(exc, KeyboardInterrupt)
+    assert exc._render_traceback_() == ["KeyboardInterrupt: every rank was stopped"]
+    plain = failures.rendered(ValueError("x"))
+    assert plain._render_traceback_() == ["ValueError: x"]
+
+
+def test_the_panel_summary_has_the_headline_notes_and_the_ranks_traceback(
+    tmp_path: Path,
+) -> None:
+    cause = Failure(1, "raised", info(ValueError("bad")))
+    exc = failures.rank_error(cause, 1, tmp_path)
+    headline, detail = failures.summary(exc, cause)
+    assert (
+        headline == f"ValueError: bad\n(raised on rank 1; full output in {tmp_path / 'rank1.log'})"
+    )
+    assert detail == f"--- traceback from rank 1 ---\n{TB.strip()}"
+    assert failures.summary(nbddp.LaunchTimeout("late"), None) == ("LaunchTimeout: late", "")
