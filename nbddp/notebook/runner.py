@@ -68,9 +68,12 @@ class CellRunner:
 
     def cell_config(self, given: LaunchOptions, *, init: bool) -> LaunchConfig:
         """The config of a cell with options ``given``: the defaults' own when it adds none."""
-        if given or self.defaults_config is None:
+        kept = self.defaults_config
+        if given or kept is None:
             return build_config(merge_options(self.defaults, given), init=init)
-        return dataclasses.replace(self.defaults_config, init_process_group=init)
+        if kept.init_process_group == init:
+            return kept
+        return dataclasses.replace(kept, init_process_group=init)
 
     def describe_defaults(self) -> str:
         """The defaults as a ``%ddp_config`` line, or what applies when there are none."""
