@@ -180,9 +180,10 @@ def pool_request(config: LaunchConfig) -> PoolRequest:
     """The pool to ask the forkserver for while starting ``config``'s ranks.
 
     The pool is sized to the launch (its world size: the processes it starts
-    on this machine), capped by ``config.pool_max`` (``NBDDP_POOL``, default
-    ``config.POOL_MAX``; 0 turns the pool off). ``config.pool_idle``
-    (``NBDDP_POOL_IDLE``) is how long idle workers wait for the next launch.
+    on this machine), capped by ``config.pool_max`` (``NBDDP_POOL``; 0 turns
+    the pool off). ``config.pool_idle`` (``NBDDP_POOL_IDLE``) is how long idle
+    workers wait for the next launch. Both were read, and checked, when the
+    config was built.
     """
     return PoolRequest(min(config.world_size, config.pool_max), config.pool_idle)
 
