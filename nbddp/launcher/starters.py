@@ -27,10 +27,13 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
-from nbddp.launcher.config import LaunchConfig
 from nbddp.rank import worker
+
+if TYPE_CHECKING:
+    # Only for types: the forkserver imports this module and needs none of the config.
+    from nbddp.launcher.config import LaunchConfig
 
 STATUS = struct.Struct("!q")
 REQUEST = struct.Struct("!cqd")
