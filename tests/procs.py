@@ -27,7 +27,7 @@ import psutil
 MARKER = "NBDDP_TEST_SESSION"
 FORKSERVER_NAME = "nbddp-forksrv"
 IDLE_NAME = "nbddp-idle"
-POOL_CAP = 8  # nbddp.launcher.starters.POOL_MAX (checked by a unit test): no nbddp import here
+POOL_CAP = 8  # nbddp.launcher.config.POOL_MAX (checked by a unit test): no nbddp import here
 
 
 def _role(proc: psutil.Process, name: str) -> str:

@@ -1,30 +1,53 @@
 """``LaunchConfig``: every launch option, validated before any process starts.
 
-Contract: ``LaunchConfig.build(...)`` either returns a config whose every
-field is valid and resolved (world size, GPU tokens, backend, start method)
-or raises ``ConfigError`` with a one-line message that says what is wrong
-and what to do. Nothing here starts a process, initialises CUDA or binds a
-port for longer than a check. The port itself is chosen at launch time
-(``ports.choose_port``) because a port free now may be taken by then.
+Contract: ``LaunchConfig.build(**options)`` takes the options of
+``options.LaunchOptions`` (plus a few keywords with which the entry points
+wire a launch) and either returns a config whose every field is valid and
+resolved (world size, GPU tokens, backend, start method, display, the
+forkserver pool's settings) or raises ``ConfigError`` with a one-line message
+that says what is wrong and what to do. ``check_option`` is the same check of
+one option on its own (the panel checks each field with it); what only a
+combination shows (gpus and procs, GPUs that are not visible, nccl on CPU) is
+checked by ``build`` alone.
+
+Nothing here starts a process, initialises CUDA or binds a port for longer
+than a check. The port itself is chosen at launch time
+(``ports.choose_port``) because a port free now may be taken by then. The
+environment (``NBDDP_POOL``, ``NBDDP_POOL_IDLE``) is read when the config is
+built.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from nbddp.errors import ConfigError
 from nbddp.launcher.devices import VisibleGpus, visible_gpus
+from nbddp.launcher.options import (
+    DEFAULT_TAIL,
+    DEFAULTS,
+    OPTIONS,
+    Backend,
+    LaunchOptions,
+    MixedPrecision,
+    Output,
+    StartMethod,
+)
 
-StartMethod = Literal["forkserver", "spawn", "fork"]
-MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
-Backend = Literal["nccl", "gloo"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 DeviceKind = Literal["cuda", "cpu", "inherit"]
 
 DEFAULT_CPU_PROCS = 2
+POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keeps
+POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
+
+S = TypeVar("S", bound=str)
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,14 @@ class LaunchConfig:
     errors) before they are stopped; they would otherwise hang in a collective."""
     kill_grace: float = 3.0
     """Seconds between SIGTERM and SIGKILL when stopping a rank."""
+    output: Output = "all"
+    """Whose output is shown: every rank, rank 0, or none (all are logged regardless)."""
+    tail: int = DEFAULT_TAIL
+    """In a notebook, how many recent lines each rank's block shows."""
+    pool_max: int = POOL_MAX
+    """``NBDDP_POOL``: the most idle workers the forkserver keeps after a launch (0: none)."""
+    pool_idle: float = POOL_IDLE
+    """``NBDDP_POOL_IDLE``: seconds without a launch before idle workers end."""
     notices: tuple[str, ...] = ()
     """One-line notices for the user about defaults that were chosen."""
 
@@ -74,84 +105,56 @@ class LaunchConfig:
     def build(
         cls,
         *,
-        gpus: int | Sequence[int] | None = None,
-        procs: int | None = None,
-        start_method: str = "forkserver",
-        master_addr: str = "127.0.0.1",
-        port: int | str | None = None,
-        port_fallback: bool = False,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        mixed_precision: str = "no",
-        backend: str | None = None,
-        init_process_group: bool = False,
-        host_store: bool = True,
+        visible: VisibleGpus | None = None,
+        environ: Mapping[str, str] | None = None,
         inherit_devices: bool = False,
+        host_store: bool = True,
+        port_fallback: bool = False,
         failure_grace: float = 1.0,
         kill_grace: float = 3.0,
-        visible: VisibleGpus | None = None,
+        **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
-        """Validate launch options and resolve defaults (see module contract).
+        """Validate launch ``options`` and resolve defaults (see module contract).
 
-        With neither ``gpus`` nor ``procs``: every visible GPU, or with none
-        visible, ``DEFAULT_CPU_PROCS`` CPU processes and a notice.
-        ``inherit_devices`` (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES``
-        as the notebook has it instead of hiding the GPUs.
+        With neither ``gpus`` nor ``procs``: every visible GPU (``visible``,
+        default: detected without CUDA), or with none visible,
+        ``DEFAULT_CPU_PROCS`` CPU processes and a notice. ``inherit_devices``
+        (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has
+        it instead of hiding the GPUs. ``environ`` (default ``os.environ``,
+        under ``env``) gives the pool settings.
         """
-        notices: list[str] = []
-        if gpus is not None and procs is not None:
-            raise ConfigError(
-                "give either gpus= (one process per GPU) or procs= (CPU processes), not both"
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"
             )
-        vis = visible if visible is not None else visible_gpus()
-        device: DeviceKind
-        tokens: tuple[str, ...] = ()
-        if procs is not None:
-            world_size = _positive_int("procs", procs)
-            device = "inherit" if inherit_devices else "cpu"
-        elif gpus is not None:
-            tokens = _select_gpus(gpus, vis)
-            world_size = len(tokens)
-            device = "cuda"
-        elif len(vis) > 0:
-            tokens = vis.tokens
-            world_size = len(tokens)
-            device = "cuda"
-        else:
-            world_size = DEFAULT_CPU_PROCS
-            device = "cpu"
-            notices.append(
-                f"no GPU visible: running {DEFAULT_CPU_PROCS} CPU processes (gloo); "
-                "pass procs=N to choose how many"
-            )
-        start: StartMethod = _choice("start_method", start_method, StartMethod)
-        mp: MixedPrecision = _choice(
-            "mixed_precision", str(mixed_precision).lower(), MixedPrecision
-        )
-        chosen_backend: Backend
-        if backend is None:
-            chosen_backend = "nccl" if device == "cuda" else "gloo"
-        else:
-            chosen_backend = _choice("backend", backend, Backend)
-        if chosen_backend == "nccl" and device == "cpu":
+        values = _Values.check({**DEFAULTS, **options})
+        place = _place(values, visible if visible is not None else visible_gpus(), inherit_devices)
+        backend: Backend = values.backend or ("nccl" if place.device == "cuda" else "gloo")
+        if backend == "nccl" and place.device == "cpu":
             raise ConfigError("backend 'nccl' needs GPUs; use gpus=N, or backend='gloo' on CPU")
+        pool_max, pool_idle = _pool({**(os.environ if environ is None else environ), **values.env})
         return cls(
-            world_size=world_size,
-            device=device,
-            gpu_tokens=tokens,
-            backend=chosen_backend,
-            start_method=start,
-            master_addr=_master_addr(master_addr),
-            port=_port(port),
+            world_size=place.world_size,
+            device=place.device,
+            gpu_tokens=place.tokens,
+            backend=backend,
+            start_method=values.start_method,
+            master_addr=values.master_addr,
+            port=values.port,
             port_fallback=port_fallback,
-            env=_env(env),
-            timeout=_positive_float("timeout", timeout),
-            mixed_precision=mp,
-            init_process_group=init_process_group,
+            env=values.env,
+            timeout=values.timeout,
+            mixed_precision=values.mixed_precision,
+            init_process_group=values.init_process_group,
             host_store=bool(host_store),
             failure_grace=_non_negative("failure_grace", failure_grace),
             kill_grace=_non_negative("kill_grace", kill_grace),
-            notices=tuple(notices),
+            output=values.output,
+            tail=values.tail,
+            pool_max=pool_max,
+            pool_idle=pool_idle,
+            notices=place.notices,
         )
 
     def rank_env(self, rank: int, port: int) -> dict[str, str]:
@@ -196,45 +199,161 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _select_gpus(gpus: int | Sequence[int], vis: VisibleGpus) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class _Values:
+    """Every launch option's value, each checked on its own."""
+
+    gpus: int | tuple[int, ...] | None
+    procs: int | None
+    start_method: StartMethod
+    port: int | None
+    master_addr: str
+    timeout: float | None
+    env: dict[str, str]
+    mixed_precision: MixedPrecision
+    backend: Backend | None
+    init_process_group: bool
+    output: Output
+    tail: int
+
+    @classmethod
+    def check(cls, options: LaunchOptions) -> _Values:
+        """Raise ``ConfigError`` for the first option whose value is wrong in itself."""
+        procs, backend = options["procs"], options["backend"]
+        return cls(
+            gpus=_gpu_request(options["gpus"]),
+            procs=None if procs is None else _positive_int("procs", procs),
+            start_method=_choice("start_method", options["start_method"]),
+            port=_port(options["port"]),
+            master_addr=_master_addr(options["master_addr"]),
+            timeout=_positive_float("timeout", options["timeout"]),
+            env=_env(options["env"]),
+            mixed_precision=_choice("mixed_precision", _lower(options["mixed_precision"])),
+            backend=None if backend is None else _choice("backend", backend),
+            init_process_group=bool(options["init_process_group"]),
+            output=_choice("output", options["output"]),
+            tail=_tail(options["tail"]),
+        )
+
+
+def check_option(name: str, value: object) -> None:
+    """Raise ``ConfigError`` if ``value`` is wrong for option ``name`` in itself (whatever
+    the other options are); ``build`` may still refuse a combination."""
+    if name not in OPTIONS:
+        raise ValueError(f"no launch option is named {name!r}")
+    _Values.check(cast(LaunchOptions, {**DEFAULTS, name: value}))
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where the ranks run: how many, on which devices."""
+
+    world_size: int
+    device: DeviceKind
+    tokens: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+
+
+def _place(values: _Values, vis: VisibleGpus, inherit_devices: bool) -> _Placement:
+    if values.gpus is not None and values.procs is not None:
+        raise ConfigError(
+            "give either gpus= (one process per GPU) or procs= (CPU processes), not both"
+        )
+    if values.procs is not None:
+        return _Placement(values.procs, "inherit" if inherit_devices else "cpu")
+    if values.gpus is not None:
+        tokens = _select_gpus(values.gpus, vis)
+        return _Placement(len(tokens), "cuda", tokens)
+    if len(vis) > 0:
+        return _Placement(len(vis.tokens), "cuda", vis.tokens)
+    notice = (
+        f"no GPU visible: running {DEFAULT_CPU_PROCS} CPU processes (gloo); "
+        "pass procs=N to choose how many"
+    )
+    return _Placement(DEFAULT_CPU_PROCS, "cpu", notices=(notice,))
+
+
+def _gpu_request(gpus: object) -> int | tuple[int, ...] | None:
+    """A GPU count, or GPU ids (notebook ordinals), as far as they can be checked alone."""
+    if gpus is None:
+        return None
     if isinstance(gpus, str):
         raise ConfigError(
             "gpus must be a count or a list of GPU ids such as gpus=[0, 1], "
             f"got the string {gpus!r}"
         )
     if isinstance(gpus, int) and not isinstance(gpus, bool):
-        count = _positive_int("gpus", gpus)
-        if count > len(vis):
-            raise ConfigError(
-                f"gpus={count} asked for {count} GPUs but {vis.describe()}; "
-                f"use gpus={len(vis)}, or procs={count} to run on CPU"
-                if len(vis)
-                else f"gpus={count} asked for {count} GPUs but none is visible ({vis.source}); "
-                f"use procs={count} to run on CPU"
-            )
-        return vis.tokens[:count]
-    try:
-        ids = list(cast(Sequence[int], gpus))
-    except TypeError:
-        raise ConfigError(f"gpus must be a count or a list of GPU ids, got {gpus!r}") from None
+        return _positive_int("gpus", gpus)
+    if not isinstance(gpus, Iterable):
+        raise ConfigError(f"gpus must be a count or a list of GPU ids, got {gpus!r}")
+    ids = list(gpus)
     if not ids:
         raise ConfigError("gpus=[] selects no GPU; give at least one id, or use procs=N for CPU")
     for gid in ids:
         if isinstance(gid, bool) or not isinstance(gid, int) or gid < 0:
             raise ConfigError(f"GPU ids must be non-negative whole numbers, got {gid!r}")
-        if gid >= len(vis):
-            raise ConfigError(f"GPU id {gid} is not visible: {vis.describe()}")
     if len(set(ids)) != len(ids):
         raise ConfigError(f"gpus lists a GPU twice: {ids}")
-    return tuple(vis.tokens[i] for i in ids)
+    return tuple(ids)
 
 
-def _choice(name: str, value: object, options: Any) -> Any:
-    """``value`` if it is one of the ``Literal`` type ``options``, else ConfigError."""
-    allowed: tuple[str, ...] = get_args(options)
+def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus) -> tuple[str, ...]:
+    """The ``CUDA_VISIBLE_DEVICES`` tokens of a checked GPU request, if they are visible."""
+    if isinstance(gpus, int):
+        if gpus > len(vis):
+            raise ConfigError(
+                f"gpus={gpus} asked for {gpus} GPUs but {vis.describe()}; "
+                f"use gpus={len(vis)}, or procs={gpus} to run on CPU"
+                if len(vis)
+                else f"gpus={gpus} asked for {gpus} GPUs but none is visible ({vis.source}); "
+                f"use procs={gpus} to run on CPU"
+            )
+        return vis.tokens[:gpus]
+    for gid in gpus:
+        if gid >= len(vis):
+            raise ConfigError(f"GPU id {gid} is not visible: {vis.describe()}")
+    return tuple(vis.tokens[i] for i in gpus)
+
+
+def _choice(name: str, value: S) -> S:
+    """``value`` if it is one of option ``name``'s choices (its ``Literal`` type), else
+    ConfigError. Typed as the option's type; this checks it at run time."""
+    allowed = OPTIONS[name].choices
     if value not in allowed:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
     return value
+
+
+def _lower(value: S) -> S:
+    # "BF16" means bf16 (accelerate accepts either case).
+    return cast(S, value.lower()) if isinstance(value, str) else value
+
+
+def _tail(tail: object) -> int:
+    if isinstance(tail, int) and not isinstance(tail, bool) and tail < 1:
+        raise ConfigError(f"tail={tail} shows nothing; use tail=1 or more (output='none' hides)")
+    return _positive_int("tail", tail)
+
+
+def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigError(f"{name}={text!r} is not a number >= 0; unset it for the default")
+    return value
+
+
+def _pool(environ: Mapping[str, str]) -> tuple[int, float]:
+    """(``NBDDP_POOL``, ``NBDDP_POOL_IDLE``) of ``environ``, or their defaults."""
+    return (
+        int(_env_number(environ, "NBDDP_POOL", POOL_MAX)),
+        _env_number(environ, "NBDDP_POOL_IDLE", POOL_IDLE),
+    )
 
 
 def _master_addr(addr: object) -> str:

@@ -1,6 +1,7 @@
 """The launch entry points: ``launch``, ``Launcher``, ``notebook_launcher``, ``spawn``.
 
-Contract: each validates its options (``LaunchConfig``) and serialises the
+Contract: each validates its options (``LaunchConfig``, from the options
+``options.LaunchOptions`` defines) and serialises the
 call (``Payload``) before any process starts, then starts a ``Job`` and
 either waits for it (showing output live, returning rank 0's value,
 raising a failing rank's error) or, with ``block=False``, returns the
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overload
 
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.protocol import Display
@@ -24,15 +25,22 @@ from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.job import Job
+from nbddp.launcher.options import (
+    DEFAULT_TAIL,
+    Backend,
+    LaunchOptions,
+    MixedPrecision,
+    Output,
+    StartMethod,
+)
 from nbddp.launcher.run import Run
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 P = ParamSpec("P")
 R = TypeVar("R")
-Output = Literal["all", "rank0", "none"]
-
-
-DEFAULT_TAIL = 40
 
 
 def kernel_shell() -> Any:
@@ -53,26 +61,16 @@ def in_kernel() -> bool:
     return kernel_shell() is not None
 
 
-def make_display(output: str, tail: int = DEFAULT_TAIL) -> Display | None:
-    """The display for ``output``: every rank, rank 0 only, or nothing but status.
+def make_display(config: LaunchConfig) -> Display | None:
+    """The display for ``config.output``: every rank, rank 0 only, or nothing but status.
 
-    In a kernel: a block per rank updated in place showing its last ``tail``
-    lines, and a metrics chart (``KernelDisplay``); elsewhere rank-prefixed
-    lines (``TextDisplay``). Ranks not shown are still logged in full.
+    In a kernel: a block per rank updated in place showing its last
+    ``config.tail`` lines, and a metrics chart (``KernelDisplay``); elsewhere
+    rank-prefixed lines (``TextDisplay``). Ranks not shown are still logged in full.
     """
-    ranks: set[int] | None
-    if output == "all":
-        ranks = None
-    elif output == "rank0":
-        ranks = {0}
-    elif output == "none":
-        ranks = set()
-    else:
-        raise ConfigError(f"unknown output {output!r}; choose one of all, rank0, none")
-    if tail < 1:
-        raise ConfigError(f"tail={tail} shows nothing; use tail=1 or more (output='none' hides)")
+    ranks: set[int] | None = {"all": None, "rank0": {0}, "none": set()}[config.output]
     if in_kernel():
-        return KernelDisplay(live=ranks, tail=tail)
+        return KernelDisplay(live=ranks, tail=config.tail)
     return TextDisplay(ranks=ranks)
 
 
@@ -81,11 +79,9 @@ def start_run(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    output: str = "all",
-    tail: int = DEFAULT_TAIL,
 ) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
-    return start_with_display(config, fn, args, kwargs, make_display(output, tail))
+    return start_with_display(config, fn, args, kwargs, make_display(config))
 
 
 def start_with_display(
@@ -111,21 +107,32 @@ def start_with_display(
     return Run(job, display)
 
 
-@dataclass(frozen=True)
-class Launcher(Generic[P, R]):
+@dataclass(frozen=True, init=False)
+class Launcher:
     """Launch options held apart from the call, so ``run`` keeps ``fn``'s exact types.
 
     ``Launcher(procs=2).run(train, data, epochs=3)`` is ``launch(train, data,
     epochs=3, procs=2)`` for type checkers that check ``train``'s parameters.
+    The options may also come as one dict, ``Launcher({"procs": 2})``; keywords
+    win over it. (``run`` is generic per call, not the class: the options say
+    nothing about ``fn``.)
     """
 
-    options: dict[str, Any] = field(default_factory=dict)
-    output: str = "all"
+    options: LaunchOptions
+
+    def __init__(self, options: LaunchOptions | None = None, **more: Unpack[LaunchOptions]) -> None:
+        merged: LaunchOptions = {**(options or {}), **more}
+        object.__setattr__(self, "options", merged)
+
+    @property
+    def output(self) -> Output:
+        """Whose output is shown (the ``output`` option)."""
+        return self.options.get("output", "all")
 
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's value."""
         config = LaunchConfig.build(**self.options)
-        result = start_run(config, fn, args, kwargs, self.output).wait()
+        result = start_run(config, fn, args, kwargs).wait()
         return cast(R, result.values.get(0))
 
 
@@ -138,15 +145,15 @@ def launch(
     *args: Any,
     gpus: int | Sequence[int] | None = None,
     procs: int | None = None,
-    start_method: str = "forkserver",
+    start_method: StartMethod = "forkserver",
     master_addr: str = "127.0.0.1",
-    port: int | None = None,
-    env: dict[str, str] | None = None,
+    port: int | str | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float | None = None,
-    mixed_precision: str = "no",
-    backend: str | None = None,
+    mixed_precision: MixedPrecision = "no",
+    backend: Backend | None = None,
     init_process_group: bool = False,
-    output: str = "all",
+    output: Output = "all",
     tail: int = DEFAULT_TAIL,
     block: bool = True,
     **kwargs: Any,
@@ -167,7 +174,8 @@ def launch(
 
     Keyword arguments not listed here go to ``fn``; to pass ``fn`` an
     argument that has one of these names, bind it with ``functools.partial``.
-    For exact static typing of ``fn``'s parameters use ``Launcher``.
+    For exact static typing of ``fn``'s parameters use ``Launcher``. The
+    options are those of ``LaunchOptions`` (a unit test holds this signature to it).
     """
     config = LaunchConfig.build(
         gpus=gpus,
@@ -180,8 +188,10 @@ def launch(
         mixed_precision=mixed_precision,
         backend=backend,
         init_process_group=init_process_group,
+        output=output,
+        tail=tail,
     )
-    run = start_run(config, fn, args, kwargs, output, tail)
+    run = start_run(config, fn, args, kwargs)
     if not block:
         return run
     return cast(R, run.wait().values.get(0))
@@ -225,7 +235,8 @@ def notebook_launcher(
     config = LaunchConfig.build(
         gpus=num_processes if use_gpus else None,
         procs=None if use_gpus else num_processes,
-        mixed_precision=mixed_precision,
+        # accelerate's signature takes any string; build checks it is a choice.
+        mixed_precision=cast(MixedPrecision, mixed_precision),
         master_addr=master_addr,
         port=use_port,
         port_fallback=True,
@@ -264,7 +275,8 @@ def spawn(
     config = LaunchConfig.build(
         procs=nprocs,
         inherit_devices=True,
-        start_method=start_method or "forkserver",
+        # torch's signature takes any string; build checks it is a choice.
+        start_method=cast(StartMethod, start_method or "forkserver"),
         host_store=False,
     )
     run = start_run(config, _WithRank(fn), tuple(args), {})

@@ -125,7 +125,7 @@ class Job:
         self.port = port
         if notice:
             self.events.put(Notice(notice))
-        start = starter(self.config.start_method)
+        start = starter(self.config)
         base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
         links: list[tuple[socket.socket, RunOrder]] = []
         try:

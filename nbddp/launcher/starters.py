@@ -1,11 +1,13 @@
 """Starting one worker process: from nbddp's forkserver, by spawn, or by fork.
 
-Contract: ``starter(method).start(fds, env)`` starts a process that is the
+Contract: ``starter(config).start(fds, env)`` starts a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
 ``worker.serve`` on ``fds.ctrl``; it returns a ``Child`` whose
 ``status_fd`` becomes readable once, with the 8-byte exit code (negative:
 killed by that signal), when the process has exited. The caller keeps
-ownership of ``fds`` and closes its copies after ``start`` returns.
+ownership of ``fds`` and closes its copies after ``start`` returns. From the
+forkserver, each start also tells it the pool to keep (``pool_request``: the
+config's world size and pool settings, validated when it was built).
 
 Every start method runs the same worker and none re-imports ``__main__``:
 spawn execs ``python -c`` (never the user's script), and fork/forkserver
@@ -22,21 +24,22 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
-from nbddp.errors import ConfigError
 from nbddp.rank import worker
+
+if TYPE_CHECKING:
+    # Only for types: the forkserver imports this module and needs none of the config.
+    from nbddp.launcher.config import LaunchConfig
 
 STATUS = struct.Struct("!q")
 REQUEST = struct.Struct("!cqd")
 """A request to the forkserver: kind (``b"F"``: fork a rank; it carries four fds),
 how many idle workers to keep afterwards, and after how many idle seconds they end."""
 FORKSERVER_REPLY_TIMEOUT = 120.0
-POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keeps
-POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
 
 PARENT_FDS: set[int] = set()
 """File descriptors the notebook keeps for itself (relay ends, forkserver link).
@@ -166,31 +169,26 @@ class ForkStarter:
         return Child(pid, status_r)
 
 
-def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{name}={text!r} is not a number >= 0; unset it for the default")
-    return value
+@dataclass(frozen=True)
+class PoolRequest:
+    """What the forkserver keeps after forking a launch's ranks."""
+
+    size: int
+    """Idle workers to keep (0: none)."""
+    idle: float
+    """Seconds without a launch before they end."""
 
 
-def pool_request(env: Mapping[str, str]) -> tuple[int, float]:
-    """The forkserver's pool settings for a launch whose rank environment is ``env``:
-    (idle workers to keep, idle seconds before they end).
+def pool_request(config: LaunchConfig) -> PoolRequest:
+    """The pool to ask the forkserver for while starting ``config``'s ranks.
 
-    The pool is sized to the launch: ``LOCAL_WORLD_SIZE`` is the number of
-    processes it starts on this machine, capped by ``NBDDP_POOL`` (default
-    ``POOL_MAX``; 0 turns the pool off). ``NBDDP_POOL_IDLE`` (default
-    ``POOL_IDLE`` seconds) is how long idle workers wait for the next launch.
+    The pool is sized to the launch (its world size: the processes it starts
+    on this machine), capped by ``config.pool_max`` (``NBDDP_POOL``; 0 turns
+    the pool off). ``config.pool_idle`` (``NBDDP_POOL_IDLE``) is how long idle
+    workers wait for the next launch. Both were read, and checked, when the
+    config was built.
     """
-    cap = int(_env_number(env, "NBDDP_POOL", POOL_MAX))
-    idle = _env_number(env, "NBDDP_POOL_IDLE", POOL_IDLE)
-    return min(int(env.get("LOCAL_WORLD_SIZE", "1")), cap), idle
+    return PoolRequest(min(config.world_size, config.pool_max), config.pool_idle)
 
 
 class ForkserverStarter:
@@ -199,7 +197,7 @@ class ForkserverStarter:
     One forkserver per notebook process, started on first use (or by
     ``prewarm``). It exits when the notebook closes the link or dies.
     Each request also tells it how large a pool of idle workers to keep
-    (see ``pool_request`` and ``nbddp.pool``).
+    (a ``PoolRequest``; see ``nbddp.launcher.pool``).
     """
 
     def __init__(self) -> None:
@@ -242,10 +240,11 @@ class ForkserverStarter:
         PARENT_FDS.add(ours.fileno())
         return ours
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+    def fork(self, fds: ChildFds, pool: PoolRequest) -> Child:
+        """Fork one worker from the forkserver; afterwards it keeps ``pool``."""
         with self._lock:
             for attempt in (1, 2):
-                request = REQUEST.pack(b"F", *pool_request(env))
+                request = REQUEST.pack(b"F", pool.size, pool.idle)
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
                 try:
@@ -297,10 +296,23 @@ class ForkserverStarter:
 FORKSERVER = ForkserverStarter()
 
 
-def starter(method: str) -> Starter:
-    """The starter for a start method name (validated by ``LaunchConfig``)."""
+@dataclass(frozen=True)
+class ForkserverLaunch:
+    """The forkserver as one launch's starter: every rank it starts asks for ``pool``."""
+
+    server: ForkserverStarter
+    pool: PoolRequest
+
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+        del env  # the rank's environment travels in its run order, not through the forkserver
+        return self.server.fork(fds, self.pool)
+
+
+def starter(config: LaunchConfig) -> Starter:
+    """The starter for ``config``'s start method (validated by ``LaunchConfig``)."""
+    method = config.start_method
     if method == "forkserver":
-        return FORKSERVER
+        return ForkserverLaunch(FORKSERVER, pool_request(config))
     if method == "spawn":
         return SpawnStarter()
     if method == "fork":

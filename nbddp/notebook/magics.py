@@ -1,8 +1,9 @@
 """IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_status``, ``%ddp_panel``.
 
 Contract: the magics only parse their arguments (IPython's
-``magic_arguments``; the launch options are declared once and shared by
-``%%ddp`` and ``%ddp_config``) and hand over to the kernel's
+``magic_arguments``; the launch options, their flags, choices and help come
+from ``options.LaunchOptions`` and are shared by ``%%ddp``, ``%ddp_config``
+and ``%ddp_panel``) and hand over to the kernel's
 ``runner.CellRunner``. Bad options, invalid launch settings and an empty
 cell raise a one-line ``UsageError`` (no traceback); nothing given on a
 magic line is ever evaluated as Python. ``%%ddp?`` shows the options.
@@ -26,7 +27,8 @@ from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
 from nbddp.errors import CellError, ConfigError
-from nbddp.notebook.runner import OUTPUTS, CellRunner, merge_options
+from nbddp.launcher.options import LaunchOptions, Option, magic_options, merge_options
+from nbddp.notebook.runner import CellRunner
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,26 +70,6 @@ def magic_arguments(name: str | None = None) -> Callable[[F], F]:
     return decorate
 
 
-def _gpus(text: str) -> int | list[int]:
-    """``2`` (a count) or ``0,1`` (GPU ids; one id as ``3,``)."""
-    parts = [p.strip() for p in text.strip().strip("[]").split(",")]
-    try:
-        if "," not in text:
-            return int(text)
-        return [int(p) for p in parts if p]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--gpus takes a count (2) or GPU ids (0,1; a single id as 3,), got {text!r}"
-        ) from None
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--env takes NAME=VALUE, got {text!r}")
-    return key, value
-
-
 def _names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if not n.isidentifier()]
@@ -98,63 +80,44 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _flag(option: Option) -> Callable[[F], F]:
+    """The ``add_argument`` call of one launch option (see ``options.Magic``)."""
+    magic = option.magic
+    assert magic is not None
+    spec: dict[str, object] = {"help": option.help}
+    if magic.parse is not None:
+        spec["type"] = magic.parse
+    if option.choices:
+        spec["choices"] = option.choices
+    if magic.metavar is not None:
+        spec["metavar"] = magic.metavar
+    if magic.repeat:
+        spec["action"] = "append"
+    return argument(option.flag, **spec)
+
+
 _LAUNCH_OPTIONS = (
     argument_group("launch options (%ddp_config sets them for the session)"),
-    argument(
-        "--gpus",
-        type=_gpus,
-        metavar="N|IDS",
-        help="one process per GPU: a count (2) or GPU ids (0,1; one id as 3,); nccl",
-    ),
-    argument("--procs", type=int, metavar="N", help="N CPU processes (gloo), GPUs hidden"),
-    argument(
-        "--start-method",
-        choices=("forkserver", "spawn", "fork"),
-        help="how ranks start (default forkserver: torch preloaded, CUDA untouched)",
-    ),
-    argument("--port", type=int, help="rendezvous port (default: a free one per run)"),
-    argument("--master-addr", metavar="ADDR", help="rendezvous address (default 127.0.0.1)"),
-    argument("--timeout", type=float, metavar="SECONDS", help="stop the run after this long"),
-    argument(
-        "--env",
-        type=_env_pair,
-        action="append",
-        metavar="NAME=VALUE",
-        help="an environment variable for every rank (repeatable)",
-    ),
-    argument(
-        "--mixed-precision",
-        choices=("no", "fp16", "bf16", "fp8"),
-        help="exported as ACCELERATE_MIXED_PRECISION for Accelerator()",
-    ),
-    argument("--output", choices=OUTPUTS, help="whose output the cell shows (default all)"),
-)
-_LAUNCH_KEYS = (
-    "gpus",
-    "procs",
-    "start_method",
-    "port",
-    "master_addr",
-    "timeout",
-    "env",
-    "mixed_precision",
-    "output",
+    *(_flag(option) for option in magic_options()),
 )
 
 
 def _launch_arguments(func: F) -> F:
-    """Add the shared launch options to a magic (in the order declared above)."""
+    """Add the shared launch options to a magic (in the order they are defined)."""
     for decorator in reversed(_LAUNCH_OPTIONS):
         func = decorator(func)
     return func
 
 
-def launch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch options given on the line, as ``LaunchConfig.build`` keywords + output."""
-    given = {key: getattr(args, key) for key in _LAUNCH_KEYS if getattr(args, key) is not None}
-    if "env" in given:
-        given["env"] = dict(given["env"])
-    return given
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    """The launch options given on the line (a repeated option's items as a dict)."""
+    given: dict[str, object] = {}
+    for option in magic_options():
+        value = getattr(args, option.name)
+        if value is not None:
+            given[option.name] = dict(value) if option.magic and option.magic.repeat else value
+    # The parser checked each flag's spelling; LaunchConfig.build checks the values.
+    return cast(LaunchOptions, given)
 
 
 def parse(magic: Callable[..., Any], line: str, name: str) -> argparse.Namespace:

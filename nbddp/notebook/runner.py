@@ -1,8 +1,9 @@
 """The notebook side of ``%%ddp``: session defaults, running a cell, the last run.
 
 Contract: a ``CellRunner`` is what one kernel's magics remember: the
-``%ddp_config`` defaults and the last run. ``CellRunner.run_cell`` merges the
-cell's options over the defaults, validates them (``ConfigError``), builds
+``%ddp_config`` defaults (the options, and the config they were validated
+into) and the last run. ``CellRunner.run_cell`` merges the cell's options
+over the defaults, validates them (``ConfigError``), builds
 the cell program (``SyntaxError``, ``CellError``, ``PayloadError`` naming
 the notebook name that cannot be sent), runs it on every rank and returns
 rank 0's ``--out`` values and trailing expression. A failed run raises an
@@ -16,6 +17,7 @@ Nothing here imports IPython: ``magics`` parses arguments and hands over.
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,59 +29,45 @@ from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import start_run
 from nbddp.launcher.failures import describe_exit, rendered
+from nbddp.launcher.options import LaunchOptions, format_options, merge_options
 from nbddp.launcher.run import Run, latest_run
 from nbddp.notebook.cell import CellProgram, CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
 
-OUTPUTS = ("all", "rank0", "none")
-"""Choices of ``--output``."""
 
-
-def merge_options(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` over ``defaults``; a cell's ``--gpus``/``--procs`` replaces both, env merges."""
-    merged = dict(defaults)
-    if "gpus" in given or "procs" in given:
-        merged.pop("gpus", None)
-        merged.pop("procs", None)
-    for key, value in given.items():
-        merged[key] = {**merged.get("env", {}), **value} if key == "env" else value
-    return merged
-
-
-def build_config(options: Mapping[str, Any], *, init: bool) -> LaunchConfig:
-    """The validated launch config of ``options`` (``LaunchConfig.build`` keywords + output)."""
-    kwargs = {key: value for key, value in options.items() if key != "output"}
-    return LaunchConfig.build(**kwargs, init_process_group=init)
-
-
-def format_options(options: Mapping[str, Any]) -> str:
-    """``options`` as the command line that would give them."""
-    parts: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if key == "env":
-            parts += [f"{flag} {name}={val}" for name, val in value.items()]
-        elif key == "gpus" and not isinstance(value, int):
-            parts.append(f"{flag} {','.join(map(str, value))},")
-        else:
-            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
-    return " ".join(parts)
+def build_config(options: LaunchOptions, *, init: bool) -> LaunchConfig:
+    """The validated launch config of ``options``; ``init``: the cell's process group."""
+    with_init: LaunchOptions = {**options, "init_process_group": init}
+    return LaunchConfig.build(**with_init)
 
 
 class CellRunner:
     """One kernel's ``%%ddp`` state (see module contract)."""
 
     def __init__(self) -> None:
-        self.defaults: dict[str, Any] = {}
-        """Options given with ``%ddp_config``, as ``LaunchConfig.build`` keywords + output."""
+        self.defaults: LaunchOptions = {}
+        """Options given with ``%ddp_config``."""
+        self.defaults_config: LaunchConfig | None = None
+        """The config ``defaults`` were validated into (None while there are none): a
+        cell that adds no option runs with it (devices and pool settings as resolved
+        by ``%ddp_config``)."""
         self.last_run: Run | None = None
         """The most recent ``%%ddp`` run (running, or ended)."""
 
-    def configure(self, given: Mapping[str, Any], *, reset: bool = False) -> None:
+    def configure(self, given: LaunchOptions, *, reset: bool = False) -> None:
         """Merge ``given`` into the defaults (after ``reset``, replace them); validate first."""
         options = merge_options({} if reset else self.defaults, given)
-        build_config(options, init=True)
-        self.defaults = options
+        config = build_config(options, init=True) if options else None
+        self.defaults, self.defaults_config = options, config
+
+    def cell_config(self, given: LaunchOptions, *, init: bool) -> LaunchConfig:
+        """The config of a cell with options ``given``: the defaults' own when it adds none."""
+        kept = self.defaults_config
+        if given or kept is None:
+            return build_config(merge_options(self.defaults, given), init=init)
+        if kept.init_process_group == init:
+            return kept
+        return dataclasses.replace(kept, init_process_group=init)
 
     def describe_defaults(self) -> str:
         """The defaults as a ``%ddp_config`` line, or what applies when there are none."""
@@ -96,16 +84,14 @@ class CellRunner:
         *,
         header: str,
         filename: str,
-        given: Mapping[str, Any],
+        given: LaunchOptions,
         out: Iterable[str],
         init: bool,
         user_ns: Mapping[str, Any],
         hidden: Iterable[str] = (),
     ) -> tuple[dict[str, Any], Any]:
         """Run the cell on every rank; (``--out`` values, last value) from rank 0."""
-        options = merge_options(self.defaults, given)
-        output = options.get("output", "all")
-        config = build_config(options, init=init)
+        config = self.cell_config(given, init=init)
         try:
             program = CellProgram.build(
                 source,
@@ -122,7 +108,7 @@ class CellRunner:
             shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
             raise rendered(CellError(shown), shown.split("\n")) from None
         try:
-            run = start_run(config, program, (), {}, output)
+            run = start_run(config, program, (), {})
         except PayloadError as exc:
             raise rendered(PayloadError(_explain_names(program.names) or str(exc))) from None
         except KeyboardInterrupt:

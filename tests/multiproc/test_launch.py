@@ -222,8 +222,8 @@ def test_spawn_calls_fn_with_rank_first(tmp_path: Path) -> None:
 
 
 def test_stop_ends_a_running_job() -> None:
-    config = LaunchConfig.build(procs=2)
-    run = start_run(config, fns.hang, (), {}, output="none")
+    config = LaunchConfig.build(procs=2, output="none")
+    run = start_run(config, fns.hang, (), {})
     run.stop()
     with pytest.raises(nbddp.RankError, match="the run was stopped"):
         run.wait()

@@ -72,6 +72,12 @@ def test_gpu_ids_map_through_the_notebooks_visible_devices() -> None:
         ({"timeout": -1}, "timeout must be positive"),
         ({"timeout": "soon"}, "number of seconds"),
         ({"master_addr": ""}, "master_addr must be a host name"),
+        ({"output": "some"}, "unknown output 'some'; choose one of all, rank0, none"),
+        ({"tail": 0}, "tail=0 shows nothing; use tail=1 or more"),
+        ({"tail": 2.5}, "tail must be a positive whole number"),
+        ({"environ": {"NBDDP_POOL": "x"}}, "NBDDP_POOL='x' is not a number >= 0"),
+        ({"gpus": [0, -1], "visible": TWO_GPUS}, "GPU ids must be non-negative"),
+        ({"gpus": 1.5, "visible": TWO_GPUS}, "gpus must be a count or a list of GPU ids"),
     ],
 )
 def test_bad_input_is_a_one_line_error_that_says_what_to_do(

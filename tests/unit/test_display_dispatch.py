@@ -12,7 +12,15 @@ import pytest
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
 from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.devices import VisibleGpus
 from nbddp.launcher.entry import in_kernel, make_display
+
+NO_GPU = VisibleGpus((), "none in a test")
+
+
+def config(**kw: object) -> LaunchConfig:
+    return LaunchConfig.build(procs=2, visible=NO_GPU, **kw)  # type: ignore[arg-type]
 
 
 def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:
@@ -24,26 +32,36 @@ def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:
 
 def test_text_outside_a_kernel() -> None:
     assert not in_kernel()
-    assert isinstance(make_display("all"), TextDisplay)
+    assert isinstance(make_display(config()), TextDisplay)
 
 
 def test_text_in_terminal_ipython(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ipython(monkeypatch, types.SimpleNamespace())  # a shell without a kernel
-    assert isinstance(make_display("all"), TextDisplay)
+    assert isinstance(make_display(config()), TextDisplay)
 
 
 def test_blocks_in_a_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ipython(monkeypatch, types.SimpleNamespace(kernel=object()))
-    display = make_display("rank0", tail=5)
+    display = make_display(config(output="rank0", tail=5))
     assert isinstance(display, KernelDisplay)
     assert display.tail == 5
+    assert display._live == {0}
 
 
-def test_bad_output_and_tail_are_refused() -> None:
-    with pytest.raises(ConfigError, match="all, rank0, none"):
-        make_display("some")
-    with pytest.raises(ConfigError, match="tail=0"):
-        make_display("all", tail=0)
+@pytest.mark.parametrize(("output", "shown"), [("all", None), ("rank0", {0}), ("none", set())])
+def test_output_chooses_the_ranks_shown(output: str, shown: set[int] | None) -> None:
+    display = make_display(config(output=output))
+    assert isinstance(display, TextDisplay)
+    assert display._ranks == shown
+
+
+def test_bad_output_and_tail_are_refused_when_the_config_is_built() -> None:
+    with pytest.raises(ConfigError, match="unknown output 'some'; choose one of all, rank0, none"):
+        config(output="some")
+    with pytest.raises(ConfigError, match=r"tail=0 shows nothing; use tail=1 or more"):
+        config(tail=0)
+    with pytest.raises(ConfigError, match="tail must be a positive whole number"):
+        config(tail="5")
 
 
 def test_importing_nbddp_does_not_import_ipython() -> None:

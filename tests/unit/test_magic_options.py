@@ -5,17 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
 
 from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.options import LaunchOptions, format_options, merge_options
+from nbddp.notebook import runner as runner_module
 from nbddp.notebook.magics import DdpMagics, launch_options, parse
-from nbddp.notebook.runner import CellRunner, format_options, merge_options
+from nbddp.notebook.runner import CellRunner
 
 
-def cell_options(line: str) -> dict[str, Any]:
+def cell_options(line: str) -> LaunchOptions:
     return launch_options(parse(DdpMagics.ddp, line, "%%ddp"))
 
 
@@ -83,7 +87,7 @@ def test_help_lists_the_options() -> None:
 
 
 def test_merge_options() -> None:
-    defaults = {"gpus": 2, "timeout": 600.0, "env": {"A": "1"}}
+    defaults: LaunchOptions = {"gpus": 2, "timeout": 600.0, "env": {"A": "1"}}
     merged = merge_options(defaults, {"procs": 1, "env": {"B": "2"}})
     assert merged == {"procs": 1, "timeout": 600.0, "env": {"A": "1", "B": "2"}}
     assert merge_options(defaults, {}) == defaults
@@ -125,3 +129,41 @@ def test_importing_nbddp_does_not_import_ipython() -> None:
         env={**os.environ, "NBDDP_PREWARM": "0"},
     )
     assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+def test_session_defaults_keep_the_config_they_were_validated_into(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session = CellRunner()
+    assert session.defaults_config is None
+    session.configure({"procs": 3, "timeout": 600.0, "output": "rank0"})
+    kept = session.defaults_config
+    assert kept is not None
+    assert (kept.world_size, kept.timeout, kept.output) == (3, 600.0, "rank0")
+    builds: list[dict[str, Any]] = []
+    real = LaunchConfig.build
+
+    def counting(**kw: Any) -> LaunchConfig:
+        builds.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(runner_module.LaunchConfig, "build", counting)
+    # A cell that adds no option runs with the kept config (its own process-group choice).
+    cell = session.cell_config({}, init=False)
+    assert not builds
+    assert cell == replace(kept, init_process_group=False)
+    assert session.cell_config({}, init=True) is kept
+    # A cell with options of its own is validated over the defaults.
+    own = session.cell_config({"procs": 1}, init=True)
+    assert len(builds) == 1 and (own.world_size, own.timeout) == (1, 600.0)
+    session.configure({}, reset=True)
+    assert session.defaults_config is None
+
+
+def test_a_bad_session_default_keeps_the_previous_config() -> None:
+    session = CellRunner()
+    session.configure({"procs": 2})
+    kept = session.defaults_config
+    with pytest.raises(ConfigError, match="unknown output 'some'"):
+        session.configure({"output": "some"})  # type: ignore[typeddict-item]
+    assert session.defaults_config is kept and session.defaults == {"procs": 2}

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from nbddp.launcher.config import LaunchConfig
+from nbddp.notebook.panel import panel as panel_module
+from nbddp.notebook.panel import settings as settings_module
+from nbddp.notebook.panel.panel import Panel
 from nbddp.notebook.panel.settings import PanelSettings, call_code
 
 CPU = PanelSettings.initial(0)
@@ -117,3 +121,65 @@ def test_code_names_objects_it_cannot_write() -> None:
     args, exact = call_code((object(), 1), {"data": list(range(1000)), "n": float("nan")})
     assert args == "args[0], 1, data=kwargs['data'], n=kwargs['n']"
     assert not exact
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        # The form only parses the text; the config's own check says what is wrong.
+        ({"port": "70000"}, "port", "port must be a number from 1 to 65535"),
+        ({"timeout": "-1"}, "timeout", "timeout must be positive (seconds), got -1.0"),
+        ({"start_method": "thread"}, "start_method", "unknown start_method 'thread'"),
+        ({"mixed_precision": "fp64"}, "mixed_precision", "unknown mixed_precision 'fp64'"),
+    ],
+)
+def test_field_values_are_checked_by_the_config(
+    change: dict[str, object], field: str, message: str
+) -> None:
+    assert message in replace(CPU, **change).errors()[field]  # type: ignore[arg-type]
+
+
+def test_every_bad_field_is_reported_at_once_in_form_order() -> None:
+    bad = replace(CPU, port="http", timeout="-1", start_method="thread", procs=0)
+    assert list(bad.errors()) == ["procs", "start_method", "port", "timeout"]
+
+
+def test_validate_carries_the_config_exactly_when_there_are_no_errors() -> None:
+    checked = replace(CPU, procs=3, timeout="5").validate()
+    assert checked.errors == {} and checked.config is not None
+    assert (checked.config.world_size, checked.config.timeout) == (3, 5.0)
+    assert checked.options == {"procs": 3, "timeout": 5.0}
+    bad = replace(CPU, port="http").validate()
+    assert bad.config is None and list(bad.errors) == ["port"]
+
+
+def test_the_panel_validates_once_per_change_and_launches_with_that_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    builds: list[LaunchConfig] = []
+    real = LaunchConfig.build
+
+    def counting(**kw: Any) -> LaunchConfig:
+        builds.append(real(**kw))
+        return builds[-1]
+
+    monkeypatch.setattr(settings_module.LaunchConfig, "build", counting)
+    launched: list[LaunchConfig] = []
+
+    def start(config: LaunchConfig, *args: object) -> Any:
+        launched.append(config)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(panel_module, "start_with_display", start)
+    panel = Panel(print)
+    try:
+        assert len(builds) == 1  # the form shown
+        panel.view.procs.value = 3  # one change, one validation
+        assert len(builds) == 2 and builds[-1].world_size == 3
+        panel.code()
+        with pytest.raises(RuntimeError, match="not started in this test"):
+            panel.launch()
+        assert len(builds) == 2
+        assert launched == [builds[-1]] and launched[0] is builds[-1]
+    finally:
+        panel.close(wait=False)

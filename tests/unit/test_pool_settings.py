@@ -1,29 +1,81 @@
-"""Pool settings a launch sends to the forkserver (``starters.pool_request``)."""
+"""Pool settings: read from the environment when the config is built (``NBDDP_POOL``,
+``NBDDP_POOL_IDLE``), and sent to the forkserver as a typed request (``starters.pool_request``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.starters import POOL_IDLE, POOL_MAX, pool_request
+from nbddp.launcher.config import POOL_IDLE, POOL_MAX, LaunchConfig
+from nbddp.launcher.devices import VisibleGpus
+from nbddp.launcher.starters import (
+    FORKSERVER,
+    ForkserverLaunch,
+    ForkStarter,
+    PoolRequest,
+    SpawnStarter,
+    pool_request,
+    starter,
+)
 from tests.procs import POOL_CAP
+
+NO_GPU = VisibleGpus((), "none in a test")
+
+
+def config(procs: int, environ: dict[str, str] | None = None, **kw: object) -> LaunchConfig:
+    return LaunchConfig.build(procs=procs, visible=NO_GPU, environ=environ or {}, **kw)  # type: ignore[arg-type]
 
 
 def test_the_pool_is_sized_to_the_launch_and_capped() -> None:
-    assert pool_request({"LOCAL_WORLD_SIZE": "2"}) == (2, POOL_IDLE)
-    assert pool_request({"LOCAL_WORLD_SIZE": str(POOL_MAX + 5)}) == (POOL_MAX, POOL_IDLE)
-    assert pool_request({"LOCAL_WORLD_SIZE": "4", "NBDDP_POOL": "3"}) == (3, POOL_IDLE)
+    assert pool_request(config(2)) == PoolRequest(2, POOL_IDLE)
+    assert pool_request(config(POOL_MAX + 5)) == PoolRequest(POOL_MAX, POOL_IDLE)
+    assert pool_request(config(4, {"NBDDP_POOL": "3"})) == PoolRequest(3, POOL_IDLE)
 
 
 def test_nbddp_pool_0_turns_it_off_and_nbddp_pool_idle_sets_the_timeout() -> None:
-    assert pool_request({"LOCAL_WORLD_SIZE": "2", "NBDDP_POOL": "0"})[0] == 0
-    assert pool_request({"LOCAL_WORLD_SIZE": "2", "NBDDP_POOL_IDLE": "0.5"}) == (2, 0.5)
+    assert pool_request(config(2, {"NBDDP_POOL": "0"})).size == 0
+    assert pool_request(config(2, {"NBDDP_POOL_IDLE": "0.5"})) == PoolRequest(2, 0.5)
 
 
-@pytest.mark.parametrize("setting", [{"NBDDP_POOL": "many"}, {"NBDDP_POOL_IDLE": "-1"}])
-def test_a_bad_setting_says_what_to_do(setting: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="unset it for the default"):
-        pool_request({"LOCAL_WORLD_SIZE": "2", **setting})
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"NBDDP_POOL": "many"}, "NBDDP_POOL='many' is not a number >= 0"),
+        ({"NBDDP_POOL_IDLE": "-1"}, "NBDDP_POOL_IDLE='-1' is not a number >= 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_when_the_config_is_built(
+    setting: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match="unset it for the default") as info:
+        config(2, setting)
+    assert message in str(info.value)
+
+
+def test_the_notebooks_environment_is_read_once_when_the_config_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NBDDP_POOL", "1")
+    monkeypatch.setenv("NBDDP_POOL_IDLE", "7")
+    built = LaunchConfig.build(procs=2, visible=NO_GPU)
+    monkeypatch.setenv("NBDDP_POOL", "many")  # after the build: this launch keeps its value
+    assert pool_request(built) == PoolRequest(1, 7.0)
+    with pytest.raises(ConfigError, match="NBDDP_POOL='many'"):
+        LaunchConfig.build(procs=2, visible=NO_GPU)
+
+
+def test_the_launchs_env_option_counts_as_its_environment() -> None:
+    # As when the setting was read from the rank's environment: env= wins over the notebook's.
+    built = config(2, {"NBDDP_POOL": "4"}, env={"NBDDP_POOL": "0"})
+    assert pool_request(built).size == 0
+
+
+def test_the_forkserver_starter_of_a_launch_carries_its_pool_request() -> None:
+    assert starter(config(3, {"NBDDP_POOL": "2"})) == ForkserverLaunch(
+        FORKSERVER, PoolRequest(2, POOL_IDLE)
+    )
+    assert isinstance(starter(config(2, start_method="spawn")), SpawnStarter)
+    assert isinstance(starter(config(2, start_method="fork")), ForkStarter)
 
 
 def test_the_leftover_check_knows_the_default_cap() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nbddp.launcher.entry import kernel_shell as _kernel_shell
+from nbddp.launcher.options import LaunchOptions
 from nbddp.notebook.panel.panel import Panel
 
 _BY_CELL: dict[str, list[Panel]] = {}
@@ -24,7 +25,7 @@ def show_panel(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
-    options: Mapping[str, Any] | None = None,
+    options: LaunchOptions | None = None,
 ) -> Panel:
     """Make the panel, and in a kernel display it and tie it to the running cell."""
     panel = Panel(fn, args, kwargs, options=options)

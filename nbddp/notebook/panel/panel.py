@@ -1,11 +1,12 @@
 """``Panel``: configure, launch, stop and watch runs of one function from widgets.
 
 Contract: a ``Panel`` owns a ``PanelView`` and at most one run at a time.
-Launch (the button, or ``launch()``) validates the form, starts the run
-with a ``PanelFeed`` as its display and pumps it on a background thread,
-so the notebook stays usable; the outcome (summary, or the failing rank's
-error and traceback) is shown in the panel and the run stays reachable as
-``panel.run``. Stop (the button, or ``stop()``) stops every rank; the panel
+The form is validated once per change (``PanelSettings.validate``, which
+builds the launch's config). Launch (the button, or ``launch()``) starts the
+run with that same config and a ``PanelFeed`` as its display, and pumps it
+on a background thread, so the notebook stays usable; the outcome (summary,
+or the failing rank's error and traceback) is shown in the panel and the run
+stays reachable as ``panel.run``. Stop (the button, or ``stop()``) stops every rank; the panel
 then shows ``stopped``. Launch is disabled while the form is invalid or a
 run goes on; launching again after a run ends starts a fresh run.
 
@@ -22,14 +23,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.entry import start_with_display
 from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
+from nbddp.launcher.options import LaunchOptions
 from nbddp.launcher.run import Run, RunResult
 from nbddp.notebook.panel.feed import PanelFeed
-from nbddp.notebook.panel.settings import PanelSettings, call_code
+from nbddp.notebook.panel.settings import PanelSettings, Validated, call_code
 from nbddp.notebook.panel.view import PanelView
 
 PANEL_TAIL = 15  # lines of each rank's output in its tab (the full output is in its log)
@@ -46,7 +47,7 @@ class Panel:
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
         *,
-        options: Mapping[str, Any] | None = None,
+        options: LaunchOptions | None = None,
         tail: int = PANEL_TAIL,
     ) -> None:
         if not callable(fn):
@@ -68,6 +69,7 @@ class Panel:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._shown_in: object = None  # the execution count of the cell that showed it
+        self._checked: tuple[PanelSettings, Validated] | None = None  # the form, validated
         self.view.on_change(self.refresh_form)
         self.view.launch_button.on_click(lambda _button: self._clicked(self.launch))
         self.view.stop_button.on_click(lambda _button: self._clicked(self.stop))
@@ -91,7 +93,7 @@ class Panel:
         Raises ``ConfigError`` while the form is invalid.
         """
         settings = self.settings()
-        errors = settings.errors()
+        errors = self._validated(settings).errors
         if errors:
             raise ConfigError(_describe(errors))
         return self._code(settings)[:2]
@@ -102,11 +104,18 @@ class Panel:
         name = self.code_name
         return settings.magic_cell(f"{name}({args})"), settings.launch_call(name, args), exact
 
+    def _validated(self, settings: PanelSettings) -> Validated:
+        """``settings`` validated: as last time when the form has not changed since."""
+        if self._checked is None or self._checked[0] != settings:
+            self._checked = (settings, settings.validate())
+        return self._checked[1]
+
     def refresh_form(self) -> None:
         """Re-validate the form: field errors, the Launch button and the code shown."""
         settings = self.settings()
         self.view.show_device(settings.device)
-        errors = settings.errors()
+        self._checked = None  # a change: check anew (the machine may have changed too)
+        errors = self._validated(settings).errors
         self.view.show_errors(errors)
         self.view.set_running(self.running, can_launch=not errors and not self._closed)
         if errors:
@@ -135,12 +144,11 @@ class Panel:
                 raise RuntimeError("this panel was closed; create a new one with nbddp.panel(...)")
             if self.running:
                 raise RuntimeError("a run from this panel is still going; stop it or wait for it")
-            settings = self.settings()
-            errors = settings.errors()
-            if errors:
-                self.view.show_errors(errors)
-                raise ConfigError(_describe(errors))
-            config = LaunchConfig.build(**settings.options())
+            checked = self._validated(self.settings())
+            if checked.config is None:
+                self.view.show_errors(checked.errors)
+                raise ConfigError(_describe(checked.errors))
+            config = checked.config
             self.view.start_run(config.world_size)
             feed = PanelFeed(self.view, tail=self.tail)
             run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
@@ -208,7 +216,7 @@ class Panel:
             self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
             self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
         finally:
-            can_launch = not self._closed and not self.settings().errors()
+            can_launch = not self._closed and not self._validated(self.settings()).errors
             self.view.set_running(False, can_launch=can_launch)
 
     def _show_failure(self, run: Run, exc: BaseException) -> None:

@@ -1,35 +1,52 @@
 """The panel's settings form as plain data: validation and the equivalent code.
 
 Contract: ``PanelSettings`` holds what the form's fields hold, as the user
-typed it (text fields stay text). ``errors()`` maps each invalid field to a
-one-line message that says what to type instead, and is empty exactly when
-``options()`` returns ``LaunchConfig.build`` keywords that build. The code
-renderers turn valid settings into the ``%%ddp`` cell and the ``launch(...)``
-call that run the same thing, so a configuration found by clicking becomes
-code. Nothing here imports ipywidgets, starts a process or touches CUDA.
+typed it (text fields stay text). ``validate()`` checks the form once: it
+parses the text fields (a port, seconds, ``NAME=VALUE`` lines), checks each
+field's option with the config's own check (``config.check_option``), then
+builds the ``LaunchConfig``; a message maps to its field, or to ``launch``
+when only the combination is wrong. Its errors are empty exactly when it
+carries the config, which is the one the panel launches. The form's own
+checks are only about its device widgets (a GPU chosen, a sane process
+count). The code renderers turn valid settings into the ``%%ddp`` cell and
+the ``launch(...)`` call that run the same thing, so a configuration found by
+clicking becomes code. Nothing here imports ipywidgets, starts a process or
+touches CUDA.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.config import LaunchConfig
-from nbddp.notebook.runner import format_options
+from nbddp.launcher.config import LaunchConfig, check_option
+from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
 
 DeviceChoice = Literal["gpu", "cpu"]
-START_METHODS = ("forkserver", "spawn", "fork")
-PRECISIONS = ("no", "fp16", "bf16", "fp8")
 MAX_PROCS = 256  # a typo guard: more CPU ranks than this is never what was meant
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LITERAL_TYPES = (bool, int, float, str, bytes, type(None))
 _MAX_ARG_REPR = 60
 
 FIELDS = ("device", "gpus", "procs", "start_method", "port", "mixed_precision", "timeout", "env")
-"""The form's fields, in display order (``errors()`` keys are among these, or ``launch``)."""
+"""The form's fields, in display order (``errors()`` keys are among these, or ``launch``).
+``gpus``, ``procs`` and the fields after them are the launch options of their names."""
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The form checked once (see module contract)."""
+
+    errors: dict[str, str]
+    """Field (or ``launch``) -> what is wrong, in form order; empty when valid."""
+    options: LaunchOptions
+    """The fields that parsed, as launch options (only what differs from the defaults)."""
+    config: LaunchConfig | None
+    """The launch the form describes; None exactly when there are errors."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +58,10 @@ class PanelSettings:
     """Notebook GPU ordinals chosen (device ``gpu``)."""
     procs: int = 2
     """CPU processes (device ``cpu``)."""
-    start_method: str = "forkserver"
+    start_method: str = cast(str, OPTIONS["start_method"].default)
     port: str = ""
     """Rendezvous port as typed; empty: a free one per run."""
-    mixed_precision: str = "no"
+    mixed_precision: str = cast(str, OPTIONS["mixed_precision"].default)
     timeout: str = ""
     """Seconds as typed; empty: no timeout."""
     env: str = ""
@@ -53,90 +70,83 @@ class PanelSettings:
     """How many GPUs the notebook sees (detected without initialising CUDA)."""
 
     @classmethod
-    def initial(cls, visible_gpus: int, options: Mapping[str, Any] | None = None) -> PanelSettings:
+    def initial(cls, visible_gpus: int, options: LaunchOptions | None = None) -> PanelSettings:
         """Defaults for a machine with ``visible_gpus`` GPUs, overlaid with ``options``
-        (``LaunchConfig.build`` keywords, e.g. a ``%ddp_config`` session's defaults)."""
-        settings = cls(
-            device="gpu" if visible_gpus else "cpu",
-            gpus=tuple(range(visible_gpus)),
+        (e.g. a ``%ddp_config`` session's defaults)."""
+        options = options or {}
+        device, gpus, procs = _initial_devices(visible_gpus, options)
+        port, timeout, env = options.get("port"), options.get("timeout"), options.get("env")
+        return cls(
+            device=device,
+            gpus=gpus,
+            procs=procs,
+            start_method=options.get("start_method", cls.start_method),
+            port="" if port is None else str(port),
+            mixed_precision=options.get("mixed_precision", cls.mixed_precision),
+            timeout="" if timeout is None else f"{timeout:g}",
+            env="\n".join(f"{k}={v}" for k, v in (env or {}).items()),
             visible_gpus=visible_gpus,
         )
-        if not options:
-            return settings
-        changes: dict[str, Any] = {}
-        gpus = options.get("gpus")
-        if options.get("procs") is not None:
-            changes.update(device="cpu", procs=int(options["procs"]))
-        elif isinstance(gpus, int):
-            changes.update(device="gpu", gpus=tuple(range(gpus)))
-        elif gpus is not None:
-            changes.update(device="gpu", gpus=tuple(int(g) for g in gpus))
-        for key in ("start_method", "mixed_precision"):
-            if options.get(key) is not None:
-                changes[key] = str(options[key])
-        for key in ("port", "timeout"):
-            if options.get(key) is not None:
-                changes[key] = f"{options[key]:g}" if key == "timeout" else str(options[key])
-        if options.get("env"):
-            changes["env"] = "\n".join(f"{k}={v}" for k, v in options["env"].items())
-        return replace(settings, **changes)
 
     # -- validation -------------------------------------------------------
 
-    def errors(self) -> dict[str, str]:
-        """Field -> what is wrong with it; empty when every field is valid.
-
-        Field checks come first; if they pass, the whole configuration is
-        built once more, and a problem only the combination shows is
-        reported under ``launch``.
-        """
-        errors: dict[str, str] = {}
-        if self.device == "gpu":
-            if not self.visible_gpus:
-                errors["device"] = "no GPU is visible to this notebook; choose CPU"
-            elif not self.gpus:
-                errors["gpus"] = "choose at least one GPU"
-        elif not 1 <= self.procs <= MAX_PROCS:
-            errors["procs"] = f"a number of processes from 1 to {MAX_PROCS}"
-        if self.start_method not in START_METHODS:
-            errors["start_method"] = f"one of {', '.join(START_METHODS)}"
-        if self.mixed_precision not in PRECISIONS:
-            errors["mixed_precision"] = f"one of {', '.join(PRECISIONS)}"
-        for name, check in (("port", _port), ("timeout", _timeout), ("env", _env)):
+    def validate(self) -> Validated:
+        """Check the form once (see module contract)."""
+        options, errors = self._parse()
+        for name, value in options.items():
             try:
-                check(getattr(self, name))
+                check_option(name, value)
+            except ConfigError as exc:
+                errors[name] = str(exc)
+        if errors:
+            order = [*FIELDS, "launch"]
+            return Validated(
+                dict(sorted(errors.items(), key=lambda e: order.index(e[0]))), options, None
+            )
+        try:
+            config = LaunchConfig.build(**options)
+        except ConfigError as exc:
+            return Validated({"launch": str(exc)}, options, None)
+        return Validated({}, options, config)
+
+    def errors(self) -> dict[str, str]:
+        """Field -> what is wrong with it; empty when the form describes a valid launch."""
+        return dict(self.validate().errors)
+
+    def options(self) -> LaunchOptions:
+        """The settings as launch options (only what differs from the defaults).
+        Raises ``ValueError`` on a field the form cannot parse."""
+        options, errors = self._parse()
+        if errors:
+            raise ValueError("; ".join(f"{name}: {text}" for name, text in errors.items()))
+        return options
+
+    def _parse(self) -> tuple[LaunchOptions, dict[str, str]]:
+        """The fields as launch options, and the fields that are not even that."""
+        parsed, errors = self._devices()
+        for name, parse in _PARSERS.items():
+            try:
+                value = parse(getattr(self, name))
             except ValueError as exc:
                 errors[name] = str(exc)
-        if not errors:
-            try:
-                LaunchConfig.build(**self.options())
-            except ConfigError as exc:
-                errors["launch"] = str(exc)
-        return errors
+                continue
+            if value != OPTIONS[name].default:
+                parsed[name] = value
+        # Each value has its option's type or is caught by check_option/build.
+        return cast(LaunchOptions, parsed), errors
 
-    def options(self) -> dict[str, Any]:
-        """The settings as ``LaunchConfig.build`` keywords (only what differs from the
-        defaults). Raises ``ValueError`` on a field ``errors()`` reports."""
-        options: dict[str, Any] = {}
+    def _devices(self) -> tuple[dict[str, object], dict[str, str]]:
+        """``gpus`` or ``procs``, or what the device widgets lack."""
         if self.device == "gpu":
+            if not self.visible_gpus:
+                return {}, {"device": "no GPU is visible to this notebook; choose CPU"}
+            if not self.gpus:
+                return {}, {"gpus": "choose at least one GPU"}
             every = tuple(range(self.visible_gpus))
-            options["gpus"] = len(self.gpus) if self.gpus == every else list(self.gpus)
-        else:
-            options["procs"] = self.procs
-        if self.start_method != "forkserver":
-            options["start_method"] = self.start_method
-        port = _port(self.port)
-        if port is not None:
-            options["port"] = port
-        timeout = _timeout(self.timeout)
-        if timeout is not None:
-            options["timeout"] = timeout
-        env = _env(self.env)
-        if env:
-            options["env"] = env
-        if self.mixed_precision != "no":
-            options["mixed_precision"] = self.mixed_precision
-        return options
+            return {"gpus": len(self.gpus) if self.gpus == every else list(self.gpus)}, {}
+        if not 1 <= self.procs <= MAX_PROCS:
+            return {}, {"procs": f"a number of processes from 1 to {MAX_PROCS}"}
+        return {"procs": self.procs}, {}
 
     # -- the same run as code ---------------------------------------------
 
@@ -153,6 +163,20 @@ class PanelSettings:
         for key, value in self.options().items():
             parts.append(f"{key}={value!r}")
         return f"nbddp.launch({', '.join(parts)})"
+
+
+def _initial_devices(
+    visible_gpus: int, options: LaunchOptions
+) -> tuple[DeviceChoice, tuple[int, ...], int]:
+    """(device, GPUs chosen, process count) for ``options``, else the machine's default."""
+    procs, gpus = options.get("procs"), options.get("gpus")
+    if procs is not None:
+        return "cpu", tuple(range(visible_gpus)), int(procs)
+    if isinstance(gpus, int):
+        return "gpu", tuple(range(gpus)), PanelSettings.procs
+    if gpus is not None:
+        return "gpu", tuple(int(g) for g in gpus), PanelSettings.procs
+    return ("gpu" if visible_gpus else "cpu"), tuple(range(visible_gpus)), PanelSettings.procs
 
 
 def call_code(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool]:
@@ -200,17 +224,18 @@ def _is_literal(value: Any) -> bool:
     return False
 
 
+def _text(text: str) -> str:
+    return text
+
+
 def _port(text: str) -> int | None:
     text = text.strip()
     if not text or text.lower() == "auto":
         return None
     try:
-        port = int(text)
+        return int(text)
     except ValueError:
         raise ValueError(f"a port number (1-65535), or empty for any; got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise ValueError(f"a port number from 1 to 65535, or empty for a free one; got {port}")
-    return port
 
 
 def _timeout(text: str) -> float | None:
@@ -221,12 +246,12 @@ def _timeout(text: str) -> float | None:
         seconds = float(text)
     except ValueError:
         raise ValueError(f"seconds (e.g. 600), or empty for none; got {text!r}") from None
-    if not seconds > 0 or seconds == float("inf"):
+    if not math.isfinite(seconds):
         raise ValueError(f"a positive number of seconds, or empty for none; got {text!r}")
     return seconds
 
 
-def _env(text: str) -> dict[str, str]:
+def _env(text: str) -> dict[str, str] | None:
     env: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -237,4 +262,14 @@ def _env(text: str) -> dict[str, str]:
         if not sep or not _ENV_NAME.match(name):
             raise ValueError(f"line {number}: NAME=VALUE with a variable name, got {line!r}")
         env[name] = value
-    return env
+    return env or None
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {
+    "start_method": _text,
+    "port": _port,
+    "timeout": _timeout,
+    "env": _env,
+    "mixed_precision": _text,
+}
+"""The form's text fields (in the order the code shows them): text to option value."""

@@ -22,8 +22,9 @@ from typing import Any
 import ipywidgets as W
 
 from nbddp.display.kernel import STATE_COLORS
+from nbddp.launcher.options import OPTIONS
 from nbddp.notebook.panel.feed import RankView
-from nbddp.notebook.panel.settings import PRECISIONS, START_METHODS, PanelSettings
+from nbddp.notebook.panel.settings import PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"
@@ -70,7 +71,7 @@ class PanelView:
             value=settings.procs, description="Processes", style=style, layout=layout
         )
         self.start_method = W.Dropdown(
-            options=START_METHODS,
+            options=OPTIONS["start_method"].choices,
             value=settings.start_method,
             description="Start method",
             style=style,
@@ -84,7 +85,7 @@ class PanelView:
             layout=layout,
         )
         self.mixed_precision = W.Dropdown(
-            options=PRECISIONS,
+            options=OPTIONS["mixed_precision"].choices,
             value=settings.mixed_precision,
             description="Mixed precision",
             style=style,
