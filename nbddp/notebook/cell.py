@@ -32,7 +32,6 @@ import linecache
 import os
 import re
 import symtable
-import sys
 import tokenize
 import types
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,6 +41,7 @@ from typing import Any
 import cloudpickle
 
 from nbddp.errors import CellError
+from nbddp.wire import tocpu
 
 # Names IPython keeps in the user namespace for itself: input/output history
 # (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
@@ -323,7 +323,7 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues
     sent: dict[str, bytes] = {}
     for name in out:
         try:
-            sent[name] = dumps_cpu(ns[name])
+            sent[name] = tocpu.dumps(ns[name])
         except Exception as exc:
             raise TypeError(
                 f"--out {name}: {type(ns[name]).__name__} cannot be sent to the notebook "
@@ -333,37 +333,7 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues
     if value is None:
         return CellValues(sent)
     try:
-        return CellValues(sent, last=dumps_cpu(value))
+        return CellValues(sent, last=tocpu.dumps(value))
     except Exception:
         # The value is only for display: its repr is enough.
         return CellValues(sent, last_repr=repr(value))
-
-
-class _CpuPickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, with every tensor anywhere in the value copied to the CPU."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = _torch()
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            cpu = obj.detach().cpu()
-            if isinstance(obj, torch.nn.Parameter):
-                return torch.nn.Parameter, (cpu, obj.requires_grad)
-            return _same, (cpu,)
-        return super().reducer_override(obj)
-
-
-def _torch() -> Any:
-    # Only a fully imported torch (nbddp may be importing it in the background).
-    torch = sys.modules.get("torch")
-    return torch if hasattr(torch, "Tensor") else None
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def dumps_cpu(value: Any) -> bytes:
-    """``cloudpickle.dumps(value)`` with tensors (nested anywhere) moved to the CPU."""
-    buffer = io.BytesIO()
-    _CpuPickler(buffer).dump(value)
-    return buffer.getvalue()

@@ -32,9 +32,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-import cloudpickle
-
-from nbddp.wire import protocol
+from nbddp.wire import protocol, tocpu
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
@@ -226,27 +224,6 @@ def _prepare_torch(order: RunOrder) -> None:
             dist.init_process_group(backend=order.backend)
 
 
-def to_cpu(value: Any) -> Any:
-    """``value`` with every CUDA tensor in plain containers moved to the CPU."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu() if value.device.type != "cpu" else value
-    if isinstance(value, dict):
-        return (
-            type(value)((k, to_cpu(v)) for k, v in value.items()) if _rebuildable(value) else value
-        )
-    if isinstance(value, list | tuple) and _rebuildable(value):
-        items = [to_cpu(v) for v in value]
-        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
-    return value
-
-
-def _rebuildable(value: object) -> bool:
-    return type(value) in (dict, list, tuple) or hasattr(value, "_fields")
-
-
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -264,7 +241,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     exc_bytes: bytes | None
     try:
-        data = cloudpickle.dumps(exc)
+        data = tocpu.dumps(exc)
         pickle.loads(data)  # only ship what the notebook will be able to rebuild
         exc_bytes = data
     except Exception:
@@ -362,7 +339,7 @@ def _wait_for_peers() -> None:
 def _report_exit(channel: Channel, exc: SystemExit) -> int:
     code = exc.code
     if code is None or code == 0:
-        channel.send("result", cloudpickle.dumps(None))
+        channel.send("result", tocpu.dumps(None))
         _flush()
         _wait_for_peers()
         return 0
@@ -376,7 +353,7 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
 
 def _report_result(channel: Channel, value: Any) -> int:
     try:
-        data = cloudpickle.dumps(to_cpu(value))
+        data = tocpu.dumps(value)
     except Exception as exc:
         err = TypeError(
             f"the return value ({type(value).__name__}) cannot be pickled: {exc}; "

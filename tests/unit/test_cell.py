@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 import traceback
 
@@ -15,7 +14,6 @@ from nbddp.notebook.cell import (
     CellProgram,
     CellValues,
     compile_cell,
-    dumps_cpu,
     is_quiet,
     names_read,
     select_names,
@@ -174,13 +172,3 @@ def test_unpicklable_last_value_is_shown_by_its_repr() -> None:
     assert isinstance(values, CellValues)
     _, last = values.restore()
     assert repr(last).startswith("<unlocked _thread.lock object")
-
-
-def test_dumps_cpu_keeps_container_and_parameter_types() -> None:
-    import pickle
-
-    state = collections.OrderedDict(w=torch.nn.Parameter(torch.ones(2)), b=torch.zeros(1))
-    back = pickle.loads(dumps_cpu(state))
-    assert type(back) is collections.OrderedDict
-    assert isinstance(back["w"], torch.nn.Parameter) and back["w"].requires_grad
-    assert torch.equal(back["b"], torch.zeros(1))
