@@ -41,7 +41,7 @@ from nbddp.launcher.ports import choose_port, listen
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, starter
 from nbddp.wire import protocol
-from nbddp.wire.payload import Serialized
+from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
@@ -77,7 +77,7 @@ class Failure:
 class Job:
     """One run's processes (see module contract)."""
 
-    def __init__(self, config: LaunchConfig, payload: Serialized) -> None:
+    def __init__(self, config: LaunchConfig, payload: Payload) -> None:
         self.config = config
         self.payload = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]

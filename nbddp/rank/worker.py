@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from nbddp.wire import protocol, tocpu
-from nbddp.wire.payload import Payload
+from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
 BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
@@ -257,7 +257,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
 def _call(order: RunOrder, fds: list[int]) -> Any:
     _prepare_torch(order)
     try:
-        call = Payload.from_bytes(order.payload, fds)
+        call = load_call(order.payload, fds)
     finally:
         for fd in fds:  # the mappings keep their own references
             os.close(fd)

@@ -23,30 +23,35 @@ subclasses (pickled as usual).
 
 from __future__ import annotations
 
+import functools
 import io
 import mmap
 import os
+import pickle
 import sys
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-import cloudpickle
-
+from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.shm_move import move_to_shared
+
+if TYPE_CHECKING:
+    from _pickle import _ReducedType
 
 SHARE_BYTES = 1 << 20
 
-_RECEIVED: list[int] = []  # the rank's received descriptors, while its payload is unpickled
+_Reduced = tuple[Callable[..., Any], tuple[Any, ...]]  # a rebuild function and its arguments
 
 
-class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _SharingPickler(CloudPickler):
     def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self._index: dict[int, int] = {}  # storage address -> position in fds
         self._arrays: dict[int, tuple[int, Any]] = {}  # id(array) -> (position, array)
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> _ReducedType:
         # getattr: torch may be half-imported (nbddp's background prewarm); a
         # tensor can only exist once torch has been fully imported.
         torch = sys.modules.get("torch")
@@ -59,7 +64,7 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
             return self._reduce_array(obj)
         return super().reducer_override(obj)
 
-    def _reduce_array(self, array: Any) -> Any:
+    def _reduce_array(self, array: Any) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
         # so its bytes are copied once into a memfd for all ranks (pickling
         # would copy them once per rank, and again when unpickling).
@@ -79,7 +84,7 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         order = "C" if array.flags.c_contiguous else "F"
         return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, order)
 
-    def _reduce_tensor(self, tensor: Any) -> Any:
+    def _reduce_tensor(self, tensor: Any) -> _Reduced:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self._index:
@@ -142,16 +147,33 @@ def dumps(obj: Any) -> tuple[bytes, list[int], list[OwnedFd]]:
     return buf.getvalue(), pickler.fds, pickler.owned
 
 
-def loads(data: bytes, fds: list[int]) -> Any:
+def loads(data: bytes, fds: Sequence[int]) -> Any:
     """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write."""
-    _RECEIVED[:] = fds
-    try:
-        return cloudpickle.loads(data)
-    finally:
-        _RECEIVED.clear()
+    return _MappingUnpickler(data, fds).load()
+
+
+class _MappingUnpickler(pickle.Unpickler):
+    """Unpickles a payload whose shared-memory references index ``fds``.
+
+    The rebuild functions are named in the pickle by reference; this
+    unpickler hands out each one bound to its own ``fds``, so the received
+    descriptors are this unpickler's state, not the module's.
+    """
+
+    def __init__(self, data: bytes, fds: Sequence[int]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._fds = tuple(fds)
+
+    def find_class(self, module_name: str, global_name: str, /) -> Any:
+        if module_name == __name__:
+            rebuild = _REBUILDERS.get(global_name)
+            if rebuild is not None:
+                return functools.partial(rebuild, self._fds)
+        return super().find_class(module_name, global_name)
 
 
 def _rebuild_tensor(
+    fds: tuple[int, ...],
     index: int,
     nbytes: int,
     dtype: Any,
@@ -162,16 +184,28 @@ def _rebuild_tensor(
 ) -> Any:
     import torch
 
-    region = mmap.mmap(_RECEIVED[index], nbytes, flags=mmap.MAP_PRIVATE)
+    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
     base = torch.frombuffer(region, dtype=torch.uint8)
     tensor = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, size, stride)
     return tensor.requires_grad_(requires_grad)
 
 
 def _rebuild_array(
-    index: int, nbytes: int, dtype: Any, shape: tuple[int, ...], order: Literal["C", "F"]
+    fds: tuple[int, ...],
+    index: int,
+    nbytes: int,
+    dtype: Any,
+    shape: tuple[int, ...],
+    order: Literal["C", "F"],
 ) -> Any:
     import numpy as np
 
-    region = mmap.mmap(_RECEIVED[index], nbytes, flags=mmap.MAP_PRIVATE)
+    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
     return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
+
+
+_REBUILDERS: dict[str, Callable[..., Any]] = {
+    "_rebuild_tensor": _rebuild_tensor,
+    "_rebuild_array": _rebuild_array,
+}
+"""What ``_MappingUnpickler`` binds to the received descriptors, by the name the pickle uses."""
