@@ -9,7 +9,7 @@ converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
 
 Rows logged in quick succession are sent in batches (every 20 ms while
-they keep coming, the last ones within 0.1 s; ``worker.Channel.send_row``),
+they keep coming, the last ones within 0.1 s; ``channel.Channel.send_row``),
 always before the rank's result.
 
 Outside a launch, ``log`` returns at once and checks nothing: the same
@@ -26,7 +26,8 @@ import time
 from numbers import Real
 from typing import Any
 
-from nbddp.rank import worker
+from nbddp.rank import channel as rank_channel
+from nbddp.rank.channel import Row
 
 RESERVED = frozenset(("rank", "step", "time"))
 
@@ -69,7 +70,7 @@ def _rank() -> int:
 
 def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
-    channel = worker.CHANNEL
+    channel = rank_channel.installed()
     if channel is None:
         return
     # This runs every training step: plain numbers, the common case, are
@@ -81,7 +82,7 @@ def log(step: int | None = None, **values: Any) -> None:
     if not RESERVED.isdisjoint(values):
         clash = ", ".join(sorted(RESERVED.intersection(values)))
         raise ValueError(f"nbddp.log: {clash} is set by nbddp; rename it")
-    row: dict[str, Any] = {
+    row: Row = {
         "rank": _rank(),
         "step": None if step is None else int(step),
         "time": time.time(),

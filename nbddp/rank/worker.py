@@ -27,103 +27,15 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from datetime import timedelta
 from typing import Any
 
+from nbddp.rank.channel import Channel
+from nbddp.rank.channel import install as install_channel
 from nbddp.wire import protocol, tocpu
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
-
-BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
-TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming
-FLUSHER_IDLE = 10  # wakeups with nothing held before the flusher thread ends
-
-
-class Channel:
-    """The rank's side of its link to the notebook; safe to use from any thread.
-
-    ``send`` sends at once. ``send_row`` (metric rows) batches: rows are
-    held and sent together as one ``metrics`` message (a list of rows) by
-    the calling thread, with the new row, if nothing was sent in the last
-    ``BATCH_INTERVAL`` seconds; a flusher thread sends what is left within
-    ``TAIL_INTERVAL`` once rows stop coming (it is started by a row that
-    finds none, and ends after ``FLUSHER_IDLE`` wakeups with nothing held,
-    or at once with nothing held once ``sock`` is closed).
-    Order is kept: ``send`` first sends whatever is held. Why batch: a loop
-    that logs every step would otherwise pay a pickle and a system call per
-    step, and the notebook a message per step; and why the flusher wakes
-    only every ``TAIL_INTERVAL``: each wakeup takes the GIL from the
-    training thread. What is held is lost only if the process dies without
-    returning (a signal, ``os._exit``): the last rows, at most
-    ``TAIL_INTERVAL`` seconds of them.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._lock = threading.Lock()  # held while sending: one message at a time, in order
-        # Appended to without the lock (``list.append`` is atomic): ``send_row``
-        # runs every training step, where each bytecode counts (the step has
-        # just evicted this code from the caches). Senders take rows from the
-        # front, never replace the list, so no append is lost.
-        self._rows: list[dict[str, Any]] = []
-        self._next_send = 0.0  # time.monotonic() from which the next row is sent at once
-        self._flusher: threading.Thread | None = None
-
-    def send(self, kind: str, body: Any) -> None:
-        """Send one message; silently dropped if the notebook has gone (we are dying then)."""
-        data = protocol.encode(kind, body)
-        with self._lock:
-            self._send_locked(data)
-
-    def send_row(self, row: dict[str, Any]) -> None:
-        """Send one metric row soon, batched with others (see class docstring)."""
-        self._rows.append(row)
-        if time.monotonic() >= self._next_send or self._flusher is None:
-            with self._lock:
-                self._send_locked(b"")
-                if self._flusher is None:
-                    self._flusher = threading.Thread(
-                        target=self._flush_loop, name="nbddp-metrics", daemon=True
-                    )
-                    self._flusher.start()
-
-    def _send_locked(self, data: bytes) -> None:
-        rows = self._rows
-        count = len(rows)
-        if count:
-            data = protocol.encode("metrics", rows[:count]) + data
-            del rows[:count]  # rows appended meanwhile stay, for the next send
-        self._next_send = time.monotonic() + BATCH_INTERVAL
-        try:
-            self.sock.sendall(data)
-        except OSError:
-            pass
-
-    def _flush_loop(self) -> None:
-        idle = 0
-        while True:
-            time.sleep(TAIL_INTERVAL)
-            with self._lock:
-                if self._rows:
-                    idle = 0
-                    if time.monotonic() >= self._next_send:
-                        self._send_locked(b"")  # rows stopped coming: send the last ones
-                    continue
-                idle += 1
-                if idle < FLUSHER_IDLE and self.sock.fileno() >= 0:
-                    continue
-                # Unregistered before the last look at the rows: a row appended
-                # after that look is sure to see no flusher and start one.
-                me, self._flusher = self._flusher, None
-                if not self._rows:
-                    return
-                self._flusher = me
-
-
-CHANNEL: Channel | None = None
-"""The running rank's channel; None outside a worker (``nbddp.log`` is then a no-op)."""
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
@@ -266,7 +178,6 @@ def _call(order: RunOrder, fds: list[int]) -> Any:
 
 def serve(ctrl: socket.socket) -> int:
     """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
-    global CHANNEL
     set_process_name("nbddp-worker")
     msg = protocol.recv(ctrl)
     if msg is None or msg[0] != "run":
@@ -280,7 +191,8 @@ def serve(ctrl: socket.socket) -> int:
     _apply_order(order)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    channel = CHANNEL = Channel(ctrl)
+    channel = Channel(ctrl)
+    install_channel(channel)
     threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
     try:
@@ -379,7 +291,8 @@ def spawned_main() -> None:
     """Entry of a spawned worker: ``python -c "...spawned_main()" CTRL_FD``.
 
     The spawn starter already set the session, stdio and environment. This
-    runs as ``nbddp.worker`` (not ``__main__``) so ``nbddp.log`` finds ``CHANNEL``.
+    runs as ``nbddp.rank.worker`` (not ``__main__``), so that the channel it installs
+    is the one ``nbddp.log`` finds (``nbddp.rank.channel``).
     """
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     code = serve(ctrl)
