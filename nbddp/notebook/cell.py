@@ -4,12 +4,14 @@ Contract: ``CellProgram.build(...)`` parses the cell in the notebook (a
 ``SyntaxError`` is raised there, before any process starts), finds the
 notebook names the cell reads (``names_read``) and keeps those the notebook
 has (``select_names``). The program pickles with cloudpickle; in each rank,
-calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``,
-runs the cell body in a fresh namespace seeded with the shipped names, and
-evaluates a trailing expression. Rank 0 returns a ``CellValues`` holding the
-``--out`` names and that expression's value, each pickled on its own with
-every tensor moved to the CPU; the other ranks return None, so nothing is
-shipped back that nobody reads. ``CellValues.restore`` unpickles them in the
+calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``
+(taken from the rank's context, ``nbddp.rank.context``, which the worker
+installs from the rank's order), runs the cell body in a fresh namespace
+seeded with the shipped names, and evaluates a trailing expression. Rank 0
+returns a ``CellValues`` holding the ``--out`` names and that expression's
+value, each pickled on its own with every tensor moved to the CPU
+(``wire.tocpu``); the other ranks return None, so nothing is shipped back
+that nobody reads. ``CellValues.restore`` unpickles them in the
 notebook.
 
 The cell's source is registered in ``linecache`` under the program's
@@ -29,7 +31,6 @@ import ast
 import builtins
 import io
 import linecache
-import os
 import re
 import symtable
 import tokenize
@@ -41,6 +42,7 @@ from typing import Any
 import cloudpickle
 
 from nbddp.errors import CellError
+from nbddp.rank import context
 from nbddp.wire import tocpu
 
 # Names IPython keeps in the user namespace for itself: input/output history
@@ -258,8 +260,6 @@ class CellProgram:
     """The ``%%ddp`` line, shown as line 1 in tracebacks."""
     filename: str
     """The name the cell's code is compiled under, e.g. ``<ddp cell [3]>``."""
-    device: str
-    """``cuda``: ``device`` is ``cuda:LOCAL_RANK``; anything else: the CPU."""
     names: dict[str, Any] = field(default_factory=dict)
     """The notebook names the cell reads."""
     out: tuple[str, ...] = ()
@@ -274,7 +274,6 @@ class CellProgram:
         *,
         header: str,
         filename: str,
-        device: str,
         user_ns: Mapping[str, Any],
         hidden: Iterable[str] = (),
         out: Iterable[str] = (),
@@ -284,14 +283,11 @@ class CellProgram:
         quiet = is_quiet(source)
         compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
         names = select_names(user_ns, names_read(source), hidden)
-        return cls(source, header, filename, device, names, tuple(out), quiet)
+        return cls(source, header, filename, names, tuple(out), quiet)
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank (see module contract)."""
-        import torch
-
-        rank = int(os.environ["RANK"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        place = context.require()
         register_source(self.filename, self.header + "\n" + self.source)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
         # One dict as the globals: functions and classes the cell defines see
@@ -299,16 +295,14 @@ class CellProgram:
         ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         ns.update(self.names)
         ns.update(
-            rank=rank,
-            local_rank=local_rank,
-            world_size=int(os.environ["WORLD_SIZE"]),
-            device=torch.device("cuda", local_rank)
-            if self.device == "cuda"
-            else torch.device("cpu"),
+            rank=place.rank,
+            local_rank=place.local_rank,
+            world_size=place.world_size,
+            device=context.device(place),
         )
         exec(body, ns)
         value = eval(expr, ns) if expr is not None else None
-        if rank != 0:
+        if place.rank != 0:
             return None
         return _collect(ns, self.out, value)
 

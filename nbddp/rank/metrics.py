@@ -19,14 +19,13 @@ synchronisation).
 
 from __future__ import annotations
 
-import functools
 import importlib
-import os
 import time
 from numbers import Real
 from typing import Any
 
 from nbddp.rank import channel as rank_channel
+from nbddp.rank import context
 from nbddp.rank.channel import Row
 
 RESERVED = frozenset(("rank", "step", "time"))
@@ -62,12 +61,6 @@ def _number(name: str, value: Any) -> float | int:
     return value if isinstance(value, int) else float(value)
 
 
-@functools.cache
-def _rank() -> int:
-    # A rank's RANK never changes; reading the environment costs a step a microsecond.
-    return int(os.environ.get("RANK", "0"))
-
-
 def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
     channel = rank_channel.installed()
@@ -82,8 +75,9 @@ def log(step: int | None = None, **values: Any) -> None:
     if not RESERVED.isdisjoint(values):
         clash = ", ".join(sorted(RESERVED.intersection(values)))
         raise ValueError(f"nbddp.log: {clash} is set by nbddp; rename it")
+    place = context.current()
     row: Row = {
-        "rank": _rank(),
+        "rank": place.rank if place is not None else 0,
         "step": None if step is None else int(step),
         "time": time.time(),
     }

@@ -1,10 +1,13 @@
 """The worker: the entry point of one rank's process.
 
 Contract: ``serve(ctrl)`` waits for one ``RunOrder`` on ``ctrl``, sets up the
-rank (environment, ``sys.path``, working directory, torch threads, CUDA
-device, optionally the process group), calls the function and sends back
-exactly one of ``result`` / ``error`` / ``exit``, then returns the process
-exit code. The worker is one-shot: it serves one order and exits.
+rank (environment, ``sys.path``, working directory, the rank's context and
+channel, torch threads, CUDA device, optionally the process group), calls
+the function and sends back exactly one of ``result`` (the value pickled
+with every tensor on the CPU, ``tocpu``) / ``error`` / ``exit``, then
+returns the process exit code. The worker is one-shot: it serves one order
+and exits. It takes every value from the order's typed fields; the
+environment it sets is for the user's code.
 
 Before ``serve`` the starter has already made the process the leader of its
 own session (so stopping it can signal the whole group, DataLoader workers
@@ -33,6 +36,7 @@ from typing import Any
 
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
+from nbddp.rank.context import install as install_context
 from nbddp.wire import protocol, tocpu
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
@@ -119,24 +123,24 @@ def _apply_order(order: RunOrder) -> None:
 
 
 def _prepare_torch(order: RunOrder) -> None:
+    place = order.place
     torch = sys.modules.get("torch")
-    threads = order.env.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit():
+    if torch is not None and order.threads is not None:
         # torch was imported before this rank's environment was set (forkserver,
         # fork), so apply the thread count it would have read at import.
-        torch.set_num_threads(int(threads))
-    if order.set_cuda_device or order.init_process_group:
+        torch.set_num_threads(order.threads)
+    if place.cuda_index is not None:
         import torch as torch_mod
 
-        if order.set_cuda_device:
-            torch_mod.cuda.set_device(int(order.env["LOCAL_RANK"]))
-        if order.init_process_group:
-            import torch.distributed as dist
+        torch_mod.cuda.set_device(place.cuda_index)
+    if order.init_process_group:
+        import torch.distributed as dist
 
-            dist.init_process_group(backend=order.backend)
+        dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# nbddp's root: the worker, the %%ddp cell program and spawn()'s wrapper all live under it.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _is_ours(filename: str) -> bool:
@@ -187,8 +191,9 @@ def serve(ctrl: socket.socket) -> int:
     if order.fd_count:
         # Before the link watcher starts reading: it would swallow the descriptors.
         _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
-    set_process_name(f"nbddp-rank{order.rank}")
+    set_process_name(f"nbddp-rank{order.place.rank}")
     _apply_order(order)
+    install_context(order.place)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     channel = Channel(ctrl)
