@@ -11,7 +11,6 @@ changing the import is the whole migration.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.job import Job
 from nbddp.launcher.run import Run
+from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
 P = ParamSpec("P")
@@ -233,16 +233,6 @@ def notebook_launcher(
     return start_run(config, function, tuple(args), {}).wait().values.get(0)
 
 
-@dataclass(frozen=True)
-class _WithRank:
-    """``fn(rank, *args)``, as torch.multiprocessing.spawn calls it."""
-
-    fn: Callable[..., Any]
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(int(os.environ["RANK"]), *args)
-
-
 def spawn(
     fn: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -267,7 +257,7 @@ def spawn(
         start_method=start_method or "forkserver",
         host_store=False,
     )
-    run = start_run(config, _WithRank(fn), tuple(args), {})
+    run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:
         return run
     run.wait()

@@ -35,7 +35,7 @@ import cloudpickle
 from nbddp.display.protocol import Display
 from nbddp.errors import LaunchTimeout, RankError, RankExitedError, RemoteTraceback, WorkerError
 from nbddp.launcher.job import Failure, Job
-from nbddp.rank.metrics import Metrics
+from nbddp.launcher.metrics import Metrics
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits

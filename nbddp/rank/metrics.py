@@ -1,9 +1,9 @@
-"""``nbddp.log``: a metric row from a rank to the notebook; ``Metrics``: their history.
+"""``nbddp.log``: a metric row from a rank to the notebook.
 
 Contract: inside a launched rank, ``log(step=..., **values)`` sends one row
 ``{"rank", "step", "time", **values}`` (``time``: wall-clock seconds since
 the epoch) to the notebook, where ``Run.metrics`` and
-``RunResult.metrics`` keep every row in arrival order and the display
+``RunResult.metrics`` (``launcher.metrics.Metrics``) keep every row in arrival order and the display
 shows the latest and a chart. Values must be numbers (or 0-d tensors,
 converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
@@ -19,7 +19,6 @@ synchronisation).
 
 from __future__ import annotations
 
-import importlib
 import time
 from numbers import Real
 from typing import Any
@@ -31,28 +30,7 @@ from nbddp.rank.channel import Row
 RESERVED = frozenset(("rank", "step", "time"))
 
 
-class Metrics(list[dict[str, Any]]):
-    """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
-
-    def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
-
-        Raises ``ImportError`` saying what to install when pandas is missing.
-        """
-        try:
-            pd = importlib.import_module("pandas")  # optional: imported only when asked
-        except ImportError as exc:
-            raise ImportError(
-                "Metrics.to_pandas() needs pandas: pip install pandas "
-                "(the rows are also a plain list of dicts)"
-            ) from exc
-        names: dict[str, None] = dict.fromkeys(("rank", "step", "time"))
-        for row in self:
-            names.update(dict.fromkeys(row))
-        return pd.DataFrame(list(self), columns=list(names))
-
-
-def _number(name: str, value: Any) -> float | int:
+def _number(name: str, value: object) -> float | int:
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
         value = item()

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import nbddp
+from nbddp.launcher.metrics import Metrics
 from nbddp.rank import channel as rank_channel
 from nbddp.rank import context
 from nbddp.rank.channel import Channel
-from nbddp.rank.metrics import Metrics
 from nbddp.wire.protocol import FrameReader, Placement
 
 
