@@ -307,7 +307,7 @@ class CellProgram:
         return _collect(ns, self.out, value)
 
 
-def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues:
+def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellValues:
     missing = [name for name in out if name not in ns]
     if missing:
         raise NameError(

@@ -32,7 +32,6 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
-from typing import Any
 
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
@@ -170,7 +169,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     )
 
 
-def _call(order: RunOrder, fds: list[int]) -> Any:
+def _call(order: RunOrder, fds: list[int]) -> object:
     _prepare_torch(order)
     try:
         call = load_call(order.payload, fds)
@@ -268,7 +267,7 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
     return code
 
 
-def _report_result(channel: Channel, value: Any) -> int:
+def _report_result(channel: Channel, value: object) -> int:
     try:
         data = tocpu.dumps(value)
     except Exception as exc:

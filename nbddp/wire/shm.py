@@ -30,13 +30,16 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.shm_move import move_to_shared
 
 if TYPE_CHECKING:
     from _pickle import _ReducedType
+
+    import numpy as np
+    import torch
 
 SHARE_BYTES = 1 << 20
 
@@ -49,22 +52,16 @@ class _SharingPickler(CloudPickler):
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self._index: dict[int, int] = {}  # storage address -> position in fds
-        self._arrays: dict[int, tuple[int, Any]] = {}  # id(array) -> (position, array)
+        self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
 
     def reducer_override(self, obj: object) -> _ReducedType:
-        # getattr: torch may be half-imported (nbddp's background prewarm); a
-        # tensor can only exist once torch has been fully imported.
-        torch = sys.modules.get("torch")
-        tensor = getattr(torch, "Tensor", None)
-        if tensor is not None and type(obj) is tensor and _shareable(torch, obj):
+        if _plain_tensor(obj) and _shareable(obj):
             return self._reduce_tensor(obj)
-        numpy = sys.modules.get("numpy")
-        ndarray = getattr(numpy, "ndarray", None)
-        if ndarray is not None and type(obj) is ndarray and _array_shareable(obj):
+        if _plain_array(obj) and _array_shareable(obj):
             return self._reduce_array(obj)
         return super().reducer_override(obj)
 
-    def _reduce_array(self, array: Any) -> _Reduced:
+    def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
         # so its bytes are copied once into a memfd for all ranks (pickling
         # would copy them once per rank, and again when unpickling).
@@ -72,8 +69,7 @@ class _SharingPickler(CloudPickler):
         if key not in self._arrays:
             fd = os.memfd_create("nbddp-array", os.MFD_CLOEXEC)
             self.owned.append(OwnedFd(fd))
-            order = "C" if array.flags.c_contiguous else "F"
-            flat = array.reshape(-1, order=order).view(sys.modules["numpy"].uint8)
+            flat = array.reshape(-1, order=_order(array)).view(sys.modules["numpy"].uint8)
             data = memoryview(flat)
             written = 0
             while written < len(data):
@@ -81,10 +77,9 @@ class _SharingPickler(CloudPickler):
             self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
             self.fds.append(fd)
         index = self._arrays[key][0]
-        order = "C" if array.flags.c_contiguous else "F"
-        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, order)
+        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, _order(array))
 
-    def _reduce_tensor(self, tensor: Any) -> _Reduced:
+    def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self._index:
@@ -119,7 +114,21 @@ class OwnedFd:
             pass
 
 
-def _array_shareable(array: Any) -> bool:
+def _plain_tensor(obj: object) -> TypeGuard[torch.Tensor]:
+    # getattr: torch may be half-imported (nbddp's background prewarm); a
+    # tensor can only exist once torch has been fully imported.
+    return type(obj) is getattr(sys.modules.get("torch"), "Tensor", None)
+
+
+def _plain_array(obj: object) -> TypeGuard[np.ndarray]:
+    return type(obj) is getattr(sys.modules.get("numpy"), "ndarray", None)
+
+
+def _order(array: np.ndarray) -> Literal["C", "F"]:
+    return "C" if array.flags.c_contiguous else "F"
+
+
+def _array_shareable(array: np.ndarray) -> bool:
     return bool(
         array.nbytes >= SHARE_BYTES
         and not array.dtype.hasobject
@@ -127,7 +136,9 @@ def _array_shareable(array: Any) -> bool:
     )
 
 
-def _shareable(torch: Any, tensor: Any) -> bool:
+def _shareable(tensor: torch.Tensor) -> bool:
+    import torch  # imported: there is a tensor
+
     return bool(
         tensor.device.type == "cpu"
         and tensor.layout == torch.strided
@@ -137,7 +148,7 @@ def _shareable(torch: Any, tensor: Any) -> bool:
     )
 
 
-def dumps(obj: Any) -> tuple[bytes, list[int], list[OwnedFd]]:
+def dumps(obj: object) -> tuple[bytes, list[int], list[OwnedFd]]:
     """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
     (see module doc). The third item owns the descriptors made for numpy arrays:
     keep it as long as the descriptors are needed."""
@@ -176,12 +187,12 @@ def _rebuild_tensor(
     fds: tuple[int, ...],
     index: int,
     nbytes: int,
-    dtype: Any,
+    dtype: torch.dtype,
     offset: int,
     size: tuple[int, ...],
     stride: tuple[int, ...],
     requires_grad: bool,
-) -> Any:
+) -> torch.Tensor:
     import torch
 
     region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
@@ -194,10 +205,10 @@ def _rebuild_array(
     fds: tuple[int, ...],
     index: int,
     nbytes: int,
-    dtype: Any,
+    dtype: np.dtype[np.generic],
     shape: tuple[int, ...],
     order: Literal["C", "F"],
-) -> Any:
+) -> np.ndarray:
     import numpy as np
 
     region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
