@@ -12,7 +12,6 @@ changing the import is the whole migration.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.run import Run
+from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
 if TYPE_CHECKING:
@@ -244,16 +244,6 @@ def notebook_launcher(
     return start_run(config, function, tuple(args), {}).wait().values.get(0)
 
 
-@dataclass(frozen=True)
-class _WithRank:
-    """``fn(rank, *args)``, as torch.multiprocessing.spawn calls it."""
-
-    fn: Callable[..., Any]
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(int(os.environ["RANK"]), *args)
-
-
 def spawn(
     fn: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -279,7 +269,7 @@ def spawn(
         start_method=cast(StartMethod, start_method or "forkserver"),
         host_store=False,
     )
-    run = start_run(config, _WithRank(fn), tuple(args), {})
+    run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:
         return run
     run.wait()

@@ -37,7 +37,16 @@ from nbddp.launcher.pool import Pool
 from nbddp.launcher.starters import REQUEST, STATUS, ChildFds, run_forked_worker
 
 REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
-PRELOAD = ("torch", "torch.distributed", "cloudpickle", "nbddp.rank.worker", "nbddp.rank.metrics")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "cloudpickle",
+    "nbddp.rank.worker",  # with the rank's channel and context, and the wire it loads and sends
+    "nbddp.rank.metrics",  # nbddp.log
+    "nbddp.rank.calls",  # spawn()'s wrapper
+    "nbddp.notebook.cell",  # what a %%ddp cell's ranks unpickle
+)
+"""What every rank imports: imported once here, so that forked ranks start with it."""
 
 
 def _preload() -> None:

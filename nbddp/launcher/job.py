@@ -57,8 +57,8 @@ from nbddp.launcher.ports import choose_port, listen
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
-from nbddp.wire.payload import Serialized
-from nbddp.wire.protocol import ErrorInfo, RunOrder
+from nbddp.wire.payload import Payload
+from nbddp.wire.protocol import ErrorInfo, Placement, RunOrder
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
@@ -98,7 +98,7 @@ class _RankRecord:
 class Job:
     """One run's processes (see module contract)."""
 
-    def __init__(self, config: LaunchConfig, payload: Serialized) -> None:
+    def __init__(self, config: LaunchConfig, payload: Payload) -> None:
         self.config = config
         self.payload = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -188,16 +188,28 @@ class Job:
         return ours
 
     def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
-        return RunOrder(
+        cfg = self.config
+        place = Placement(
             rank=rank,
+            local_rank=rank,  # one node: local == global
+            world_size=cfg.world_size,
+            local_world_size=cfg.world_size,
+            device=cfg.device,
+            cuda_index=rank if cfg.device == "cuda" else None,
+        )
+        # The rank's OMP_NUM_THREADS (nbddp's default, or the user's string) is
+        # read here, once; the rank gets the number.
+        threads = env.get("OMP_NUM_THREADS", "").strip()
+        return RunOrder(
+            place=place,
             env=env,
             payload=self.payload.data,
             fd_count=len(self.payload.fds),
             sys_path=list(sys.path),
             cwd=os.getcwd(),
-            init_process_group=self.config.init_process_group,
-            backend=self.config.backend,
-            set_cuda_device=self.config.device == "cuda",
+            backend=cfg.backend,
+            init_process_group=cfg.init_process_group,
+            threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
         )
 
     # -- requests and reads from other threads -----------------------------

@@ -184,16 +184,25 @@ def _warm_up() -> None:
     """
     import pickle
 
-    import cloudpickle
     import torch
     import torch.distributed as dist
 
-    from nbddp.wire.protocol import RunOrder, encode
+    from nbddp.wire.payload import Payload, load_call
+    from nbddp.wire.protocol import Placement, RunOrder, encode
 
-    fn = cloudpickle.dumps((_warm_up, (), {}))
-    order = RunOrder(0, dict(os.environ), fn, [], "/", False, "gloo", False)
+    fn = Payload.serialize(_warm_up, (), {}).data
+    order = RunOrder(
+        place=Placement(rank=0, local_rank=0, world_size=1, local_world_size=1, device="cpu"),
+        env=dict(os.environ),
+        payload=fn,
+        sys_path=[],
+        cwd="/",
+        backend="gloo",
+        init_process_group=False,
+        threads=1,
+    )
     pickle.loads(encode("run", order)[8:])  # the worker's protocol.recv, minus the socket
-    cloudpickle.loads(fn)
+    load_call(fn)
     if dist.is_available():
         store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime
         group = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=10))

@@ -39,7 +39,7 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
 from nbddp.launcher.failures import run_error
 from nbddp.launcher.logs import rank_log
-from nbddp.rank.metrics import Metrics
+from nbddp.launcher.metrics import Metrics
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits

@@ -4,12 +4,14 @@ Contract: ``CellProgram.build(...)`` parses the cell in the notebook (a
 ``SyntaxError`` is raised there, before any process starts), finds the
 notebook names the cell reads (``names_read``) and keeps those the notebook
 has (``select_names``). The program pickles with cloudpickle; in each rank,
-calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``,
-runs the cell body in a fresh namespace seeded with the shipped names, and
-evaluates a trailing expression. Rank 0 returns a ``CellValues`` holding the
-``--out`` names and that expression's value, each pickled on its own with
-every tensor moved to the CPU; the other ranks return None, so nothing is
-shipped back that nobody reads. ``CellValues.restore`` unpickles them in the
+calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``
+(taken from the rank's context, ``nbddp.rank.context``, which the worker
+installs from the rank's order), runs the cell body in a fresh namespace
+seeded with the shipped names, and evaluates a trailing expression. Rank 0
+returns a ``CellValues`` holding the ``--out`` names and that expression's
+value, each pickled on its own with every tensor moved to the CPU
+(``wire.tocpu``); the other ranks return None, so nothing is shipped back
+that nobody reads. ``CellValues.restore`` unpickles them in the
 notebook.
 
 The cell's source is registered in ``linecache`` under the program's
@@ -29,10 +31,8 @@ import ast
 import builtins
 import io
 import linecache
-import os
 import re
 import symtable
-import sys
 import tokenize
 import types
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,6 +42,8 @@ from typing import Any
 import cloudpickle
 
 from nbddp.errors import CellError
+from nbddp.rank import context
+from nbddp.wire import tocpu
 
 # Names IPython keeps in the user namespace for itself: input/output history
 # (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
@@ -258,8 +260,6 @@ class CellProgram:
     """The ``%%ddp`` line, shown as line 1 in tracebacks."""
     filename: str
     """The name the cell's code is compiled under, e.g. ``<ddp cell [3]>``."""
-    device: str
-    """``cuda``: ``device`` is ``cuda:LOCAL_RANK``; anything else: the CPU."""
     names: dict[str, Any] = field(default_factory=dict)
     """The notebook names the cell reads."""
     out: tuple[str, ...] = ()
@@ -274,7 +274,6 @@ class CellProgram:
         *,
         header: str,
         filename: str,
-        device: str,
         user_ns: Mapping[str, Any],
         hidden: Iterable[str] = (),
         out: Iterable[str] = (),
@@ -284,14 +283,11 @@ class CellProgram:
         quiet = is_quiet(source)
         compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
         names = select_names(user_ns, names_read(source), hidden)
-        return cls(source, header, filename, device, names, tuple(out), quiet)
+        return cls(source, header, filename, names, tuple(out), quiet)
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank (see module contract)."""
-        import torch
-
-        rank = int(os.environ["RANK"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        place = context.require()
         register_source(self.filename, self.header + "\n" + self.source)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
         # One dict as the globals: functions and classes the cell defines see
@@ -299,21 +295,19 @@ class CellProgram:
         ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         ns.update(self.names)
         ns.update(
-            rank=rank,
-            local_rank=local_rank,
-            world_size=int(os.environ["WORLD_SIZE"]),
-            device=torch.device("cuda", local_rank)
-            if self.device == "cuda"
-            else torch.device("cpu"),
+            rank=place.rank,
+            local_rank=place.local_rank,
+            world_size=place.world_size,
+            device=context.device(place),
         )
         exec(body, ns)
         value = eval(expr, ns) if expr is not None else None
-        if rank != 0:
+        if place.rank != 0:
             return None
         return _collect(ns, self.out, value)
 
 
-def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues:
+def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellValues:
     missing = [name for name in out if name not in ns]
     if missing:
         raise NameError(
@@ -323,7 +317,7 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues
     sent: dict[str, bytes] = {}
     for name in out:
         try:
-            sent[name] = dumps_cpu(ns[name])
+            sent[name] = tocpu.dumps(ns[name])
         except Exception as exc:
             raise TypeError(
                 f"--out {name}: {type(ns[name]).__name__} cannot be sent to the notebook "
@@ -333,37 +327,7 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: Any) -> CellValues
     if value is None:
         return CellValues(sent)
     try:
-        return CellValues(sent, last=dumps_cpu(value))
+        return CellValues(sent, last=tocpu.dumps(value))
     except Exception:
         # The value is only for display: its repr is enough.
         return CellValues(sent, last_repr=repr(value))
-
-
-class _CpuPickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, with every tensor anywhere in the value copied to the CPU."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = _torch()
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            cpu = obj.detach().cpu()
-            if isinstance(obj, torch.nn.Parameter):
-                return torch.nn.Parameter, (cpu, obj.requires_grad)
-            return _same, (cpu,)
-        return super().reducer_override(obj)
-
-
-def _torch() -> Any:
-    # Only a fully imported torch (nbddp may be importing it in the background).
-    torch = sys.modules.get("torch")
-    return torch if hasattr(torch, "Tensor") else None
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def dumps_cpu(value: Any) -> bytes:
-    """``cloudpickle.dumps(value)`` with tensors (nested anywhere) moved to the CPU."""
-    buffer = io.BytesIO()
-    _CpuPickler(buffer).dump(value)
-    return buffer.getvalue()

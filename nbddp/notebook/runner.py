@@ -97,7 +97,6 @@ class CellRunner:
                 source,
                 header=header,
                 filename=filename,
-                device=config.device,
                 user_ns=user_ns,
                 hidden=hidden,
                 out=out,

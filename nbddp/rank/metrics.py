@@ -1,15 +1,15 @@
-"""``nbddp.log``: a metric row from a rank to the notebook; ``Metrics``: their history.
+"""``nbddp.log``: a metric row from a rank to the notebook.
 
 Contract: inside a launched rank, ``log(step=..., **values)`` sends one row
 ``{"rank", "step", "time", **values}`` (``time``: wall-clock seconds since
 the epoch) to the notebook, where ``Run.metrics`` and
-``RunResult.metrics`` keep every row in arrival order and the display
+``RunResult.metrics`` (``launcher.metrics.Metrics``) keep every row in arrival order and the display
 shows the latest and a chart. Values must be numbers (or 0-d tensors,
 converted with ``.item()``); anything else, or a value named ``rank``,
 ``step`` or ``time``, raises in the caller, where the mistake is.
 
 Rows logged in quick succession are sent in batches (every 20 ms while
-they keep coming, the last ones within 0.1 s; ``worker.Channel.send_row``),
+they keep coming, the last ones within 0.1 s; ``channel.Channel.send_row``),
 always before the rank's result.
 
 Outside a launch, ``log`` returns at once and checks nothing: the same
@@ -19,40 +19,18 @@ synchronisation).
 
 from __future__ import annotations
 
-import functools
-import importlib
-import os
 import time
 from numbers import Real
 from typing import Any
 
-from nbddp.rank import worker
+from nbddp.rank import channel as rank_channel
+from nbddp.rank import context
+from nbddp.rank.channel import Row
 
 RESERVED = frozenset(("rank", "step", "time"))
 
 
-class Metrics(list[dict[str, Any]]):
-    """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
-
-    def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
-
-        Raises ``ImportError`` saying what to install when pandas is missing.
-        """
-        try:
-            pd = importlib.import_module("pandas")  # optional: imported only when asked
-        except ImportError as exc:
-            raise ImportError(
-                "Metrics.to_pandas() needs pandas: pip install pandas "
-                "(the rows are also a plain list of dicts)"
-            ) from exc
-        names: dict[str, None] = dict.fromkeys(("rank", "step", "time"))
-        for row in self:
-            names.update(dict.fromkeys(row))
-        return pd.DataFrame(list(self), columns=list(names))
-
-
-def _number(name: str, value: Any) -> float | int:
+def _number(name: str, value: object) -> float | int:
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
         value = item()
@@ -61,15 +39,9 @@ def _number(name: str, value: Any) -> float | int:
     return value if isinstance(value, int) else float(value)
 
 
-@functools.cache
-def _rank() -> int:
-    # A rank's RANK never changes; reading the environment costs a step a microsecond.
-    return int(os.environ.get("RANK", "0"))
-
-
 def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
-    channel = worker.CHANNEL
+    channel = rank_channel.installed()
     if channel is None:
         return
     # This runs every training step: plain numbers, the common case, are
@@ -81,8 +53,9 @@ def log(step: int | None = None, **values: Any) -> None:
     if not RESERVED.isdisjoint(values):
         clash = ", ".join(sorted(RESERVED.intersection(values)))
         raise ValueError(f"nbddp.log: {clash} is set by nbddp; rename it")
-    row: dict[str, Any] = {
-        "rank": _rank(),
+    place = context.current()
+    row: Row = {
+        "rank": place.rank if place is not None else 0,
         "step": None if step is None else int(step),
         "time": time.time(),
     }

@@ -1,10 +1,13 @@
 """The worker: the entry point of one rank's process.
 
 Contract: ``serve(ctrl)`` waits for one ``RunOrder`` on ``ctrl``, sets up the
-rank (environment, ``sys.path``, working directory, torch threads, CUDA
-device, optionally the process group), calls the function and sends back
-exactly one of ``result`` / ``error`` / ``exit``, then returns the process
-exit code. The worker is one-shot: it serves one order and exits.
+rank (environment, ``sys.path``, working directory, the rank's context and
+channel, torch threads, CUDA device, optionally the process group), calls
+the function and sends back exactly one of ``result`` (the value pickled
+with every tensor on the CPU, ``tocpu``) / ``error`` / ``exit``, then
+returns the process exit code. The worker is one-shot: it serves one order
+and exits. It takes every value from the order's typed fields; the
+environment it sets is for the user's code.
 
 Before ``serve`` the starter has already made the process the leader of its
 own session (so stopping it can signal the whole group, DataLoader workers
@@ -27,105 +30,15 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from datetime import timedelta
-from typing import Any
 
-import cloudpickle
-
-from nbddp.wire import protocol
-from nbddp.wire.payload import Payload
+from nbddp.rank.channel import Channel
+from nbddp.rank.channel import install as install_channel
+from nbddp.rank.context import install as install_context
+from nbddp.wire import protocol, tocpu
+from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
-
-BATCH_INTERVAL = 0.02  # seconds ``send_soon`` may hold a message while rows keep coming
-TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming
-FLUSHER_IDLE = 10  # wakeups with nothing held before the flusher thread ends
-
-
-class Channel:
-    """The rank's side of its link to the notebook; safe to use from any thread.
-
-    ``send`` sends at once. ``send_row`` (metric rows) batches: rows are
-    held and sent together as one ``metrics`` message (a list of rows) by
-    the calling thread, with the new row, if nothing was sent in the last
-    ``BATCH_INTERVAL`` seconds; a flusher thread sends what is left within
-    ``TAIL_INTERVAL`` once rows stop coming (it is started by a row that
-    finds none, and ends after ``FLUSHER_IDLE`` wakeups with nothing held,
-    or at once with nothing held once ``sock`` is closed).
-    Order is kept: ``send`` first sends whatever is held. Why batch: a loop
-    that logs every step would otherwise pay a pickle and a system call per
-    step, and the notebook a message per step; and why the flusher wakes
-    only every ``TAIL_INTERVAL``: each wakeup takes the GIL from the
-    training thread. What is held is lost only if the process dies without
-    returning (a signal, ``os._exit``): the last rows, at most
-    ``TAIL_INTERVAL`` seconds of them.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._lock = threading.Lock()  # held while sending: one message at a time, in order
-        # Appended to without the lock (``list.append`` is atomic): ``send_row``
-        # runs every training step, where each bytecode counts (the step has
-        # just evicted this code from the caches). Senders take rows from the
-        # front, never replace the list, so no append is lost.
-        self._rows: list[dict[str, Any]] = []
-        self._next_send = 0.0  # time.monotonic() from which the next row is sent at once
-        self._flusher: threading.Thread | None = None
-
-    def send(self, kind: str, body: Any) -> None:
-        """Send one message; silently dropped if the notebook has gone (we are dying then)."""
-        data = protocol.encode(kind, body)
-        with self._lock:
-            self._send_locked(data)
-
-    def send_row(self, row: dict[str, Any]) -> None:
-        """Send one metric row soon, batched with others (see class docstring)."""
-        self._rows.append(row)
-        if time.monotonic() >= self._next_send or self._flusher is None:
-            with self._lock:
-                self._send_locked(b"")
-                if self._flusher is None:
-                    self._flusher = threading.Thread(
-                        target=self._flush_loop, name="nbddp-metrics", daemon=True
-                    )
-                    self._flusher.start()
-
-    def _send_locked(self, data: bytes) -> None:
-        rows = self._rows
-        count = len(rows)
-        if count:
-            data = protocol.encode("metrics", rows[:count]) + data
-            del rows[:count]  # rows appended meanwhile stay, for the next send
-        self._next_send = time.monotonic() + BATCH_INTERVAL
-        try:
-            self.sock.sendall(data)
-        except OSError:
-            pass
-
-    def _flush_loop(self) -> None:
-        idle = 0
-        while True:
-            time.sleep(TAIL_INTERVAL)
-            with self._lock:
-                if self._rows:
-                    idle = 0
-                    if time.monotonic() >= self._next_send:
-                        self._send_locked(b"")  # rows stopped coming: send the last ones
-                    continue
-                idle += 1
-                if idle < FLUSHER_IDLE and self.sock.fileno() >= 0:
-                    continue
-                # Unregistered before the last look at the rows: a row appended
-                # after that look is sure to see no flusher and start one.
-                me, self._flusher = self._flusher, None
-                if not self._rows:
-                    return
-                self._flusher = me
-
-
-CHANNEL: Channel | None = None
-"""The running rank's channel; None outside a worker (``nbddp.log`` is then a no-op)."""
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
@@ -209,45 +122,24 @@ def _apply_order(order: RunOrder) -> None:
 
 
 def _prepare_torch(order: RunOrder) -> None:
+    place = order.place
     torch = sys.modules.get("torch")
-    threads = order.env.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit():
+    if torch is not None and order.threads is not None:
         # torch was imported before this rank's environment was set (forkserver,
         # fork), so apply the thread count it would have read at import.
-        torch.set_num_threads(int(threads))
-    if order.set_cuda_device or order.init_process_group:
+        torch.set_num_threads(order.threads)
+    if place.cuda_index is not None:
         import torch as torch_mod
 
-        if order.set_cuda_device:
-            torch_mod.cuda.set_device(int(order.env["LOCAL_RANK"]))
-        if order.init_process_group:
-            import torch.distributed as dist
+        torch_mod.cuda.set_device(place.cuda_index)
+    if order.init_process_group:
+        import torch.distributed as dist
 
-            dist.init_process_group(backend=order.backend)
-
-
-def to_cpu(value: Any) -> Any:
-    """``value`` with every CUDA tensor in plain containers moved to the CPU."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu() if value.device.type != "cpu" else value
-    if isinstance(value, dict):
-        return (
-            type(value)((k, to_cpu(v)) for k, v in value.items()) if _rebuildable(value) else value
-        )
-    if isinstance(value, list | tuple) and _rebuildable(value):
-        items = [to_cpu(v) for v in value]
-        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
-    return value
+        dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
 
 
-def _rebuildable(value: object) -> bool:
-    return type(value) in (dict, list, tuple) or hasattr(value, "_fields")
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# nbddp's root: the worker, the %%ddp cell program and spawn()'s wrapper all live under it.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _is_ours(filename: str) -> bool:
@@ -264,7 +156,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     exc_bytes: bytes | None
     try:
-        data = cloudpickle.dumps(exc)
+        data = tocpu.dumps(exc)
         pickle.loads(data)  # only ship what the notebook will be able to rebuild
         exc_bytes = data
     except Exception:
@@ -277,10 +169,10 @@ def error_info(exc: BaseException) -> ErrorInfo:
     )
 
 
-def _call(order: RunOrder, fds: list[int]) -> Any:
+def _call(order: RunOrder, fds: list[int]) -> object:
     _prepare_torch(order)
     try:
-        call = Payload.from_bytes(order.payload, fds)
+        call = load_call(order.payload, fds)
     finally:
         for fd in fds:  # the mappings keep their own references
             os.close(fd)
@@ -289,7 +181,6 @@ def _call(order: RunOrder, fds: list[int]) -> Any:
 
 def serve(ctrl: socket.socket) -> int:
     """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
-    global CHANNEL
     set_process_name("nbddp-worker")
     msg = protocol.recv(ctrl)
     if msg is None or msg[0] != "run":
@@ -299,11 +190,13 @@ def serve(ctrl: socket.socket) -> int:
     if order.fd_count:
         # Before the link watcher starts reading: it would swallow the descriptors.
         _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
-    set_process_name(f"nbddp-rank{order.rank}")
+    set_process_name(f"nbddp-rank{order.place.rank}")
     _apply_order(order)
+    install_context(order.place)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    channel = CHANNEL = Channel(ctrl)
+    channel = Channel(ctrl)
+    install_channel(channel)
     threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
     try:
@@ -362,7 +255,7 @@ def _wait_for_peers() -> None:
 def _report_exit(channel: Channel, exc: SystemExit) -> int:
     code = exc.code
     if code is None or code == 0:
-        channel.send("result", cloudpickle.dumps(None))
+        channel.send("result", tocpu.dumps(None))
         _flush()
         _wait_for_peers()
         return 0
@@ -374,9 +267,9 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
     return code
 
 
-def _report_result(channel: Channel, value: Any) -> int:
+def _report_result(channel: Channel, value: object) -> int:
     try:
-        data = cloudpickle.dumps(to_cpu(value))
+        data = tocpu.dumps(value)
     except Exception as exc:
         err = TypeError(
             f"the return value ({type(value).__name__}) cannot be pickled: {exc}; "
@@ -402,7 +295,8 @@ def spawned_main() -> None:
     """Entry of a spawned worker: ``python -c "...spawned_main()" CTRL_FD``.
 
     The spawn starter already set the session, stdio and environment. This
-    runs as ``nbddp.worker`` (not ``__main__``) so ``nbddp.log`` finds ``CHANNEL``.
+    runs as ``nbddp.rank.worker`` (not ``__main__``), so that the channel it installs
+    is the one ``nbddp.log`` finds (``nbddp.rank.channel``).
     """
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     code = serve(ctrl)

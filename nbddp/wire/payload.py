@@ -1,8 +1,9 @@
 """The payload: the function and its arguments, serialised once with cloudpickle.
 
-Contract: ``Payload.serialize(fn, args, kwargs)`` returns a ``Serialized``
-(bytes, plus shared-memory descriptors) that every rank unpickles with
-``Payload.from_bytes``. Functions, lambdas, closures and
+Contract: ``Payload.serialize(fn, args, kwargs)`` returns the ``Payload``
+(the pickled bytes, plus the shared-memory descriptors they refer to);
+every rank receives both and rebuilds the ``Call`` with
+``load_call(data, fds)``. Functions, lambdas, closures and
 classes defined in ``__main__`` (a notebook or a script) travel by value,
 so workers never re-import or re-run the script. When something cannot be
 pickled, ``PayloadError`` names the object, the path by which it was
@@ -20,7 +21,7 @@ the function.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,22 +43,22 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Serialized:
-    """A pickled call: the bytes, and the shared-memory descriptors they refer to."""
+class Payload:
+    """A pickled call: the bytes, and the shared-memory descriptors they refer to.
+
+    Build it with ``Payload.serialize``. The notebook sends ``data`` and
+    ``fds`` to every rank; ``owned`` keeps the descriptors made for it
+    (numpy arrays' memfds) open as long as the payload lives.
+    """
 
     data: bytes
     fds: tuple[int, ...] = ()
-    owned: tuple[Any, ...] = ()
-    """What keeps descriptors made for the payload open (numpy arrays' memfds)."""
+    owned: tuple[shm.OwnedFd, ...] = ()
 
-
-class Payload:
-    """Serialisation of a ``Call`` (see module contract)."""
-
-    @staticmethod
+    @classmethod
     def serialize(
-        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Serialized:
+        cls, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Payload:
         """Pickle the call once; ``PayloadError`` explains any failure."""
         if not callable(fn):
             raise PayloadError(
@@ -67,15 +68,18 @@ class Payload:
             data, fds, owned = shm.dumps(Call(fn, tuple(args), dict(kwargs)))
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
-        return Serialized(data, tuple(fds), tuple(owned))
+        return cls(data, tuple(fds), tuple(owned))
 
-    @staticmethod
-    def from_bytes(data: bytes, fds: list[int] | None = None) -> Call:
-        """Rebuild the call in a worker, mapping the received shared-memory ``fds``."""
-        call = shm.loads(data, fds or [])
-        if not isinstance(call, Call):
-            raise TypeError(f"payload holds {type(call).__name__}, not a Call")
-        return call
+
+def load_call(data: bytes, fds: Sequence[int] = ()) -> Call:
+    """Rebuild the call in a rank, mapping the received shared-memory ``fds``.
+
+    The mappings keep their own references: the caller may close ``fds`` afterwards.
+    """
+    call = shm.loads(data, fds)
+    if not isinstance(call, Call):
+        raise TypeError(f"payload holds {type(call).__name__}, not a Call")
+    return call
 
 
 def _explain(

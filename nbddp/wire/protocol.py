@@ -17,25 +17,49 @@ import pickle
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40
 
+DeviceKind = Literal["cuda", "cpu", "inherit"]
+Backend = Literal["nccl", "gloo"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank sits in its run. In the rank, the worker installs it as the
+    rank's context (``nbddp.rank.context``)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: DeviceKind
+    """cuda: one GPU, ``cuda_index``; cpu: GPUs hidden; inherit: the notebook's GPUs
+    are visible and the rank's code chooses (``spawn()``)."""
+    cuda_index: int | None = None
+    """The CUDA device the rank uses (among those it sees); None unless ``device`` is cuda."""
+
 
 @dataclass(frozen=True)
 class RunOrder:
-    """What a worker needs to run its rank."""
+    """What a worker needs to run its rank: every value typed; ``env`` is for the user's code."""
 
-    rank: int
+    place: Placement
     env: dict[str, str]
+    """The rank's whole environment (``RANK``, ``MASTER_PORT``...), set before the call."""
     payload: bytes
     sys_path: list[str]
     cwd: str
+    backend: Backend
     init_process_group: bool
-    backend: str
-    set_cuda_device: bool
-    fd_count: int = 0  # shared-memory descriptors sent right after the order (SCM_RIGHTS)
+    """Initialise the default process group (``backend``) before the call."""
+    threads: int | None = None
+    """``torch.set_num_threads`` for a rank whose torch was imported before its
+    environment was set (forkserver, fork); None leaves torch's own choice."""
+    fd_count: int = 0
+    """Shared-memory descriptors sent right after the order (SCM_RIGHTS)."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +72,13 @@ class ErrorInfo:
     exc_bytes: bytes | None  # the exception itself, when it survives a pickle round trip
 
 
-def encode(kind: str, body: Any) -> bytes:
+def encode(kind: str, body: object) -> bytes:
     """One framed message."""
     data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(data)) + data
 
 
-def send(sock: socket.socket, kind: str, body: Any) -> None:
+def send(sock: socket.socket, kind: str, body: object) -> None:
     """Send one message (blocking). Callers that share ``sock`` hold a lock."""
     sock.sendall(encode(kind, body))
 

@@ -23,43 +23,45 @@ subclasses (pickled as usual).
 
 from __future__ import annotations
 
+import functools
 import io
 import mmap
 import os
+import pickle
 import sys
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
-import cloudpickle
-
+from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.shm_move import move_to_shared
+
+if TYPE_CHECKING:
+    from _pickle import _ReducedType
+
+    import numpy as np
+    import torch
 
 SHARE_BYTES = 1 << 20
 
-_RECEIVED: list[int] = []  # the rank's received descriptors, while its payload is unpickled
+_Reduced = tuple[Callable[..., Any], tuple[Any, ...]]  # a rebuild function and its arguments
 
 
-class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _SharingPickler(CloudPickler):
     def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self._index: dict[int, int] = {}  # storage address -> position in fds
-        self._arrays: dict[int, tuple[int, Any]] = {}  # id(array) -> (position, array)
+        self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
 
-    def reducer_override(self, obj: Any) -> Any:
-        # getattr: torch may be half-imported (nbddp's background prewarm); a
-        # tensor can only exist once torch has been fully imported.
-        torch = sys.modules.get("torch")
-        tensor = getattr(torch, "Tensor", None)
-        if tensor is not None and type(obj) is tensor and _shareable(torch, obj):
+    def reducer_override(self, obj: object) -> _ReducedType:
+        if _plain_tensor(obj) and _shareable(obj):
             return self._reduce_tensor(obj)
-        numpy = sys.modules.get("numpy")
-        ndarray = getattr(numpy, "ndarray", None)
-        if ndarray is not None and type(obj) is ndarray and _array_shareable(obj):
+        if _plain_array(obj) and _array_shareable(obj):
             return self._reduce_array(obj)
         return super().reducer_override(obj)
 
-    def _reduce_array(self, array: Any) -> Any:
+    def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
         # so its bytes are copied once into a memfd for all ranks (pickling
         # would copy them once per rank, and again when unpickling).
@@ -67,8 +69,7 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
         if key not in self._arrays:
             fd = os.memfd_create("nbddp-array", os.MFD_CLOEXEC)
             self.owned.append(OwnedFd(fd))
-            order = "C" if array.flags.c_contiguous else "F"
-            flat = array.reshape(-1, order=order).view(sys.modules["numpy"].uint8)
+            flat = array.reshape(-1, order=_order(array)).view(sys.modules["numpy"].uint8)
             data = memoryview(flat)
             written = 0
             while written < len(data):
@@ -76,10 +77,9 @@ class _SharingPickler(cloudpickle.Pickler):  # type: ignore[misc]
             self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
             self.fds.append(fd)
         index = self._arrays[key][0]
-        order = "C" if array.flags.c_contiguous else "F"
-        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, order)
+        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, _order(array))
 
-    def _reduce_tensor(self, tensor: Any) -> Any:
+    def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self._index:
@@ -114,7 +114,21 @@ class OwnedFd:
             pass
 
 
-def _array_shareable(array: Any) -> bool:
+def _plain_tensor(obj: object) -> TypeGuard[torch.Tensor]:
+    # getattr: torch may be half-imported (nbddp's background prewarm); a
+    # tensor can only exist once torch has been fully imported.
+    return type(obj) is getattr(sys.modules.get("torch"), "Tensor", None)
+
+
+def _plain_array(obj: object) -> TypeGuard[np.ndarray]:
+    return type(obj) is getattr(sys.modules.get("numpy"), "ndarray", None)
+
+
+def _order(array: np.ndarray) -> Literal["C", "F"]:
+    return "C" if array.flags.c_contiguous else "F"
+
+
+def _array_shareable(array: np.ndarray) -> bool:
     return bool(
         array.nbytes >= SHARE_BYTES
         and not array.dtype.hasobject
@@ -122,7 +136,9 @@ def _array_shareable(array: Any) -> bool:
     )
 
 
-def _shareable(torch: Any, tensor: Any) -> bool:
+def _shareable(tensor: torch.Tensor) -> bool:
+    import torch  # imported: there is a tensor
+
     return bool(
         tensor.device.type == "cpu"
         and tensor.layout == torch.strided
@@ -132,7 +148,7 @@ def _shareable(torch: Any, tensor: Any) -> bool:
     )
 
 
-def dumps(obj: Any) -> tuple[bytes, list[int], list[OwnedFd]]:
+def dumps(obj: object) -> tuple[bytes, list[int], list[OwnedFd]]:
     """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
     (see module doc). The third item owns the descriptors made for numpy arrays:
     keep it as long as the descriptors are needed."""
@@ -142,36 +158,65 @@ def dumps(obj: Any) -> tuple[bytes, list[int], list[OwnedFd]]:
     return buf.getvalue(), pickler.fds, pickler.owned
 
 
-def loads(data: bytes, fds: list[int]) -> Any:
+def loads(data: bytes, fds: Sequence[int]) -> Any:
     """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write."""
-    _RECEIVED[:] = fds
-    try:
-        return cloudpickle.loads(data)
-    finally:
-        _RECEIVED.clear()
+    return _MappingUnpickler(data, fds).load()
+
+
+class _MappingUnpickler(pickle.Unpickler):
+    """Unpickles a payload whose shared-memory references index ``fds``.
+
+    The rebuild functions are named in the pickle by reference; this
+    unpickler hands out each one bound to its own ``fds``, so the received
+    descriptors are this unpickler's state, not the module's.
+    """
+
+    def __init__(self, data: bytes, fds: Sequence[int]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._fds = tuple(fds)
+
+    def find_class(self, module_name: str, global_name: str, /) -> Any:
+        if module_name == __name__:
+            rebuild = _REBUILDERS.get(global_name)
+            if rebuild is not None:
+                return functools.partial(rebuild, self._fds)
+        return super().find_class(module_name, global_name)
 
 
 def _rebuild_tensor(
+    fds: tuple[int, ...],
     index: int,
     nbytes: int,
-    dtype: Any,
+    dtype: torch.dtype,
     offset: int,
     size: tuple[int, ...],
     stride: tuple[int, ...],
     requires_grad: bool,
-) -> Any:
+) -> torch.Tensor:
     import torch
 
-    region = mmap.mmap(_RECEIVED[index], nbytes, flags=mmap.MAP_PRIVATE)
+    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
     base = torch.frombuffer(region, dtype=torch.uint8)
     tensor = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, size, stride)
     return tensor.requires_grad_(requires_grad)
 
 
 def _rebuild_array(
-    index: int, nbytes: int, dtype: Any, shape: tuple[int, ...], order: Literal["C", "F"]
-) -> Any:
+    fds: tuple[int, ...],
+    index: int,
+    nbytes: int,
+    dtype: np.dtype[np.generic],
+    shape: tuple[int, ...],
+    order: Literal["C", "F"],
+) -> np.ndarray:
     import numpy as np
 
-    region = mmap.mmap(_RECEIVED[index], nbytes, flags=mmap.MAP_PRIVATE)
+    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
     return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
+
+
+_REBUILDERS: dict[str, Callable[..., Any]] = {
+    "_rebuild_tensor": _rebuild_tensor,
+    "_rebuild_array": _rebuild_array,
+}
+"""What ``_MappingUnpickler`` binds to the received descriptors, by the name the pickle uses."""

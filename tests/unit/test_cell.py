@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 import torch
 
 from nbddp.errors import CellError
+from nbddp.notebook import cell
 from nbddp.notebook.cell import (
     CellProgram,
     CellValues,
     compile_cell,
-    dumps_cpu,
     is_quiet,
     names_read,
     select_names,
 )
+from nbddp.rank import context, worker
+from nbddp.wire.protocol import DeviceKind, Placement
 
 
 @pytest.mark.parametrize(
@@ -96,11 +98,27 @@ def test_compile_cell_rejects_empty_and_invalid_cells() -> None:
     assert info.value.lineno == 3 and info.value.filename == "<ddp cell [4]>"
 
 
+def place(rank: int, device: DeviceKind = "cpu", cuda_index: int | None = None) -> Placement:
+    return Placement(
+        rank=rank,
+        local_rank=rank,
+        world_size=2,
+        local_world_size=2,
+        device=device,
+        cuda_index=cuda_index,
+    )
+
+
 @pytest.fixture
-def rank0(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def rank_context() -> Iterator[Callable[[Placement], None]]:
+    """Installs a rank's context as the worker does; removed after the test."""
+    yield context.install
+    context.install(None)
+
+
+@pytest.fixture
+def rank0(rank_context: Callable[[Placement], None]) -> None:
+    rank_context(place(0))
 
 
 def program(source: str, out: tuple[str, ...] = (), **user_ns: object) -> CellProgram:
@@ -108,7 +126,6 @@ def program(source: str, out: tuple[str, ...] = (), **user_ns: object) -> CellPr
         source,
         header="%%ddp --procs 2",
         filename="<ddp cell [9]>",
-        device="cpu",
         user_ns=user_ns,
         out=out,
     )
@@ -139,11 +156,39 @@ def test_program_runs_the_cell_on_rank_0() -> None:
     assert torch.equal(out["state"]["w"], torch.full((2,), 11.0))
 
 
-def test_program_returns_nothing_on_other_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_program_returns_nothing_on_other_ranks(
+    rank_context: Callable[[Placement], None],
+) -> None:
+    rank_context(place(1))
     assert program("x = rank\nx", out=("x",))() is None
+
+
+def test_program_takes_rank_and_device_from_the_context_not_the_environment(
+    rank_context: Callable[[Placement], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "5")  # the user's environment; the order's values win
+    monkeypatch.setenv("WORLD_SIZE", "9")
+    rank_context(
+        Placement(
+            rank=0, local_rank=1, world_size=4, local_world_size=2, device="cuda", cuda_index=1
+        )
+    )
+    values = program("(rank, local_rank, world_size, str(device))")()
+    assert isinstance(values, CellValues)
+    assert values.restore()[1] == (0, 1, 4, "cuda:1")
+
+
+def test_program_outside_a_rank_says_so() -> None:
+    with pytest.raises(RuntimeError, match="not inside a rank launched by nbddp"):
+        program("rank")()
+
+
+def test_the_cell_programs_frame_is_left_out_of_the_ranks_traceback() -> None:
+    # error_info drops the leading frames that are nbddp's own: the worker's
+    # and the cell program's (which runs the cell), not the user's.
+    assert worker._is_ours(worker.__file__)
+    assert worker._is_ours(cell.__file__)
+    assert not worker._is_ours(__file__)
 
 
 @pytest.mark.usefixtures("rank0")
@@ -174,13 +219,3 @@ def test_unpicklable_last_value_is_shown_by_its_repr() -> None:
     assert isinstance(values, CellValues)
     _, last = values.restore()
     assert repr(last).startswith("<unlocked _thread.lock object")
-
-
-def test_dumps_cpu_keeps_container_and_parameter_types() -> None:
-    import pickle
-
-    state = collections.OrderedDict(w=torch.nn.Parameter(torch.ones(2)), b=torch.zeros(1))
-    back = pickle.loads(dumps_cpu(state))
-    assert type(back) is collections.OrderedDict
-    assert isinstance(back["w"], torch.nn.Parameter) and back["w"].requires_grad
-    assert torch.equal(back["b"], torch.zeros(1))

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
+import torch
 
 import nbddp
-from nbddp.rank.metrics import Metrics
+from nbddp.launcher.metrics import Metrics
+from nbddp.rank import channel as rank_channel
+from nbddp.rank import context
+from nbddp.rank.channel import Channel
+from nbddp.wire.protocol import FrameReader, Placement
 
 
 def test_log_outside_a_launch_is_a_no_op() -> None:
@@ -43,3 +49,42 @@ def test_metrics_is_a_list() -> None:
     rows = Metrics([{"rank": 0}])
     assert rows == [{"rank": 0}]
     assert isinstance(rows, list)
+
+
+def test_log_sends_through_the_installed_channel_with_the_contexts_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "7")  # the user's environment: the rank comes from the order
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(5.0)
+    rank_channel.install(Channel(ours))
+    context.install(Placement(rank=3, local_rank=1, world_size=4, local_world_size=2, device="cpu"))
+    try:
+        nbddp.log(step=2, loss=torch.tensor(0.25), acc=1)
+        reader, got = FrameReader(), []
+        while not got:
+            got = reader.feed(theirs.recv(1 << 16))
+    finally:
+        rank_channel.install(None)
+        context.install(None)
+        ours.close()
+        theirs.close()
+    [(kind, [row])] = got
+    assert kind == "metrics"
+    assert isinstance(row.pop("time"), float)
+    assert row == {"rank": 3, "step": 2, "loss": 0.25, "acc": 1}
+    nbddp.log(step=3, loss=1.0)  # removed again: a no-op
+
+
+def test_log_checks_values_inside_a_rank() -> None:
+    ours, theirs = socket.socketpair()
+    rank_channel.install(Channel(ours))
+    try:
+        with pytest.raises(TypeError, match="loss='high' is not a number"):
+            nbddp.log(loss="high")
+        with pytest.raises(ValueError, match="rank is set by nbddp"):
+            nbddp.log(rank=1.0)
+    finally:
+        rank_channel.install(None)
+        ours.close()
+        theirs.close()

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from nbddp.rank import worker
+from nbddp.rank.channel import TAIL_INTERVAL, Channel
 from nbddp.wire.protocol import FrameReader
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[worker.Channel, socket.socket]]:
+def pair() -> Iterator[tuple[Channel, socket.socket]]:
     ours, theirs = socket.socketpair()
     theirs.settimeout(5.0)  # a blocking receive that cannot hang the suite
-    channel = worker.Channel(ours)
+    channel = Channel(ours)
     yield channel, theirs
     ours.close()
     theirs.close()
@@ -34,7 +34,7 @@ def receive(sock: socket.socket, count: int) -> list[tuple[str, Any]]:
 
 
 def test_first_row_goes_at_once_then_rows_are_held_and_flushed(
-    pair: tuple[worker.Channel, socket.socket],
+    pair: tuple[Channel, socket.socket],
 ) -> None:
     channel, peer = pair
     for step in range(100):
@@ -46,7 +46,7 @@ def test_first_row_goes_at_once_then_rows_are_held_and_flushed(
 
 
 def test_rows_logged_again_later_are_flushed_again(
-    pair: tuple[worker.Channel, socket.socket],
+    pair: tuple[Channel, socket.socket],
 ) -> None:
     channel, peer = pair
     for burst in range(3):
@@ -56,10 +56,10 @@ def test_rows_logged_again_later_are_flushed_again(
         while len(rows) < 2:
             rows += [row for _, batch in receive(peer, 1) for row in batch]
         assert rows == [{"burst": burst, "i": 0}, {"burst": burst, "i": 1}]
-        time.sleep(worker.TAIL_INTERVAL)  # the flusher disarms before the next burst
+        time.sleep(TAIL_INTERVAL)  # the flusher disarms before the next burst
 
 
-def test_send_goes_after_what_is_held(pair: tuple[worker.Channel, socket.socket]) -> None:
+def test_send_goes_after_what_is_held(pair: tuple[Channel, socket.socket]) -> None:
     channel, peer = pair
     channel.send_row({"step": 0})
     channel.send_row({"step": 1})

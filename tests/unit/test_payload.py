@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nbddp.errors import PayloadError
-from nbddp.wire.payload import Payload
+from nbddp.wire.payload import Payload, load_call
 
 LOCK = threading.Lock()
 
@@ -30,7 +30,7 @@ def test_round_trip_of_lambda_closure_and_local_class() -> None:
 
     payload = Payload.serialize(lambda a, b=1: Local(a + b).v, (2,), {"b": 3})
     assert payload.fds == ()
-    call = Payload.from_bytes(payload.data)
+    call = load_call(payload.data)
     assert call.fn(*call.args, **call.kwargs) == 5
 
 

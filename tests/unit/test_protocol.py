@@ -1,10 +1,15 @@
-"""Framing of worker messages: any split of the byte stream yields the same messages."""
+"""Worker messages: framing survives any split of the byte stream; orders carry typed values."""
 
 from __future__ import annotations
 
 import socket
+from types import SimpleNamespace
 
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.devices import VisibleGpus
+from nbddp.launcher.job import Job
 from nbddp.wire import protocol
+from nbddp.wire.payload import Payload
 
 
 def test_frames_survive_arbitrary_splits() -> None:
@@ -25,3 +30,53 @@ def test_blocking_send_and_recv_over_a_socketpair() -> None:
         assert protocol.recv(b) == ("started", 42)
         a.close()
         assert protocol.recv(b) is None
+
+
+def test_a_run_order_arrives_with_its_typed_values() -> None:
+    order = protocol.RunOrder(
+        place=protocol.Placement(
+            rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
+        ),
+        env={"RANK": "1"},
+        payload=b"call",
+        sys_path=["/src"],
+        cwd="/",
+        backend="nccl",
+        init_process_group=True,
+        threads=4,
+        fd_count=2,
+    )
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(a, "run", order)
+        kind, body = protocol.recv(b) or ("", None)
+    assert kind == "run" and body == order
+    assert type(body.place.cuda_index) is int and type(body.threads) is int
+
+
+def order_for(config: LaunchConfig, rank: int, env: dict[str, str]) -> protocol.RunOrder:
+    """``Job._order`` alone: the notebook's side of a rank's order, without processes."""
+    job = SimpleNamespace(config=config, payload=Payload(b"call", fds=(7, 8)))
+    return Job._order(job, rank, env)  # type: ignore[arg-type]
+
+
+def test_the_job_orders_a_gpu_rank_with_its_device_and_thread_count() -> None:
+    config = LaunchConfig.build(gpus=2, visible=VisibleGpus(("0", "1"), "test"))
+    order = order_for(config, 1, {**config.rank_env(1, 29500), "OMP_NUM_THREADS": "3"})
+    assert order.place == protocol.Placement(
+        rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
+    )
+    assert (order.backend, order.init_process_group, order.threads) == ("nccl", False, 3)
+    assert (order.payload, order.fd_count) == (b"call", 2)
+    assert order.env["RANK"] == "1"  # the environment is still set, for the user's code
+
+
+def test_the_job_orders_cpu_and_inherit_ranks_without_a_cuda_device() -> None:
+    cpu = LaunchConfig.build(procs=3, init_process_group=True)
+    order = order_for(cpu, 2, {"OMP_NUM_THREADS": "not a number"})
+    assert order.place.device == "cpu" and order.place.cuda_index is None
+    assert order.place.world_size == 3 and order.init_process_group
+    assert order.backend == "gloo" and order.threads is None
+    inherit = LaunchConfig.build(procs=2, inherit_devices=True)
+    order = order_for(inherit, 0, {})
+    assert order.place.device == "inherit" and order.place.cuda_index is None

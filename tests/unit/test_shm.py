@@ -7,7 +7,7 @@ import os
 import torch
 
 from nbddp.wire import shm
-from nbddp.wire.payload import Payload
+from nbddp.wire.payload import Payload, load_call
 
 
 def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:
@@ -44,7 +44,7 @@ def test_payload_carries_the_descriptors() -> None:
     big = torch.ones(1 << 20)
     payload = Payload.serialize(lambda t: float(t.sum()), (big,), {})
     assert len(payload.fds) == 1
-    call = Payload.from_bytes(payload.data, [os.dup(payload.fds[0])])
+    call = load_call(payload.data, [os.dup(payload.fds[0])])
     assert call.fn(*call.args) == float(1 << 20)
 
 
@@ -80,7 +80,7 @@ def test_array_descriptors_close_with_the_payload() -> None:
     payload = Payload.serialize(lambda a: float(a.sum()), (np.ones(1 << 18),), {})
     (fd,) = payload.fds
     os.fstat(fd)  # open while the payload lives
-    call = Payload.from_bytes(payload.data, [os.dup(fd)])
+    call = load_call(payload.data, [os.dup(fd)])
     assert call.fn(*call.args) == float(1 << 18)
     del payload
     import gc
@@ -92,3 +92,27 @@ def test_array_descriptors_close_with_the_payload() -> None:
         pass
     else:
         raise AssertionError("the memfd outlived its payload")
+
+
+class _LoadedWhenUnpickled:
+    """Unpickles as another payload, loaded while the outer one is being loaded."""
+
+    def __init__(self, data: bytes, fd: int) -> None:
+        self.data, self.fd = data, fd
+
+    def __reduce__(self) -> tuple[object, tuple[bytes, list[int]]]:
+        return shm.loads, (self.data, [self.fd])
+
+
+def test_each_load_maps_its_own_descriptors_even_when_nested() -> None:
+    inner_tensor = torch.full((1 << 18,), 2.0)  # 1 MiB each: both shared
+    outer_tensor = torch.full((1 << 18,), 3.0)
+    inner_data, inner_fds, _ = shm.dumps(inner_tensor)
+    nested = _LoadedWhenUnpickled(inner_data, os.dup(inner_fds[0]))
+    # The inner payload is loaded first, then the outer tensor is rebuilt from
+    # the outer descriptors: the inner load must not have replaced them.
+    data, fds, _ = shm.dumps([nested, outer_tensor])
+    assert len(fds) == 1
+    inner, outer = shm.loads(data, [os.dup(fds[0])])
+    assert torch.equal(inner, inner_tensor)
+    assert torch.equal(outer, outer_tensor)

@@ -1,0 +1,120 @@
+"""The rank's channel to the notebook, and the one slot that holds it.
+
+Contract: a ``Channel`` wraps the rank's end of its socketpair and sends
+protocol messages on it from any thread (``send`` at once, ``send_row``
+batched, see the class). The worker makes its channel the process's own
+with ``install`` before the function runs; ``installed()`` gives it to code
+in the rank (``nbddp.log``), and None outside a launched rank. One process
+runs one rank, so one slot per process is the natural home; it is written
+only through ``install``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from nbddp.wire import protocol
+
+Row = dict[str, float | int | None]
+"""A metric row: ``rank``, ``step`` (None when not given), ``time`` and the logged values."""
+
+BATCH_INTERVAL = 0.02  # seconds ``send_row`` may hold a message while rows keep coming
+TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming
+FLUSHER_IDLE = 10  # wakeups with nothing held before the flusher thread ends
+
+
+class Channel:
+    """The rank's side of its link to the notebook; safe to use from any thread.
+
+    ``send`` sends at once. ``send_row`` (metric rows) batches: rows are
+    held and sent together as one ``metrics`` message (a list of rows) by
+    the calling thread, with the new row, if nothing was sent in the last
+    ``BATCH_INTERVAL`` seconds; a flusher thread sends what is left within
+    ``TAIL_INTERVAL`` once rows stop coming (it is started by a row that
+    finds none, and ends after ``FLUSHER_IDLE`` wakeups with nothing held,
+    or at once with nothing held once ``sock`` is closed).
+    Order is kept: ``send`` first sends whatever is held. Why batch: a loop
+    that logs every step would otherwise pay a pickle and a system call per
+    step, and the notebook a message per step; and why the flusher wakes
+    only every ``TAIL_INTERVAL``: each wakeup takes the GIL from the
+    training thread. What is held is lost only if the process dies without
+    returning (a signal, ``os._exit``): the last rows, at most
+    ``TAIL_INTERVAL`` seconds of them.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()  # held while sending: one message at a time, in order
+        # Appended to without the lock (``list.append`` is atomic): ``send_row``
+        # runs every training step, where each bytecode counts (the step has
+        # just evicted this code from the caches). Senders take rows from the
+        # front, never replace the list, so no append is lost.
+        self._rows: list[Row] = []
+        self._next_send = 0.0  # time.monotonic() from which the next row is sent at once
+        self._flusher: threading.Thread | None = None
+
+    def send(self, kind: str, body: object) -> None:
+        """Send one message; silently dropped if the notebook has gone (we are dying then)."""
+        data = protocol.encode(kind, body)
+        with self._lock:
+            self._send_locked(data)
+
+    def send_row(self, row: Row) -> None:
+        """Send one metric row soon, batched with others (see class docstring)."""
+        self._rows.append(row)
+        if time.monotonic() >= self._next_send or self._flusher is None:
+            with self._lock:
+                self._send_locked(b"")
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._flush_loop, name="nbddp-metrics", daemon=True
+                    )
+                    self._flusher.start()
+
+    def _send_locked(self, data: bytes) -> None:
+        rows = self._rows
+        count = len(rows)
+        if count:
+            data = protocol.encode("metrics", rows[:count]) + data
+            del rows[:count]  # rows appended meanwhile stay, for the next send
+        self._next_send = time.monotonic() + BATCH_INTERVAL
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            pass
+
+    def _flush_loop(self) -> None:
+        idle = 0
+        while True:
+            time.sleep(TAIL_INTERVAL)
+            with self._lock:
+                if self._rows:
+                    idle = 0
+                    if time.monotonic() >= self._next_send:
+                        self._send_locked(b"")  # rows stopped coming: send the last ones
+                    continue
+                idle += 1
+                if idle < FLUSHER_IDLE and self.sock.fileno() >= 0:
+                    continue
+                # Unregistered before the last look at the rows: a row appended
+                # after that look is sure to see no flusher and start one.
+                me, self._flusher = self._flusher, None
+                if not self._rows:
+                    return
+                self._flusher = me
+
+
+_installed: Channel | None = None
+
+
+def install(channel: Channel | None) -> None:
+    """Make ``channel`` this process's rank channel (the worker, once); None removes it."""
+    global _installed
+    _installed = channel
+
+
+def installed() -> Channel | None:
+    """This rank's channel; None outside a launched rank."""
+    return _installed

@@ -1,0 +1,53 @@
+"""The running rank's context: who it is in the run and which device it has.
+
+Contract: the worker installs the rank's ``Placement`` (from its order) with
+``install`` before the function runs; code in the rank asks ``current()``
+(None outside a launched rank) or ``require()`` (which raises there).
+``device(place)`` is the ``torch.device`` the rank computes on. The values
+are the order's own, typed: nothing here reads the environment, which is
+set for the user's code. One process runs one rank, so one slot per process
+holds it, written only through ``install``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nbddp.wire.protocol import Placement
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Placement", "current", "device", "install", "require"]
+
+_installed: Placement | None = None
+
+
+def install(place: Placement | None) -> None:
+    """Make ``place`` this process's rank context (the worker, once); None removes it."""
+    global _installed
+    _installed = place
+
+
+def current() -> Placement | None:
+    """This rank's context; None outside a launched rank."""
+    return _installed
+
+
+def require() -> Placement:
+    """This rank's context; ``RuntimeError`` outside a launched rank."""
+    if _installed is None:
+        raise RuntimeError(
+            "not inside a rank launched by nbddp: rank, world size and device are "
+            "only known there (launch the function with nbddp.launch or %%ddp)"
+        )
+    return _installed
+
+
+def device(place: Placement) -> torch.device:
+    """The rank's ``torch.device``: its GPU when it has one, else the CPU."""
+    import torch
+
+    if place.cuda_index is not None:
+        return torch.device("cuda", place.cuda_index)
+    return torch.device("cpu")
