@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from nbddp.errors import ConfigError
 from nbddp.launcher.devices import VisibleGpus, visible_gpus
@@ -37,11 +37,10 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.wire.protocol import DeviceKind
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-DeviceKind = Literal["cuda", "cpu", "inherit"]
 
 DEFAULT_CPU_PROCS = 2
 POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keeps
@@ -184,11 +183,21 @@ class LaunchConfig:
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["ACCELERATE_USE_CPU"] = "true"
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.env:
-            # Like torchrun, avoid N ranks each spawning a thread per core.
-            cores = os.cpu_count() or 1
-            env["OMP_NUM_THREADS"] = str(max(1, cores // self.world_size))
+            env["OMP_NUM_THREADS"] = str(self.threads)
         env.update(self.env)
         return env
+
+    @property
+    def threads(self) -> int | None:
+        """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``,
+        else the notebook's, when it is a whole number; with neither, as torchrun,
+        the cores shared among the ranks (so N ranks do not each start a thread per
+        core). None when the setting given is not a number (OpenMP reads it itself)."""
+        given = self.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+        if given is None:
+            return max(1, (os.cpu_count() or 1) // self.world_size)
+        given = given.strip()
+        return int(given) if given.isdigit() and int(given) > 0 else None
 
 
 def _positive_int(name: str, value: object) -> int:

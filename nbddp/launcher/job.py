@@ -197,9 +197,6 @@ class Job:
             device=cfg.device,
             cuda_index=rank if cfg.device == "cuda" else None,
         )
-        # The rank's OMP_NUM_THREADS (nbddp's default, or the user's string) is
-        # read here, once; the rank gets the number.
-        threads = env.get("OMP_NUM_THREADS", "").strip()
         return RunOrder(
             place=place,
             env=env,
@@ -209,7 +206,7 @@ class Job:
             cwd=os.getcwd(),
             backend=cfg.backend,
             init_process_group=cfg.init_process_group,
-            threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
+            threads=cfg.threads,
         )
 
     # -- requests and reads from other threads -----------------------------

@@ -17,7 +17,8 @@ forgets it fails ``tests/unit/test_options.py``.
 
 Validation is ``LaunchConfig.build``'s, not this module's: a ``Magic``'s
 ``parse`` only turns the text of a magic line into the typed value. Nothing
-here imports IPython, torch or another nbddp module.
+here imports IPython or torch; of nbddp only the wire's ``Backend``, the type
+every process shares.
 """
 
 import argparse
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Annotated, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
+from nbddp.wire.protocol import Backend as Backend
+
 StartMethod = Literal["forkserver", "spawn", "fork"]
 MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
-Backend = Literal["nccl", "gloo"]
 Output = Literal["all", "rank0", "none"]
 
 DEFAULT_TAIL = 40

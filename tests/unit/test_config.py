@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +128,17 @@ def test_visible_gpus_reads_the_driver_listing_without_cuda(tmp_path: Path) -> N
     assert visible_gpus({}, tmp_path).tokens == ("0", "1", "2")
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,0"}, tmp_path).tokens == ("2", "0")
     assert len(visible_gpus({}, tmp_path / "missing")) == 0
+
+
+def test_rank_threads_follow_env_then_the_notebook_then_the_cores(monkeypatch: Any) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    shared = LaunchConfig.build(procs=2)
+    assert shared.threads == 4 and shared.rank_env(0, 1)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert LaunchConfig.build(procs=2).threads == 3
+    assert "OMP_NUM_THREADS" not in LaunchConfig.build(procs=2).rank_env(0, 1)  # the notebook's
+    given = LaunchConfig.build(procs=2, env={"OMP_NUM_THREADS": "5"})
+    assert given.threads == 5 and given.rank_env(0, 1)["OMP_NUM_THREADS"] == "5"
+    odd = LaunchConfig.build(procs=2, env={"OMP_NUM_THREADS": "4,2"})  # nested OpenMP levels
+    assert odd.threads is None and odd.rank_env(0, 1)["OMP_NUM_THREADS"] == "4,2"

@@ -61,8 +61,10 @@ def order_for(config: LaunchConfig, rank: int, env: dict[str, str]) -> protocol.
 
 
 def test_the_job_orders_a_gpu_rank_with_its_device_and_thread_count() -> None:
-    config = LaunchConfig.build(gpus=2, visible=VisibleGpus(("0", "1"), "test"))
-    order = order_for(config, 1, {**config.rank_env(1, 29500), "OMP_NUM_THREADS": "3"})
+    config = LaunchConfig.build(
+        gpus=2, visible=VisibleGpus(("0", "1"), "test"), env={"OMP_NUM_THREADS": "3"}
+    )
+    order = order_for(config, 1, config.rank_env(1, 29500))
     assert order.place == protocol.Placement(
         rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
     )
@@ -72,8 +74,10 @@ def test_the_job_orders_a_gpu_rank_with_its_device_and_thread_count() -> None:
 
 
 def test_the_job_orders_cpu_and_inherit_ranks_without_a_cuda_device() -> None:
-    cpu = LaunchConfig.build(procs=3, init_process_group=True)
-    order = order_for(cpu, 2, {"OMP_NUM_THREADS": "not a number"})
+    cpu = LaunchConfig.build(
+        procs=3, init_process_group=True, env={"OMP_NUM_THREADS": "not a number"}
+    )
+    order = order_for(cpu, 2, cpu.rank_env(2, 29500))
     assert order.place.device == "cpu" and order.place.cuda_index is None
     assert order.place.world_size == 3 and order.init_process_group
     assert order.backend == "gloo" and order.threads is None
