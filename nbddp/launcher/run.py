@@ -132,6 +132,21 @@ class Run:
         _LATEST = weakref.ref(self)
 
     @property
+    def config(self) -> LaunchConfig:
+        """The validated options the run was launched with."""
+        return self.job.config
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (also in its log directory's name)."""
+        return self.job.run_id
+
+    def ended(self, timeout: float | None = 0.0) -> bool:
+        """True once every rank has exited and all output has been read; waits up to
+        ``timeout`` seconds for that (None: as long as it takes), showing nothing."""
+        return self.job.wait(timeout)
+
+    @property
     def log_dir(self) -> Path:
         """The run's log directory."""
         return self.job.log_dir

@@ -126,15 +126,15 @@ class CellRunner:
             return "%ddp_status: no run has started in this kernel yet"
         note = ""
         if stacks:
-            if run.job.wait(0):
+            if run.ended():
                 note = "\n(--stacks: the run has ended; no stacks to dump)"
             else:
                 run.dump_stacks()
                 note = "\nstacks requested: each running rank writes them to its output and log"
-        config = run.job.config
+        config = run.config
         lines = [
             f"latest run: {run.status} after {run.elapsed:.1f}s; {config.world_size} ranks "
-            f"({config.device}, {config.backend}, {config.start_method}); run id {run.job.run_id}"
+            f"({config.device}, {config.backend}, {config.start_method}); run id {run.run_id}"
         ]
         for o in run.outcomes():
             ended = describe_exit(o.exit_code) if o.exited else "still running"

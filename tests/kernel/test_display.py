@@ -134,7 +134,7 @@ def test_output_before_wait_is_shown_in_the_waiting_cell(kernel: Kernel) -> None
 def early():
     print("said before anyone waited")
 run = nbddp.launch(early, procs=2, block=False)
-assert run.job.wait(60)
+assert run.ended(60)
 """
     )
     assert first.status == "ok", first.text()

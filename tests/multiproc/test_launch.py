@@ -245,8 +245,8 @@ def test_a_rank_that_returned_stays_until_every_rank_has(tmp_path: Path, method:
     try:
         deadline = time.monotonic() + 60
         while run.outcomes()[0].value is None:  # rank 0 has returned its value
-            assert time.monotonic() < deadline and not run.job.wait(0)
-            run.job.wait(0.02)
+            assert time.monotonic() < deadline and not run.ended()
+            run.ended(0.02)
         rank0 = psutil.Process(run.pids[0])
         assert rank0.status() != psutil.STATUS_ZOMBIE and not run.outcomes()[0].exited
     finally:
