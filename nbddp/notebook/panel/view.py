@@ -21,13 +21,12 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbddp.display.kernel import STATE_COLORS
+from nbddp.display.style import RUN_COLORS
 from nbddp.notebook.panel.feed import RankView
 from nbddp.notebook.panel.settings import PRECISIONS, START_METHODS, PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"
-_RUN_COLORS = {**STATE_COLORS, "timeout": "#d62728", "interrupted": "#ff7f0e"}
 
 
 def _error_label(name: str) -> W.HTML:
@@ -38,7 +37,7 @@ def _error_label(name: str) -> W.HTML:
 
 
 def _state_span(state: str, text: str, cls: str) -> str:
-    color = _RUN_COLORS.get(state, "inherit")
+    color = RUN_COLORS.get(state, "inherit")
     return (
         f'<span class="{cls}" data-state="{html.escape(state)}" '
         f'style="font-weight:bold;color:{color}">{html.escape(text)}</span>'
@@ -261,7 +260,8 @@ class PanelView:
         for view, out in zip(ranks, self.tabs.children, strict=False):
             lines = list(view.lines)
             if view.hidden:
-                lines.insert(0, f"… {view.hidden:,} earlier lines are in rank{view.rank}.log")
+                log = view.log.name if view.log is not None else "its log"
+                lines.insert(0, f"… {view.hidden:,} earlier lines are in {log}")
             value = f'<pre style="{_PRE}">{html.escape(chr(10).join(lines))}</pre>'
             if out.value != value:
                 out.value = value
