@@ -15,6 +15,11 @@ Metric rows print as ``[rank N] step 10 loss=0.123``: immediately, or if
 the rank's last metric line is younger than ``metric_interval`` seconds,
 its latest row once that time has passed (``refresh``) and at ``close``.
 Every row is kept in ``Run.metrics`` regardless.
+
+Unlike the kernel display and the panel, it keeps no ``model.RunModel``:
+what it writes is final the moment a line completes, so it has no screens
+to redraw, no elapsed times and nothing to compare with a last draw; per
+rank it holds only an unfinished line per stream and a held metric row.
 """
 
 from __future__ import annotations
@@ -169,10 +174,8 @@ class TextDisplay:
 
     def _print_metrics(self, force: bool) -> None:
         for rank in sorted(self._pending_metrics):
-            limiter = self._metric_limiters.setdefault(
-                rank, RateLimiter(self._metric_interval, self._clock)
-            )
-            if force or limiter.try_fire():
+            # A row is only held after its rank's limiter refused it: the limiter exists.
+            if force or self._metric_limiters[rank].try_fire():
                 row = self._pending_metrics.pop(rank)
                 self._write("stdout", f"[rank {rank}] {metric_summary(row)}\n")
 

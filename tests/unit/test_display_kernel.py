@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nbddp.display.kernel import KernelDisplay, format_elapsed
+from nbddp.display.kernel import KernelDisplay
 
 
 class Clock:
@@ -167,9 +167,3 @@ def test_notice_goes_to_stderr() -> None:
     display = KernelDisplay(publisher=FakePublisher(), err=err)
     display.notice("port 29500 busy")
     assert err.getvalue() == "nbddp: port 29500 busy\n"
-
-
-def test_format_elapsed() -> None:
-    assert format_elapsed(7.9) == "7s"
-    assert format_elapsed(185) == "3m05s"
-    assert format_elapsed(3720) == "1h02m"

@@ -47,6 +47,7 @@ def test_progress_bars_redraw_in_place_and_only_the_tail_is_kept() -> None:
     zero, one = sink.ranks[-1]
     assert zero.lines == ("100/100",)
     assert one.lines == ("line 2", "line 3", "line 4") and one.hidden == 2
+    assert one.log == Path("/logs/rank1.log")
 
 
 def test_draws_at_most_once_per_interval_however_much_arrives() -> None:

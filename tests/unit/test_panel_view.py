@@ -3,11 +3,14 @@ errors sit by their fields, and the cell hook closes panels of re-run or deleted
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from nbddp.launcher.events import RankState
+from nbddp.launcher.logs import rank_log
 from nbddp.notebook.panel import cells
 from nbddp.notebook.panel.feed import RankView
 from nbddp.notebook.panel.settings import PanelSettings
@@ -57,8 +60,8 @@ def test_rank_views_fill_table_tabs_and_outputs() -> None:
     view = view_with_gpus(0)
     view.start_run(2)
     ranks = [
-        RankView(0, "running", "3s", "step 1 loss=0.5", ("<b>html</b>",), 0),
-        RankView(1, "failed", "2s", "", ("a", "b"), 7),
+        RankView(0, RankState.RUNNING, "3s", "step 1 loss=0.5", ("<b>html</b>",), 0),
+        RankView(1, RankState.FAILED, "2s", "", ("a", "b"), 7, rank_log(Path("/logs"), 1)),
     ]
     view.show_ranks(ranks)
     assert view.tabs.titles == ("rank 0 · running", "rank 1 · failed")

@@ -21,14 +21,13 @@ from typing import Any
 
 import ipywidgets as W
 
-from nbddp.display.kernel import STATE_COLORS
+from nbddp.display.style import RUN_COLORS
 from nbddp.launcher.options import OPTIONS
 from nbddp.notebook.panel.feed import RankView
 from nbddp.notebook.panel.settings import PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"
-_RUN_COLORS = {**STATE_COLORS, "timeout": "#d62728", "interrupted": "#ff7f0e"}
 
 
 def _error_label(name: str) -> W.HTML:
@@ -39,7 +38,7 @@ def _error_label(name: str) -> W.HTML:
 
 
 def _state_span(state: str, text: str, cls: str) -> str:
-    color = _RUN_COLORS.get(state, "inherit")
+    color = RUN_COLORS.get(state, "inherit")
     return (
         f'<span class="{cls}" data-state="{html.escape(state)}" '
         f'style="font-weight:bold;color:{color}">{html.escape(text)}</span>'
@@ -51,8 +50,50 @@ class PanelView:
 
     def __init__(self, title: str, settings: PanelSettings, gpus_note: str) -> None:
         self._visible_gpus = settings.visible_gpus
+        self._notice_lines: list[str] = []
+        self._tab_titles: tuple[str, ...] = ()
+        form = self._build_form(title, settings, gpus_note)
+        self.root = W.VBox([form, *self._build_run_area()])
+        self.root.add_class("nbddp-panel")
+        self.show_device(settings.device)
+
+    # -- building the tree -----------------------------------------------------
+
+    def _build_form(self, title: str, settings: PanelSettings, gpus_note: str) -> W.VBox:
+        """The title, a row per field (the field and its error), the buttons."""
         style = {"description_width": "110px"}
         layout = W.Layout(width="330px")
+        self._build_device_fields(settings, style, layout)
+        self._build_run_fields(settings, style, layout)
+        self.fields: dict[str, W.Widget] = {
+            "device": self.device,
+            "gpus": self.gpus,
+            "procs": self.procs,
+            "start_method": self.start_method,
+            "port": self.port,
+            "mixed_precision": self.mixed_precision,
+            "timeout": self.timeout,
+            "env": self.env,
+        }
+        self.errors = {name: _error_label(name) for name in [*self.fields, "launch"]}
+        rows: dict[str, W.Widget] = {}
+        for name, widget in self.fields.items():
+            widget.add_class(f"nbddp-field-{name}")
+            rows[name] = W.HBox([widget, self.errors[name]])
+        self._gpu_row, self._procs_row = rows["gpus"], rows["procs"]
+        return W.VBox(
+            [
+                W.HTML(f"<b>{html.escape(title)}</b> <small>{html.escape(gpus_note)}</small>"),
+                *rows.values(),
+                self.errors["launch"],
+                self._build_buttons(),
+            ]
+        )
+
+    def _build_device_fields(
+        self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
+    ) -> None:
+        """Where the ranks run: the device, and the GPUs or the process count."""
         device_options = [("CPU processes", "cpu")]
         if settings.visible_gpus:
             device_options.insert(0, ("GPUs", "gpu"))
@@ -70,6 +111,11 @@ class PanelView:
         self.procs = W.IntText(
             value=settings.procs, description="Processes", style=style, layout=layout
         )
+
+    def _build_run_fields(
+        self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
+    ) -> None:
+        """How the ranks are started and run: start method, port, precision, timeout, env."""
         self.start_method = W.Dropdown(
             options=OPTIONS["start_method"].choices,
             value=settings.start_method,
@@ -106,23 +152,9 @@ class PanelView:
             style=style,
             layout=layout,
         )
-        self.fields: dict[str, W.Widget] = {
-            "device": self.device,
-            "gpus": self.gpus,
-            "procs": self.procs,
-            "start_method": self.start_method,
-            "port": self.port,
-            "mixed_precision": self.mixed_precision,
-            "timeout": self.timeout,
-            "env": self.env,
-        }
-        self.errors = {name: _error_label(name) for name in [*self.fields, "launch"]}
-        rows: dict[str, W.Widget] = {}
-        for name, widget in self.fields.items():
-            widget.add_class(f"nbddp-field-{name}")
-            rows[name] = W.HBox([widget, self.errors[name]])
-        self._gpu_row, self._procs_row = rows["gpus"], rows["procs"]
 
+    def _build_buttons(self) -> W.HBox:
+        """Launch, Stop, and the run's state beside them."""
         self.launch_button = W.Button(description="Launch", button_style="success", icon="play")
         self.launch_button.add_class("nbddp-launch")
         self.stop_button = W.Button(
@@ -130,6 +162,10 @@ class PanelView:
         )
         self.stop_button.add_class("nbddp-stop")
         self.run_state = W.HTML(_state_span("idle", "idle", "nbddp-run-state"))
+        return W.HBox([self.launch_button, self.stop_button, self.run_state])
+
+    def _build_run_area(self) -> list[W.Widget]:
+        """Under the form: notices, the rank table, output tabs, chart, result, the code."""
         self.ranks = W.HTML("")
         self.ranks.add_class("nbddp-ranks")
         self.tabs = W.Tab(children=[])
@@ -143,23 +179,8 @@ class PanelView:
         self.result.add_class("nbddp-result")
         self.code = W.HTML("")
         self.code.add_class("nbddp-code")
-        self._notice_lines: list[str] = []
-        self._tab_titles: tuple[str, ...] = ()
-
-        form = W.VBox(
-            [
-                W.HTML(f"<b>{html.escape(title)}</b> <small>{html.escape(gpus_note)}</small>"),
-                *rows.values(),
-                self.errors["launch"],
-                W.HBox([self.launch_button, self.stop_button, self.run_state]),
-            ]
-        )
         code_box = W.Accordion(children=[self.code], titles=("Same run as code",))
-        self.root = W.VBox(
-            [form, self.notices, self.ranks, self.tabs, self.chart, self.result, code_box]
-        )
-        self.root.add_class("nbddp-panel")
-        self.show_device(settings.device)
+        return [self.notices, self.ranks, self.tabs, self.chart, self.result, code_box]
 
     # -- the form ------------------------------------------------------------
 
@@ -262,7 +283,8 @@ class PanelView:
         for view, out in zip(ranks, self.tabs.children, strict=False):
             lines = list(view.lines)
             if view.hidden:
-                lines.insert(0, f"… {view.hidden:,} earlier lines are in rank{view.rank}.log")
+                log = view.log.name if view.log is not None else "its log"
+                lines.insert(0, f"… {view.hidden:,} earlier lines are in {log}")
             value = f'<pre style="{_PRE}">{html.escape(chr(10).join(lines))}</pre>'
             if out.value != value:
                 out.value = value

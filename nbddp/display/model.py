@@ -1,0 +1,221 @@
+"""The per-rank view model that the kernel display and the panel render (the text display
+uses its rank selection): what each rank is doing, and what changed since the last draw.
+
+Contract: ``RunModel`` takes the ``Display`` protocol's recording events
+(``attach``, ``output``, ``state``, ``metric``; a notice is shown by each
+renderer at once) and keeps them. Per rank a ``RankModel``: its
+``RankState``, when it started (the run's start) and ended, its elapsed
+time as text (``format_elapsed``), its ``Screen`` (None for a rank not
+shown live: its output is only in its log), its last metric row and that
+row in one line. For the run: the metric rows (``history``, a
+``MetricHistory``; rows are taken in when it is read, so recording one is an
+append), the rate limiters a renderer draws by (``limiter``, and the
+slower ``chart_limiter``), and what changed since the last draw: each
+rank's ``dirty`` flag (any event of that rank), ``chart_dirty`` (new rows),
+and whether a shown elapsed time would now read differently
+(``RankModel.stale``). Renderers say what they drew with
+``RankModel.drawn``; when they draw is theirs to decide.
+
+The event methods run once per printed line and per metric row: they only
+record (one dict lookup, a few attribute stores, no allocation beyond the
+row list's append). States arrive as ``RankState`` or as its plain string.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nbddp.display.chart import MetricHistory, metric_summary
+from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.screen import Screen
+from nbddp.launcher.events import RankState
+from nbddp.launcher.logs import rank_log
+
+# A state's name -> its member (members hash as their names, so they find
+# themselves): a dict lookup, where ``RankState(name)`` costs ten times more.
+_STATES: dict[str, RankState] = {state.value: state for state in RankState}
+_ENDED = frozenset(state for state in RankState if state.ended)
+
+
+def format_elapsed(seconds: float) -> str:
+    """``7s``, ``3m05s`` or ``1h02m``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class RankModel:
+    """One rank as the displays know it (see module contract)."""
+
+    # Slots: one of these is touched per printed line.
+    __slots__ = (
+        "_drawn_elapsed",
+        "dirty",
+        "ended_at",
+        "metric",
+        "rank",
+        "screen",
+        "started_at",
+        "state",
+    )
+
+    def __init__(self, rank: int, screen: Screen | None, started_at: float) -> None:
+        self.rank = rank
+        self.screen = screen
+        """Its recent output as a terminal shows it; None: not shown live."""
+        self.state = RankState.STARTING
+        """Where it is: starting, running, then done, failed or stopped."""
+        self.started_at = started_at
+        self.ended_at: float | None = None
+        """When it was first seen in an ended state."""
+        self.metric: dict[str, Any] | None = None
+        """Its latest metric row."""
+        self.dirty = True
+        """Something of this rank changed since it was last drawn."""
+        self._drawn_elapsed = ""
+
+    def elapsed(self, now: float) -> float:
+        """Seconds from the run's start until ``now``, or until it ended."""
+        end = self.ended_at if self.ended_at is not None else now
+        return end - self.started_at
+
+    def elapsed_text(self, now: float) -> str:
+        """``elapsed`` as shown (``format_elapsed``)."""
+        return format_elapsed(self.elapsed(now))
+
+    def summary(self) -> str:
+        """The latest metric row in one line (``metric_summary``), or empty."""
+        return metric_summary(self.metric) if self.metric is not None else ""
+
+    def lines(self) -> list[str]:
+        """The shown tail of its output (none when not shown live)."""
+        return self.screen.lines() if self.screen is not None else []
+
+    @property
+    def hidden(self) -> int:
+        """Lines older than the shown tail: only in its log."""
+        return self.screen.hidden if self.screen is not None else 0
+
+    def stale(self, now: float) -> bool:
+        """True if a draw now would show something else than the last one."""
+        return self.dirty or self.elapsed_text(now) != self._drawn_elapsed
+
+    def drawn(self, now: float) -> None:
+        """The renderer drew this rank as it is at ``now``."""
+        self.dirty = False
+        self._drawn_elapsed = self.elapsed_text(now)
+
+
+class RunModel:
+    """Every rank of one run, and the run's metrics and redraw pacing (see module contract)."""
+
+    def __init__(
+        self,
+        tail: int = 40,
+        live: set[int] | None = None,
+        interval: float = 0.1,
+        chart_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tail = tail
+        self.live = live
+        """Ranks whose output is kept on a ``Screen``; None: every rank."""
+        self.clock = clock
+        self.limiter = RateLimiter(interval, clock)
+        """Paces redraws of the ranks."""
+        self.chart_limiter = RateLimiter(chart_interval, clock)
+        """Paces redraws of the metric chart (0: as often as the ranks)."""
+        self.started = clock()
+        self.ranks: dict[int, RankModel] = {}
+        """Rank -> its model, in the order the ranks were first seen."""
+        self.chart_dirty = False
+        """Metric rows arrived since the chart was last drawn."""
+        self.log_dir: Path | None = None
+        self._history = MetricHistory()
+        self._new_rows: list[dict[str, Any]] = []  # not yet in ``_history``
+
+    # -- events (record only) ------------------------------------------------
+
+    def attach(self, log_dir: Path, world_size: int) -> None:
+        """The run's log directory; a model for every rank, in rank order."""
+        self.log_dir = log_dir
+        for rank in range(world_size):
+            self.rank(rank)
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """Apply ``text`` to the rank's screen (not shown live: ignored, it is logged)."""
+        entry = self.ranks.get(rank) or self.rank(rank)
+        if entry.screen is not None:
+            entry.screen.feed(text, stream)
+            entry.dirty = True
+
+    def state(self, rank: int, state: str) -> None:
+        """Record the rank's new state (and when it first ended)."""
+        entry = self.rank(rank)
+        entry.state = new = _STATES[state]
+        if new in _ENDED and entry.ended_at is None:
+            entry.ended_at = self.clock()
+        entry.dirty = True
+
+    def metric(self, rank: int, row: dict[str, Any]) -> None:
+        """Record a metric row: the rank's latest, and one more for the chart."""
+        self._new_rows.append(row)
+        entry = self.ranks.get(rank) or self.rank(rank)
+        entry.metric = row
+        entry.dirty = True
+        self.chart_dirty = True
+
+    # -- what renderers read -------------------------------------------------
+
+    def rank(self, rank: int) -> RankModel:
+        """The model of ``rank``, made on first use."""
+        entry = self.ranks.get(rank)
+        if entry is None:
+            shown = self.live is None or rank in self.live
+            entry = RankModel(rank, Screen(self.tail) if shown else None, self.started)
+            self.ranks[rank] = entry
+        return entry
+
+    def shows(self, rank: int) -> bool:
+        """True if ``rank``'s output is shown live."""
+        return self.live is None or rank in self.live
+
+    @property
+    def history(self) -> MetricHistory:
+        """Every metric row so far, as chart series."""
+        if self._new_rows:
+            # Taken in here, at draw time, all at once: ``metric`` stays an append.
+            self._history.add_many(self._new_rows)
+            self._new_rows.clear()
+        return self._history
+
+    def log(self, rank: int) -> Path | None:
+        """The file that keeps everything ``rank`` wrote (None before ``attach``)."""
+        return rank_log(self.log_dir, rank) if self.log_dir is not None else None
+
+    def changed(self) -> bool:
+        """True if any rank changed since it was last drawn."""
+        return any(entry.dirty for entry in self.ranks.values())
+
+    def stale(self, now: float) -> bool:
+        """True if drawing the ranks now would show anything new (elapsed times included)."""
+        return any(entry.stale(now) for entry in self.ranks.values())
+
+    def running(self) -> bool:
+        """True while some rank has not ended."""
+        return any(not entry.state.ended for entry in self.ranks.values())
+
+    def tick_delay(self) -> float:
+        """Seconds until the elapsed times next tick over."""
+        return 1.0 - (self.clock() - self.started) % 1.0
+
+    def mark_dirty(self) -> None:
+        """Every rank must be drawn again (its earlier drawing is gone)."""
+        for entry in self.ranks.values():
+            entry.dirty = True
