@@ -45,7 +45,7 @@ def test_blocks_in_a_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     display = make_display(config(output="rank0", tail=5))
     assert isinstance(display, KernelDisplay)
     assert display.tail == 5
-    assert display._live == {0}
+    assert display.model.live == {0}
 
 
 @pytest.mark.parametrize(("output", "shown"), [("all", None), ("rank0", {0}), ("none", set())])
