@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import socket
-import time
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from nbddp.rank.channel import TAIL_INTERVAL, Channel
+from nbddp.rank import channel as channel_module
+from nbddp.rank.channel import Channel
 from nbddp.wire.protocol import FrameReader
 
 
@@ -45,18 +46,27 @@ def test_first_row_goes_at_once_then_rows_are_held_and_flushed(
     assert receive(peer, 1) == [("metrics", [{"step": s} for s in range(1, 100)])]
 
 
-def test_rows_logged_again_later_are_flushed_again(
-    pair: tuple[Channel, socket.socket],
+def test_a_flusher_that_ended_is_started_again_by_the_next_rows(
+    pair: tuple[Channel, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The flusher ends after one idle wakeup here (FLUSHER_IDLE), so each burst
+    # finds none: its first row goes at once and starts a new flusher, which
+    # must send the second (held) row.
+    monkeypatch.setattr(channel_module, "FLUSHER_IDLE", 1)
     channel, peer = pair
+    ended: list[threading.Thread] = []
     for burst in range(3):
         channel.send_row({"burst": burst, "i": 0})
         channel.send_row({"burst": burst, "i": 1})
+        flusher = channel._flusher
+        assert flusher is not None and flusher not in ended
         rows = [row for _, batch in receive(peer, 1) for row in batch]
         while len(rows) < 2:
             rows += [row for _, batch in receive(peer, 1) for row in batch]
         assert rows == [{"burst": burst, "i": 0}, {"burst": burst, "i": 1}]
-        time.sleep(TAIL_INTERVAL)  # the flusher disarms before the next burst
+        flusher.join(timeout=5.0)  # idle now: it unregisters and ends
+        assert not flusher.is_alive() and channel._flusher is None
+        ended.append(flusher)
 
 
 def test_send_goes_after_what_is_held(pair: tuple[Channel, socket.socket]) -> None:

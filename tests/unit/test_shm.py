@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -79,19 +80,18 @@ def test_array_descriptors_close_with_the_payload() -> None:
 
     payload = Payload.serialize(lambda a: float(a.sum()), (np.ones(1 << 18),), {})
     (fd,) = payload.fds
-    os.fstat(fd)  # open while the payload lives
+    made = os.fstat(fd)  # open while the payload lives
     call = load_call(payload.data, [os.dup(fd)])
     assert call.fn(*call.args) == float(1 << 18)
-    del payload
-    import gc
-
+    del payload, call
     gc.collect()
+    # The number may already name another file opened since (by another thread):
+    # only the same memfd still open there means it outlived its payload.
     try:
-        os.fstat(fd)
+        now = os.fstat(fd)
     except OSError:
-        pass
-    else:
-        raise AssertionError("the memfd outlived its payload")
+        return
+    assert (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino), "the memfd outlived its payload"
 
 
 class _LoadedWhenUnpickled:
