@@ -52,10 +52,11 @@ from nbddp.launcher.events import (
     StateChanged,
 )
 from nbddp.launcher.failures import root_cause
+from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import run_base_dir
 from nbddp.launcher.ports import choose_port, listen
 from nbddp.launcher.relay import RankPipes, Relay
-from nbddp.launcher.starters import PARENT_FDS, Child, ChildFds, Starter, starter
+from nbddp.launcher.starters import Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo, Placement, RunOrder
@@ -175,14 +176,14 @@ class Job:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        PARENT_FDS.update((ours.fileno(), out_r, err_r))
+        NOTEBOOK_FDS.keep(ours.fileno(), out_r, err_r)
         try:
             child: Child = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
         finally:
             theirs.close()
             os.close(out_w)
             os.close(err_w)
-        PARENT_FDS.add(child.status_fd)
+        NOTEBOOK_FDS.keep(child.status_fd)
         record.pid = child.pid
         self._pipes[record.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
         return ours

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
-from nbddp.launcher.starters import PARENT_FDS, STATUS
+from nbddp.launcher.starters import STATUS
 from nbddp.wire.protocol import FrameReader
 
 READ_SIZE = 1 << 16
@@ -155,8 +156,7 @@ class Relay:
 
     def attach(self, rank: int, pipes: RankPipes) -> None:
         """Start relaying ``rank`` (any thread). The relay now owns ``pipes``."""
-        for fd in pipes.fds():
-            PARENT_FDS.add(fd)
+        NOTEBOOK_FDS.keep(*pipes.fds())
         self.loop.call(self._attach, rank, pipes)
 
     def force_close(self, rank: int) -> None:
@@ -303,7 +303,7 @@ class Relay:
         streams.idle.discard(fd)
         streams.watched.discard(fd)
         self.loop.loop.remove_reader(fd)
-        PARENT_FDS.discard(fd)
+        NOTEBOOK_FDS.release(fd)
         if fd == streams.ctrl_fd:
             streams.pipes.ctrl.close()
             self.sink.on_link_closed(rank)

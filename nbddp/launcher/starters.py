@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.rank import worker
 
 if TYPE_CHECKING:
@@ -40,12 +41,6 @@ REQUEST = struct.Struct("!cqd")
 """A request to the forkserver: kind (``b"F"``: fork a rank; it carries four fds),
 how many idle workers to keep afterwards, and after how many idle seconds they end."""
 FORKSERVER_REPLY_TIMEOUT = 120.0
-
-PARENT_FDS: set[int] = set()
-"""File descriptors the notebook keeps for itself (relay ends, forkserver link).
-
-A forked child must close them: a rank that held another rank's pipe, or
-its own link's notebook end, would keep those from ever reaching EOF."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +151,10 @@ class ForkStarter:
 
     def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
         status_r, status_w = os.pipe()
-        pid = os.fork()
+        with NOTEBOOK_FDS.frozen() as kept:
+            pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            run_forked_worker(fds, {*PARENT_FDS, status_r, status_w})
+            run_forked_worker(fds, {*kept, status_r, status_w})
 
         def reap() -> None:
             _, status = os.waitpid(pid, 0)
@@ -237,7 +233,7 @@ class ForkserverStarter:
                 start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
             )
         self._sock = ours
-        PARENT_FDS.add(ours.fileno())
+        NOTEBOOK_FDS.keep(ours.fileno())
         return ours
 
     def fork(self, fds: ChildFds, pool: PoolRequest) -> Child:
@@ -281,7 +277,7 @@ class ForkserverStarter:
 
     def _close_locked(self) -> None:
         if self._sock is not None:
-            PARENT_FDS.discard(self._sock.fileno())
+            NOTEBOOK_FDS.release(self._sock.fileno())
             self._sock.close()
             self._sock = None
         if self._proc is not None:
