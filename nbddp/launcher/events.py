@@ -34,6 +34,10 @@ class RankState(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        # Shown as the plain string it stands for (``{0: 'done'}``), as before it was an enum.
+        return repr(self.value)
+
     @property
     def ended(self) -> bool:
         """True once the rank will not change state again."""
@@ -59,6 +63,10 @@ class RunStatus(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __repr__(self) -> str:
+        # Shown as the plain string it stands for (``{0: 'done'}``), as before it was an enum.
+        return repr(self.value)
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,11 @@ def test_the_panel_summary_has_the_headline_notes_and_the_ranks_traceback(
     )
     assert detail == f"--- traceback from rank 1 ---\n{TB.strip()}"
     assert failures.summary(nbddp.LaunchTimeout("late"), None) == ("LaunchTimeout: late", "")
+
+
+def test_states_print_as_the_plain_strings_users_saw() -> None:
+    from nbddp.launcher.events import RankState, RunStatus
+
+    assert repr({0: RankState.STOPPED, 1: RankState.DONE}) == "{0: 'stopped', 1: 'done'}"
+    assert f"{RunStatus.TIMEOUT}" == str(RunStatus.TIMEOUT) == "timeout"
+    assert RankState.DONE == "done" and RankState("failed") is RankState.FAILED
