@@ -106,3 +106,18 @@ def test_notices_pass_straight_through() -> None:
     feed, sink, _ = make()
     feed.notice("2 CPU processes")
     assert sink.notices == ["2 CPU processes"]
+
+
+def test_output_held_back_by_the_rate_limit_is_drawn_when_it_allows() -> None:
+    # While ranks run, a refresh with nothing new waits for the elapsed seconds to
+    # tick over; new output must not wait that long, only for the rate limit.
+    feed, sink, clock = make()
+    feed.state(0, "running")
+    feed.refresh()  # draws
+    clock.now += 0.05
+    feed.output(0, "stdout", "late line\n")
+    wait = feed.refresh()  # held back: drawn 0.05 s ago
+    assert wait is not None and wait <= 0.25
+    clock.now += wait
+    feed.refresh()
+    assert sink.ranks[-1][0].lines == ("late line",)

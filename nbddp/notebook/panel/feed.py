@@ -102,9 +102,11 @@ class PanelFeed:
         if limiter.ready() and (model.chart_dirty or model.stale(model.clock())):
             limiter.fire()
             self._draw()
+        if model.changed() or model.chart_dirty:
+            return limiter.delay()  # something new waits only for the rate limit
         if model.running():
             return max(limiter.delay(), model.tick_delay())
-        return limiter.delay() if model.changed() or model.chart_dirty else None
+        return None
 
     def close(self) -> None:
         """Draw the final state (the run's output is complete)."""
