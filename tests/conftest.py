@@ -2,19 +2,27 @@
 
 ``NBDDP_TEST_SESSION`` is set before nbddp is imported, so the forkserver, the
 workers and any kernel a test starts all carry it (see ``tests/procs.py``).
+So is ``NBDDP_LOG_DIR``: the session's run logs go to a directory of its own,
+never the user's, removed when the session ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 os.environ.setdefault("NBDDP_TEST_SESSION", uuid.uuid4().hex)
+# Always ours (never setdefault): the user's own NBDDP_LOG_DIR is removed by no test.
+os.environ["NBDDP_LOG_DIR"] = tempfile.mkdtemp(prefix="nbddp-test-logs-")
 
 from tests.procs import POOL_CAP, ours, stray_idle, wait_gone
+
+LOG_DIR = os.environ["NBDDP_LOG_DIR"]
 
 
 @pytest.fixture
@@ -30,6 +38,10 @@ def no_leftovers() -> Iterator[None]:
     for proc in survivors:
         proc.kill()
     assert not survivors, f"worker processes left behind: {[p.pid for p in survivors]}"
+
+
+def pytest_unconfigure() -> None:
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

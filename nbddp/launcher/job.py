@@ -27,12 +27,10 @@ import queue
 import signal
 import socket
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from threading import Event
 from typing import Any
 
@@ -53,7 +51,7 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.fds import NOTEBOOK_FDS
-from nbddp.launcher.logs import run_base_dir
+from nbddp.launcher.logs import new_run_dir
 from nbddp.launcher.ports import choose_port, listen
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import Child, ChildFds, Starter, starter
@@ -103,7 +101,8 @@ class Job:
         self.config = config
         self.payload = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self.log_dir = Path(tempfile.mkdtemp(prefix=f"run-{self.run_id}-", dir=run_base_dir()))
+        self._run_dir = new_run_dir(self.run_id)  # locked until the run ends; old runs pruned
+        self.log_dir = self._run_dir.path
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.port: int | None = None
         self._ranks = [_RankRecord(r) for r in range(config.world_size)]
@@ -317,6 +316,7 @@ class Job:
         if all(r.closed for r in self._ranks):
             self._ended_at = time.monotonic()
             self._store = None  # shuts the store's server down
+            self._run_dir.release()  # its logs are complete: prunable from now on
             # The end first: a reader that takes ``Done`` at once may ask for
             # ``status``, which reads it.
             self._done.set()

@@ -1,26 +1,224 @@
-"""Where a run's logs go: one directory per run, one ``rank{N}.log`` per rank.
+"""Where a run's logs go, one directory per run, and how many old runs are kept.
 
-Contract: ``run_base_dir()`` is a per-user directory under the temp dir,
-mode 0700, or a fresh private one when that is not ours or is open to
-others; ``rank_log(log_dir, rank)`` is the one place that names a rank's
+Contract: ``new_run_dir(run_id)`` makes a run's private directory (mode
+0700) ``run-<run_id>-<random>`` in the base directory, holds an exclusive
+``flock`` on it for as long as the run goes (``RunDir.release()`` when it
+has ended; closing the process releases it too), then prunes the base
+directory. ``rank_log(log_dir, rank)`` is the one place that names a rank's
 log file.
+
+The base directory is ``NBDDP_LOG_DIR`` when set (made, mode 0700, when
+missing; it must be a directory owned by this user), else
+``$TMPDIR/nbddp-<uid>/`` (mode 0700; when that is someone else's or open to
+others, a fresh private directory for this process instead).
+
+Pruning keeps the newest runs within ``NBDDP_LOG_KEEP`` runs (default 50,
+the new one included) and ``NBDDP_LOG_MAX_MB`` megabytes (default 500) in
+all, removing the oldest (by their last write) first. It never removes a
+run that is still going, in this process or another: one whose directory
+lock is held, or (for a run whose process has not taken its lock yet, or
+an nbddp without locks) one that was written to in the last ``RECENT``
+seconds; those count towards the bound, so it can be exceeded while they
+last. Only ``run-*`` directories in the base directory are touched, never
+symlinks or other files. The settings are read, and checked, each time a
+run starts: a bad value raises ``ConfigError`` saying what to set. Pruning
+itself never fails a run: what cannot be removed is left.
 """
 
 from __future__ import annotations
 
+import fcntl
+import math
 import os
+import shutil
 import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
+
+from nbddp.errors import ConfigError
+from nbddp.launcher.fds import NOTEBOOK_FDS
+
+DEFAULT_KEEP = 50
+DEFAULT_MAX_MB = 500
+RECENT = 60.0  # seconds: a run written to this recently may still be going
+RUN_PREFIX = "run-"
+_MB = 1 << 20
+
+_fallback: dict[Path, Path] = {}  # our private base instead of one we must not use
 
 
-def run_base_dir() -> Path:
-    """Where run directories go: a per-user directory under the temp dir, mode 0700."""
+@dataclass(frozen=True)
+class LogSettings:
+    """Where run directories go and how many are kept (see module contract)."""
+
+    base: Path | None
+    """``NBDDP_LOG_DIR``; None: ``$TMPDIR/nbddp-<uid>``."""
+    keep: int
+    """``NBDDP_LOG_KEEP``: the most run directories kept, the new one included."""
+    max_bytes: int
+    """``NBDDP_LOG_MAX_MB`` in bytes: the most all run directories hold together."""
+
+
+def log_settings(environ: Mapping[str, str] | None = None) -> LogSettings:
+    """The log settings of ``environ`` (default ``os.environ``); ConfigError when bad."""
+    env = os.environ if environ is None else environ
+    where = env.get("NBDDP_LOG_DIR", "").strip()
+    keep = _setting(env, "NBDDP_LOG_KEEP", DEFAULT_KEEP, "a whole number of runs >= 1")
+    max_mb = _setting(env, "NBDDP_LOG_MAX_MB", DEFAULT_MAX_MB, "a number of megabytes > 0")
+    if keep != int(keep) or keep < 1:
+        _bad("NBDDP_LOG_KEEP", env, "a whole number of runs >= 1", DEFAULT_KEEP)
+    if not max_mb > 0:
+        _bad("NBDDP_LOG_MAX_MB", env, "a number of megabytes > 0", DEFAULT_MAX_MB)
+    base = Path(where).expanduser().absolute() if where else None
+    return LogSettings(base, int(keep), int(max_mb * _MB))
+
+
+def _setting(env: Mapping[str, str], name: str, default: int, what: str) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        _bad(name, env, what, default)
+    if not math.isfinite(value):
+        _bad(name, env, what, default)
+    return value
+
+
+def _bad(name: str, env: Mapping[str, str], what: str, default: int) -> NoReturn:
+    raise ConfigError(
+        f"{name}={env[name]!r} is not {what}; set {name}={default} (the default) "
+        "or another such value, or unset it"
+    )
+
+
+def run_base_dir(settings: LogSettings | None = None) -> Path:
+    """Where run directories go (see module contract), made if missing."""
+    settings = log_settings() if settings is None else settings
+    if settings.base is not None:
+        return _chosen_dir(settings.base)
     base = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
     base.mkdir(mode=0o700, exist_ok=True)
-    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
+    info = base.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
         # Someone else made it, or it is open to others: do not write logs there.
-        base = Path(tempfile.mkdtemp(prefix="nbddp-"))
+        # One private directory for this process, so its runs are pruned together.
+        if base not in _fallback:
+            _fallback[base] = Path(tempfile.mkdtemp(prefix="nbddp-"))
+        base = _fallback[base]
     return base
+
+
+def _chosen_dir(base: Path) -> Path:
+    fix = "set NBDDP_LOG_DIR to a directory of yours, or unset it for $TMPDIR/nbddp-<uid>"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not a directory; {fix}") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"NBDDP_LOG_DIR='{base}' cannot be made ({exc.strerror}); {fix}"
+        ) from None
+    if not base.is_dir():
+        raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not a directory; {fix}")
+    if base.stat().st_uid != os.getuid():
+        raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not yours; {fix}")
+    return base
+
+
+class RunDir:
+    """A run's log directory, locked while the run goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        # A rank forked from the notebook must not hold the lock on after the run.
+        NOTEBOOK_FDS.keep(self._fd)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh directory: never held
+
+    def release(self) -> None:
+        """The run has ended: its directory may be pruned from now on."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            NOTEBOOK_FDS.release(fd)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # A run that never ended (its start failed) releases its lock with the job.
+        try:
+            self.release()
+        except Exception:  # at interpreter exit, module globals may already be gone
+            pass
+
+
+def new_run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> RunDir:
+    """Make and lock a new run's directory, then prune old ones (see module contract)."""
+    settings = log_settings(environ)
+    base = run_base_dir(settings)
+    run = RunDir(Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{run_id}-", dir=base)))
+    prune(base, settings.keep, settings.max_bytes)
+    return run
+
+
+def prune(base: Path, keep: int, max_bytes: int, now: float | None = None) -> list[Path]:
+    """Remove the oldest run directories of ``base`` beyond ``keep`` runs and
+    ``max_bytes`` in all, skipping those still going; return what was removed."""
+    now = time.time() if now is None else now
+    runs = sorted(_survey(base), key=lambda run: run[1])  # oldest first
+    count, total = len(runs), sum(size for _, _, size in runs)
+    removed = []
+    for path, last_write, size in runs:
+        if count <= keep and total <= max_bytes:
+            break
+        if last_write > now - RECENT or not _remove_unless_locked(path):
+            continue
+        removed.append(path)
+        count, total = count - 1, total - size
+    return removed
+
+
+def _survey(base: Path) -> list[tuple[Path, float, int]]:
+    """Each run directory of ``base``: (path, time of its last write, bytes it holds)."""
+    runs = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(RUN_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            last_write, size = entry.stat(follow_symlinks=False).st_mtime, 0
+            for root, _, files in os.walk(entry.path):
+                for name in files:
+                    info = os.lstat(os.path.join(root, name))
+                    last_write, size = max(last_write, info.st_mtime), size + info.st_size
+        except OSError:
+            continue  # removed meanwhile, or not ours to read: leave it
+        runs.append((Path(entry.path), last_write, size))
+    return runs
+
+
+def _remove_unless_locked(path: Path) -> bool:
+    """Remove ``path`` unless a run holds its lock; True when it was removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a run is still going there
+        # Holding its lock while removing: a second pruner skips it.
+        shutil.rmtree(path, ignore_errors=True)
+        return not path.exists()
+    finally:
+        os.close(fd)
 
 
 def rank_log(log_dir: Path, rank: int) -> Path:

@@ -200,6 +200,7 @@ class ForkserverStarter:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._asked = False  # whether this forkserver was ever sent a request
 
     @property
     def pid(self) -> int | None:
@@ -233,6 +234,7 @@ class ForkserverStarter:
                 start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
             )
         self._sock = ours
+        self._asked = False
         NOTEBOOK_FDS.keep(ours.fileno())
         return ours
 
@@ -243,6 +245,7 @@ class ForkserverStarter:
                 request = REQUEST.pack(b"F", pool.size, pool.idle)
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
+                self._asked = True
                 try:
                     socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
                 except OSError:
@@ -281,8 +284,13 @@ class ForkserverStarter:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
+            if not self._asked:
+                # Never asked, it has forked nothing, and it may still be seconds
+                # into its torch import, before it reads the closed link: waiting
+                # for that made a script that never launched take seconds to exit.
+                self._proc.kill()
             try:
-                self._proc.wait(timeout=5)
+                self._proc.wait(timeout=5)  # it ends its idle workers, waits for its ranks
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
