@@ -33,6 +33,7 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.run import Run
+from nbddp.launcher.spelling import Spelling
 from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
@@ -41,6 +42,13 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+NOTEBOOK_LAUNCHER = Spelling(
+    names={"gpus": "num_processes", "procs": "num_processes", "port": "use_port"}
+)
+"""accelerate's names: ``num_processes`` is the GPU count, or CPU processes without GPUs."""
+SPAWN = Spelling(names={"procs": "nprocs"})
+"""torch.multiprocessing.spawn's names."""
 
 
 def kernel_shell() -> Any:
@@ -240,6 +248,7 @@ def notebook_launcher(
         master_addr=master_addr,
         port=use_port,
         port_fallback=True,
+        spelling=NOTEBOOK_LAUNCHER,
     )
     return start_run(config, function, tuple(args), {}).wait().values.get(0)
 
@@ -268,6 +277,7 @@ def spawn(
         # torch's signature takes any string; build checks it is a choice.
         start_method=cast(StartMethod, start_method or "forkserver"),
         host_store=False,
+        spelling=SPAWN,
     )
     run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:

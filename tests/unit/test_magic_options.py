@@ -164,6 +164,6 @@ def test_a_bad_session_default_keeps_the_previous_config() -> None:
     session = CellRunner()
     session.configure({"procs": 2})
     kept = session.defaults_config
-    with pytest.raises(ConfigError, match="unknown output 'some'"):
+    with pytest.raises(ConfigError, match="unknown --output 'some'"):
         session.configure({"output": "some"})  # type: ignore[typeddict-item]
     assert session.defaults_config is kept and session.defaults == {"procs": 2}
