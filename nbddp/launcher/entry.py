@@ -1,11 +1,12 @@
 """The launch entry points: ``launch``, ``Launcher``, ``notebook_launcher``, ``spawn``.
 
 Contract: each validates its options (``LaunchConfig``, from the options
-``options.LaunchOptions`` defines) and serialises the
-call (``Payload``) before any process starts, then starts a ``Job`` and
-either waits for it (showing output live, returning rank 0's value,
-raising a failing rank's error) or, with ``block=False``, returns the
-``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
+``options.LaunchOptions`` defines), checks the call against the function's
+signature (``signature.check_call``: a keyword argument meant as a launch
+option is named) and serialises the call (``Payload``) before any process
+starts, then starts a ``Job`` and either waits for it (showing output
+live, returning rank 0's value, raising a failing rank's error) or, with
+``block=False``, returns the ``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
 signatures of accelerate's and torch.multiprocessing's functions so that
 changing the import is the whole migration.
 """
@@ -33,6 +34,7 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.run import Run
+from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import Spelling
 from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
@@ -99,7 +101,11 @@ def start_with_display(
     kwargs: dict[str, Any],
     display: Display | None,
 ) -> Run:
-    """``start_run`` with a display of the caller's (the panel's widgets)."""
+    """``start_run`` with a display of the caller's (the panel's widgets).
+
+    First the call is checked against ``fn``'s signature (``check_call``), so a
+    call that cannot bind fails here, not as a traceback from every rank."""
+    check_call(fn, args, kwargs, config.spelling)
     payload = Payload.serialize(fn, args, kwargs)
     if display is not None:
         for notice in config.notices:

@@ -114,12 +114,13 @@ class Spelling:
             return f"{self.name('env')}[{key!r}]"
         return f"{self.name('env')} {key}={value}"
 
-    def suggest(self, option: str, value: object) -> str:
-        """A launch option offered instead of a mistaken keyword: ``the launch option
-        procs=2``, or ``the panel's Processes field``."""
+    def suggest(self, options: tuple[str, ...], value: object) -> str:
+        """Launch options offered instead of a mistaken keyword given ``value``: ``the
+        launch option procs=2``, ``the launch option gpus=2 or procs=2``, ``the panel's
+        Processes field``."""
         if self.style == "field":
-            return f"the panel's {self.name(option)} field"
-        return f"the launch option {self.given(option, value)}"
+            return " or ".join(f"the panel's {self.name(option)} field" for option in options)
+        return "the launch option " + " or ".join(self.given(o, value) for o in options)
 
     @property
     def cpu_over_gpus(self) -> bool:
