@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from nbddp.errors import ConfigError
@@ -37,6 +37,8 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.launcher.reserved import check_env
+from nbddp.launcher.spelling import KEYWORDS, Spelling
 from nbddp.wire.protocol import DeviceKind
 
 if TYPE_CHECKING:
@@ -99,6 +101,9 @@ class LaunchConfig:
     """``NBDDP_POOL_IDLE``: seconds without a launch before idle workers end."""
     notices: tuple[str, ...] = ()
     """One-line notices for the user about defaults that were chosen."""
+    spelling: Spelling = field(default=KEYWORDS, compare=False)
+    """How the entry point that built this config spells the options (its messages'
+    words, also for the checks made after ``build``)."""
 
     @classmethod
     def build(
@@ -111,6 +116,7 @@ class LaunchConfig:
         port_fallback: bool = False,
         failure_grace: float = 1.0,
         kill_grace: float = 3.0,
+        spelling: Spelling = KEYWORDS,
         **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
         """Validate launch ``options`` and resolve defaults (see module contract).
@@ -120,20 +126,27 @@ class LaunchConfig:
         ``DEFAULT_CPU_PROCS`` CPU processes and a notice. ``inherit_devices``
         (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has
         it instead of hiding the GPUs. ``environ`` (default ``os.environ``,
-        under ``env``) gives the pool settings.
+        under ``env``) gives the pool settings. ``spelling``: how the caller spells
+        the options; every message names them so. ``env`` may not set a variable
+        that nbddp sets itself (``rank_env``), except those users may tune.
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(
                 f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"
             )
-        values = _Values.check({**DEFAULTS, **options})
-        place = _place(values, visible if visible is not None else visible_gpus(), inherit_devices)
+        spell = spelling
+        values = _Values.check({**DEFAULTS, **options}, spell)
+        vis = visible if visible is not None else visible_gpus()
+        place = _place(values, vis, inherit_devices, spell)
         backend: Backend = values.backend or ("nccl" if place.device == "cuda" else "gloo")
         if backend == "nccl" and place.device == "cpu":
-            raise ConfigError("backend 'nccl' needs GPUs; use gpus=N, or backend='gloo' on CPU")
+            raise ConfigError(
+                f"backend 'nccl' needs GPUs; use {spell.hole('gpus', 'N')}, "
+                f"or {spell.given('backend', 'gloo')} on CPU"
+            )
         pool_max, pool_idle = _pool({**(os.environ if environ is None else environ), **values.env})
-        return cls(
+        config = cls(
             world_size=place.world_size,
             device=place.device,
             gpu_tokens=place.tokens,
@@ -154,7 +167,11 @@ class LaunchConfig:
             pool_max=pool_max,
             pool_idle=pool_idle,
             notices=place.notices,
+            spelling=spell,
         )
+        # What nbddp sets depends on the resolved launch (devices, store): ask rank_env.
+        check_env(config.env, set(replace(config, env={}).rank_env(0, 1)), spell)
+        return config
 
     def rank_env(self, rank: int, port: int) -> dict[str, str]:
         """The torch.distributed environment of ``rank`` (single node: local == global)."""
@@ -226,31 +243,31 @@ class _Values:
     tail: int
 
     @classmethod
-    def check(cls, options: LaunchOptions) -> _Values:
+    def check(cls, options: LaunchOptions, spell: Spelling) -> _Values:
         """Raise ``ConfigError`` for the first option whose value is wrong in itself."""
         procs, backend = options["procs"], options["backend"]
         return cls(
-            gpus=_gpu_request(options["gpus"]),
-            procs=None if procs is None else _positive_int("procs", procs),
-            start_method=_choice("start_method", options["start_method"]),
-            port=_port(options["port"]),
-            master_addr=_master_addr(options["master_addr"]),
-            timeout=_positive_float("timeout", options["timeout"]),
-            env=_env(options["env"]),
-            mixed_precision=_choice("mixed_precision", _lower(options["mixed_precision"])),
-            backend=None if backend is None else _choice("backend", backend),
+            gpus=_gpu_request(options["gpus"], spell),
+            procs=None if procs is None else _positive_int(spell.name("procs"), procs),
+            start_method=_choice("start_method", options["start_method"], spell),
+            port=_port(options["port"], spell),
+            master_addr=_master_addr(options["master_addr"], spell),
+            timeout=_positive_float("timeout", options["timeout"], spell),
+            env=_env(options["env"], spell),
+            mixed_precision=_choice("mixed_precision", _lower(options["mixed_precision"]), spell),
+            backend=None if backend is None else _choice("backend", backend, spell),
             init_process_group=bool(options["init_process_group"]),
-            output=_choice("output", options["output"]),
-            tail=_tail(options["tail"]),
+            output=_choice("output", options["output"], spell),
+            tail=_tail(options["tail"], spell),
         )
 
 
-def check_option(name: str, value: object) -> None:
+def check_option(name: str, value: object, spelling: Spelling = KEYWORDS) -> None:
     """Raise ``ConfigError`` if ``value`` is wrong for option ``name`` in itself (whatever
     the other options are); ``build`` may still refuse a combination."""
     if name not in OPTIONS:
         raise ValueError(f"no launch option is named {name!r}")
-    _Values.check(cast(LaunchOptions, {**DEFAULTS, name: value}))
+    _Values.check(cast(LaunchOptions, {**DEFAULTS, name: value}), spelling)
 
 
 @dataclass(frozen=True)
@@ -263,60 +280,59 @@ class _Placement:
     notices: tuple[str, ...] = ()
 
 
-def _place(values: _Values, vis: VisibleGpus, inherit_devices: bool) -> _Placement:
+def _place(values: _Values, vis: VisibleGpus, inherit_devices: bool, spell: Spelling) -> _Placement:
     if values.gpus is not None and values.procs is not None:
         raise ConfigError(
-            "give either gpus= (one process per GPU) or procs= (CPU processes), not both"
+            f"give either {spell.hole('gpus', 'N')} (one process per GPU) or "
+            f"{spell.hole('procs', 'N')} (CPU processes), not both"
         )
     if values.procs is not None:
         return _Placement(values.procs, "inherit" if inherit_devices else "cpu")
     if values.gpus is not None:
-        tokens = _select_gpus(values.gpus, vis)
+        tokens = _select_gpus(values.gpus, vis, spell)
         return _Placement(len(tokens), "cuda", tokens)
     if len(vis) > 0:
         return _Placement(len(vis.tokens), "cuda", vis.tokens)
     notice = (
         f"no GPU visible: running {DEFAULT_CPU_PROCS} CPU processes (gloo); "
-        "pass procs=N to choose how many"
+        f"pass {spell.hole('procs', 'N')} to choose how many"
     )
     return _Placement(DEFAULT_CPU_PROCS, "cpu", notices=(notice,))
 
 
-def _gpu_request(gpus: object) -> int | tuple[int, ...] | None:
+def _gpu_request(gpus: object, spell: Spelling) -> int | tuple[int, ...] | None:
     """A GPU count, or GPU ids (notebook ordinals), as far as they can be checked alone."""
+    name = spell.name("gpus")
     if gpus is None:
         return None
     if isinstance(gpus, str):
         raise ConfigError(
-            "gpus must be a count or a list of GPU ids such as gpus=[0, 1], "
-            f"got the string {gpus!r}"
+            f"{name} must be a count or a list of GPU ids such as "
+            f"{spell.given('gpus', [0, 1])}, got the string {gpus!r}"
         )
     if isinstance(gpus, int) and not isinstance(gpus, bool):
-        return _positive_int("gpus", gpus)
+        return _positive_int(name, gpus)
     if not isinstance(gpus, Iterable):
-        raise ConfigError(f"gpus must be a count or a list of GPU ids, got {gpus!r}")
+        raise ConfigError(f"{name} must be a count or a list of GPU ids, got {gpus!r}")
     ids = list(gpus)
     if not ids:
-        raise ConfigError("gpus=[] selects no GPU; give at least one id, or use procs=N for CPU")
+        raise ConfigError(
+            f"{spell.given('gpus', [])} selects no GPU; give at least one id, "
+            f"or use {spell.hole('procs', 'N')} for CPU"
+        )
     for gid in ids:
         if isinstance(gid, bool) or not isinstance(gid, int) or gid < 0:
             raise ConfigError(f"GPU ids must be non-negative whole numbers, got {gid!r}")
     if len(set(ids)) != len(ids):
-        raise ConfigError(f"gpus lists a GPU twice: {ids}")
+        raise ConfigError(f"{name} lists a GPU twice: {ids}")
     return tuple(ids)
 
 
-def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus) -> tuple[str, ...]:
+def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus, spell: Spelling) -> tuple[str, ...]:
     """The ``CUDA_VISIBLE_DEVICES`` tokens of a checked GPU request, if they are visible."""
     if isinstance(gpus, int):
         if gpus > len(vis):
-            raise ConfigError(
-                f"gpus={gpus} asked for {gpus} GPUs but {vis.describe()}; "
-                f"use gpus={len(vis)}, or procs={gpus} to run on CPU"
-                if len(vis)
-                else f"gpus={gpus} asked for {gpus} GPUs but none is visible ({vis.source}); "
-                f"use procs={gpus} to run on CPU"
-            )
+            raise ConfigError(_too_many_gpus(gpus, vis, spell))
         return vis.tokens[:gpus]
     for gid in gpus:
         if gid >= len(vis):
@@ -324,12 +340,23 @@ def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus) -> tuple[str, ..
     return tuple(vis.tokens[i] for i in gpus)
 
 
-def _choice(name: str, value: S) -> S:
+def _too_many_gpus(gpus: int, vis: VisibleGpus, spell: Spelling) -> str:
+    asked = f"{spell.given('gpus', gpus)} asked for {gpus} GPUs"
+    on_cpu = f"{spell.given('procs', gpus)} to run on CPU"
+    if not len(vis):
+        return f"{asked} but none is visible ({vis.source}); use {on_cpu}"
+    fewer = f"{asked} but {vis.describe()}; use {spell.given('gpus', len(vis))}"
+    return f"{fewer}, or {on_cpu}" if spell.cpu_over_gpus else fewer
+
+
+def _choice(name: str, value: S, spell: Spelling) -> S:
     """``value`` if it is one of option ``name``'s choices (its ``Literal`` type), else
     ConfigError. Typed as the option's type; this checks it at run time."""
     allowed = OPTIONS[name].choices
     if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+        raise ConfigError(
+            f"unknown {spell.name(name)} {value!r}; choose one of {', '.join(allowed)}"
+        )
     return value
 
 
@@ -338,10 +365,13 @@ def _lower(value: S) -> S:
     return cast(S, value.lower()) if isinstance(value, str) else value
 
 
-def _tail(tail: object) -> int:
+def _tail(tail: object, spell: Spelling) -> int:
     if isinstance(tail, int) and not isinstance(tail, bool) and tail < 1:
-        raise ConfigError(f"tail={tail} shows nothing; use tail=1 or more (output='none' hides)")
-    return _positive_int("tail", tail)
+        raise ConfigError(
+            f"{spell.given('tail', tail)} shows nothing; use {spell.given('tail', 1)} or more "
+            f"({spell.given('output', 'none')} hides)"
+        )
+    return _positive_int(spell.name("tail"), tail)
 
 
 def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -365,44 +395,55 @@ def _pool(environ: Mapping[str, str]) -> tuple[int, float]:
     )
 
 
-def _master_addr(addr: object) -> str:
+def _master_addr(addr: object, spell: Spelling) -> str:
     if not isinstance(addr, str) or not addr.strip():
-        raise ConfigError(f"master_addr must be a host name or IP address, got {addr!r}")
+        raise ConfigError(
+            f"{spell.name('master_addr')} must be a host name or IP address, got {addr!r}"
+        )
     return addr.strip()
 
 
-def _port(port: object) -> int | None:
+def _port(port: object, spell: Spelling) -> int | None:
     if port is None:
         return None
     if isinstance(port, str) and port.strip().isdigit():
         port = int(port.strip())
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ConfigError(f"port must be a number from 1 to 65535 (or None for any), got {port!r}")
+        raise ConfigError(
+            f"{spell.name('port')} must be a number from 1 to 65535 "
+            f"(or {spell.unset('port')} for any), got {port!r}"
+        )
     return port
 
 
-def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+def _env(env: Mapping[str, str] | None, spell: Spelling) -> dict[str, str]:
     if env is None:
         return {}
+    name = spell.name("env")
     if not isinstance(env, Mapping):
-        raise ConfigError(f"env must be a dict of strings, got {type(env).__name__}")
+        raise ConfigError(f"{name} must be a dict of strings, got {type(env).__name__}")
     out: dict[str, str] = {}
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise ConfigError(f"env keys must be non-empty strings without '=', got {key!r}")
+            raise ConfigError(f"{name} keys must be non-empty strings without '=', got {key!r}")
         if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ConfigError(f"env[{key!r}] must be a string, got {type(value).__name__}")
+            raise ConfigError(
+                f"{spell.env_entry(key, '...')} must be a string, got {type(value).__name__}"
+            )
         out[key] = str(value)
     return out
 
 
-def _positive_float(name: str, value: object) -> float | None:
+def _positive_float(option: str, value: object, spell: Spelling) -> float | None:
     if value is None:
         return None
+    name = spell.name(option)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
     if value <= 0:
-        raise ConfigError(f"{name} must be positive (seconds), got {value}; use None for no limit")
+        raise ConfigError(
+            f"{name} must be positive (seconds), got {value}; {spell.unset(option)} for no limit"
+        )
     return float(value)
 
 

@@ -1,11 +1,12 @@
 """The launch entry points: ``launch``, ``Launcher``, ``notebook_launcher``, ``spawn``.
 
 Contract: each validates its options (``LaunchConfig``, from the options
-``options.LaunchOptions`` defines) and serialises the
-call (``Payload``) before any process starts, then starts a ``Job`` and
-either waits for it (showing output live, returning rank 0's value,
-raising a failing rank's error) or, with ``block=False``, returns the
-``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
+``options.LaunchOptions`` defines), checks the call against the function's
+signature (``signature.check_call``: a keyword argument meant as a launch
+option is named) and serialises the call (``Payload``) before any process
+starts, then starts a ``Job`` and either waits for it (showing output
+live, returning rank 0's value, raising a failing rank's error) or, with
+``block=False``, returns the ``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
 signatures of accelerate's and torch.multiprocessing's functions so that
 changing the import is the whole migration.
 """
@@ -33,6 +34,8 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.run import Run
+from nbddp.launcher.signature import check_call
+from nbddp.launcher.spelling import Spelling
 from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
@@ -41,6 +44,13 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+NOTEBOOK_LAUNCHER = Spelling(
+    names={"gpus": "num_processes", "procs": "num_processes", "port": "use_port"}
+)
+"""accelerate's names: ``num_processes`` is the GPU count, or CPU processes without GPUs."""
+SPAWN = Spelling(names={"procs": "nprocs"})
+"""torch.multiprocessing.spawn's names."""
 
 
 def kernel_shell() -> Any:
@@ -91,7 +101,11 @@ def start_with_display(
     kwargs: dict[str, Any],
     display: Display | None,
 ) -> Run:
-    """``start_run`` with a display of the caller's (the panel's widgets)."""
+    """``start_run`` with a display of the caller's (the panel's widgets).
+
+    First the call is checked against ``fn``'s signature (``check_call``), so a
+    call that cannot bind fails here, not as a traceback from every rank."""
+    check_call(fn, args, kwargs, config.spelling)
     payload = Payload.serialize(fn, args, kwargs)
     if display is not None:
         for notice in config.notices:
@@ -240,6 +254,7 @@ def notebook_launcher(
         master_addr=master_addr,
         port=use_port,
         port_fallback=True,
+        spelling=NOTEBOOK_LAUNCHER,
     )
     return start_run(config, function, tuple(args), {}).wait().values.get(0)
 
@@ -268,6 +283,7 @@ def spawn(
         # torch's signature takes any string; build checks it is a choice.
         start_method=cast(StartMethod, start_method or "forkserver"),
         host_store=False,
+        spelling=SPAWN,
     )
     run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:

@@ -27,7 +27,8 @@ from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
 from nbddp.errors import CellError, ConfigError
-from nbddp.launcher.options import LaunchOptions, Option, magic_options, merge_options
+from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options, merge_options
+from nbddp.launcher.spelling import close_options
 from nbddp.notebook.runner import CellRunner
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -125,10 +126,31 @@ def parse(magic: Callable[..., Any], line: str, name: str) -> argparse.Namespace
     try:
         args = _ma.parse_argstring(magic, line)  # type: ignore[no-untyped-call]
     except UsageError as exc:
-        raise UsageError(f"{name}: {exc} ({name}? lists the options)") from None
+        hint = _did_you_mean(str(exc))
+        raise UsageError(f"{name}: {exc}{hint} ({name}? lists the options)") from None
     except ValueError as exc:  # unbalanced quotes
         raise UsageError(f"{name}: cannot split the options: {exc}") from None
     return cast(argparse.Namespace, args)
+
+
+def _did_you_mean(error: str) -> str:
+    """``; did you mean --procs?`` for an unrecognized flag close to a launch option's
+    (``--nprocs``, ``--gpu``, torchrun's ``--nproc-per-node``), else nothing."""
+    _, found, unknown = error.partition("unrecognized arguments:")
+    if not found:
+        return ""
+    for word in unknown.split():
+        flag = word.partition("=")[0]
+        if not flag.startswith("-"):
+            continue
+        flags = [
+            OPTIONS[o].flag
+            for o in close_options(flag)
+            if OPTIONS[o].magic and OPTIONS[o].flag != flag
+        ]
+        if flags:
+            return f"; did you mean {' or '.join(flags)}?"
+    return ""
 
 
 @contextlib.contextmanager

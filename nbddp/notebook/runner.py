@@ -31,6 +31,7 @@ from nbddp.launcher.entry import start_run
 from nbddp.launcher.failures import describe_exit, rendered
 from nbddp.launcher.options import LaunchOptions, format_options, merge_options
 from nbddp.launcher.run import Run, latest_run
+from nbddp.launcher.spelling import FLAGS
 from nbddp.notebook.cell import CellProgram, CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
 
@@ -38,7 +39,7 @@ from nbddp.wire.payload import find_unpicklable, short_error
 def build_config(options: LaunchOptions, *, init: bool) -> LaunchConfig:
     """The validated launch config of ``options``; ``init``: the cell's process group."""
     with_init: LaunchOptions = {**options, "init_process_group": init}
-    return LaunchConfig.build(**with_init)
+    return LaunchConfig.build(spelling=FLAGS, **with_init)
 
 
 class CellRunner:

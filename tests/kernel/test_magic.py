@@ -162,7 +162,7 @@ def test_an_error_on_every_rank_is_shown_once(kernel: Kernel) -> None:
     ("line", "message"),
     [
         ("--bogus", "UsageError: %%ddp: unrecognized arguments: --bogus"),
-        ("--procs 0", "UsageError: procs must be at least 1, got 0"),
+        ("--procs 0", "UsageError: --procs must be at least 1, got 0"),
         ("--gpus 0,0", "UsageError: "),
     ],
 )
@@ -219,7 +219,7 @@ def test_ddp_config_sets_session_defaults(kernel: Kernel) -> None:
         assert used.result == "(1, 'on')"
         assert ok(kernel, "%%ddp --procs 2\nworld_size").result == "2"  # the cell's own wins
         bad = failed(kernel, "%ddp_config --procs 0")
-        assert bad.stderr == "UsageError: procs must be at least 1, got 0\n"
+        assert bad.stderr == "UsageError: --procs must be at least 1, got 0\n"
         ok(kernel, "%load_ext nbddp")  # a second load keeps the session
         assert "--procs 1" in ok(kernel, "%ddp_config").stdout
     finally:

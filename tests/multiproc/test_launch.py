@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 import nbddp
-from nbddp.errors import RemoteTraceback
+from nbddp.errors import PayloadError, RemoteTraceback
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import start_run
+from nbddp.launcher.job import Job
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
+from tests.procs import ours
 
 METHODS = ["forkserver", "spawn", "fork"]
 
@@ -258,3 +260,26 @@ def test_a_rank_that_returned_stays_until_every_rank_has(tmp_path: Path, method:
     result = run.wait()
     assert result.values == {0: 0, 1: 1}
     assert result.exit_codes == {0: 0, 1: 0}
+
+
+def test_a_keyword_meant_as_a_launch_option_starts_no_process(monkeypatch: Any) -> None:
+    starts: list[Job] = []
+    real_start = Job.start
+
+    def counted(job: Job) -> None:
+        starts.append(job)
+        real_start(job)
+
+    monkeypatch.setattr(Job, "start", counted)
+    before = {p.pid for p in ours(("worker",))}
+    with pytest.raises(PayloadError) as info:
+        nbddp.launch(fns.all_reduce_sum, 0.5, nprocs=2)
+    assert str(info.value) == (
+        "all_reduce_sum() got an unexpected keyword argument 'nprocs'; "
+        "did you mean the launch option procs=2?"
+    )
+    assert not starts
+    assert {p.pid for p in ours(("worker",))} <= before  # no rank was started
+    # The same call with the option spelt right runs (the count above can see a start).
+    assert nbddp.launch(fns.all_reduce_sum, 0.5, procs=2, output="none") == 2.0
+    assert len(starts) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
+from nbddp.launcher.entry import NOTEBOOK_LAUNCHER, SPAWN
+from nbddp.launcher.reserved import USER_MAY_SET
+from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling
 
 NO_GPU = VisibleGpus((), "0 in /proc/driver/nvidia/gpus")
 TWO_GPUS = VisibleGpus(("4", "5"), "CUDA_VISIBLE_DEVICES=4,5")
@@ -44,7 +48,7 @@ def test_gpu_ids_map_through_the_notebooks_visible_devices() -> None:
     assert cfg.rank_env(0, 1234)["CUDA_VISIBLE_DEVICES"] == "5"
 
 
-@pytest.mark.parametrize(
+BAD_INPUT = pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
         ({"procs": 0}, "procs must be at least 1"),
@@ -82,6 +86,9 @@ def test_gpu_ids_map_through_the_notebooks_visible_devices() -> None:
         ({"gpus": 1.5, "visible": TWO_GPUS}, "gpus must be a count or a list of GPU ids"),
     ],
 )
+
+
+@BAD_INPUT
 def test_bad_input_is_a_one_line_error_that_says_what_to_do(
     kwargs: dict[str, object], needle: str
 ) -> None:
@@ -142,3 +149,150 @@ def test_rank_threads_follow_env_then_the_notebook_then_the_cores(monkeypatch: A
     assert given.threads == 5 and given.rank_env(0, 1)["OMP_NUM_THREADS"] == "5"
     odd = LaunchConfig.build(procs=2, env={"OMP_NUM_THREADS": "4,2"})  # nested OpenMP levels
     assert odd.threads is None and odd.rank_env(0, 1)["OMP_NUM_THREADS"] == "4,2"
+
+
+# -- env cannot override what nbddp sets ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"MASTER_PORT": "1"},
+            "env['MASTER_PORT']: nbddp sets MASTER_PORT itself; use port=1 instead",
+        ),
+        (
+            {"MASTER_ADDR": "10.0.0.1"},
+            "env['MASTER_ADDR']: nbddp sets MASTER_ADDR itself; use master_addr='10.0.0.1' instead",
+        ),
+        ({"RANK": "5"}, "env['RANK']: RANK is per rank and set by nbddp"),
+        ({"LOCAL_RANK": "0"}, "env['LOCAL_RANK']: LOCAL_RANK is per rank and set by nbddp"),
+        ({"NODE_RANK": "0"}, "NODE_RANK is per rank and set by nbddp"),
+        ({"WORLD_SIZE": "4"}, "nbddp sets WORLD_SIZE itself from the number of ranks; use gpus=N"),
+        (
+            {"ACCELERATE_MIXED_PRECISION": "BF16"},
+            "nbddp sets ACCELERATE_MIXED_PRECISION itself; use mixed_precision='bf16' instead",
+        ),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "use procs=N to run on CPU instead"),
+        ({"CUDA_VISIBLE_DEVICES": "1"}, "use gpus=N instead"),
+        ({"TORCHELASTIC_RUN_ID": "x"}, "nbddp sets TORCHELASTIC_RUN_ID itself"),
+        ({"EXTRA": "1", "MASTER_PORT": "1"}, "env['MASTER_PORT']"),
+    ],
+)
+def test_env_cannot_set_what_nbddp_sets(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(procs=2, env=env)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_variable_nbddp_sets_is_refused_unless_users_may_tune_it() -> None:
+    launches: list[dict[str, object]] = [
+        {"procs": 2},
+        {"visible": TWO_GPUS},
+        {"procs": 2, "inherit_devices": True, "host_store": False},
+    ]
+    for kwargs in launches:
+        sets = set(build(**kwargs).rank_env(0, 1))
+        assert {"RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} <= sets
+        for key in sets - USER_MAY_SET:
+            with pytest.raises(ConfigError, match=re.escape(f"env[{key!r}]: ")):
+                build(**kwargs, env={key: "1"})
+
+
+def test_env_keeps_what_users_may_set() -> None:
+    env = {"OMP_NUM_THREADS": "3", "PYTHONUNBUFFERED": "0", "NCCL_DEBUG": "INFO", "EXTRA": "x"}
+    assert build(procs=2, env=env).rank_env(0, 1)["OMP_NUM_THREADS"] == "3"
+    # Ranks that see the notebook's devices (spawn()) choose their own: nbddp sets none.
+    inherit = build(procs=2, inherit_devices=True, env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert inherit.rank_env(0, 1)["CUDA_VISIBLE_DEVICES"] == "1"
+    # Without the notebook hosting the store, its variable is not nbddp's either.
+    store = build(procs=2, host_store=False, env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
+    assert store.rank_env(0, 1)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+
+
+def test_the_magics_and_the_panel_get_the_env_message_in_their_words() -> None:
+    with pytest.raises(ConfigError) as info:
+        build(procs=2, env={"MASTER_PORT": "1"}, spelling=FLAGS)
+    assert str(info.value) == (
+        "--env MASTER_PORT=1: nbddp sets MASTER_PORT itself; use --port 1 instead"
+    )
+    with pytest.raises(ConfigError) as info:
+        build(procs=2, env={"RANK": "5"}, spelling=FLAGS)
+    assert str(info.value).startswith("--env RANK=5: RANK is per rank and set by nbddp")
+    with pytest.raises(ConfigError) as info:
+        build(procs=2, env={"MASTER_PORT": "1"}, spelling=PANEL)
+    assert "nbddp sets MASTER_PORT itself; use Master port 1 instead" in str(info.value)
+
+
+# -- each entry point's messages name its own parameters ------------------------
+
+
+def messages(spelling: Spelling, **kwargs: object) -> str:
+    """The error of ``build``, or else its notices, as one text."""
+    try:
+        return " | ".join(build(spelling=spelling, **kwargs).notices)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def test_the_default_notice_names_the_callers_parameter() -> None:
+    assert "pass procs=N to choose how many" in messages(KEYWORDS)
+    assert "pass --procs N to choose how many" in messages(FLAGS)
+    assert "pass num_processes=N to choose how many" in messages(NOTEBOOK_LAUNCHER)
+
+
+def test_too_many_gpus_says_what_each_entry_point_takes() -> None:
+    assert messages(KEYWORDS, gpus=4, visible=TWO_GPUS).endswith(
+        "use gpus=2, or procs=4 to run on CPU"
+    )
+    flags = messages(FLAGS, gpus=4, visible=TWO_GPUS)
+    assert flags.startswith("--gpus 4 asked for 4 GPUs but")
+    assert flags.endswith("use --gpus 2, or --procs 4 to run on CPU")
+    # num_processes takes the GPUs whenever any is visible: no CPU alternative to offer.
+    accelerate = messages(NOTEBOOK_LAUNCHER, gpus=4, visible=TWO_GPUS)
+    assert accelerate.startswith("num_processes=4 asked for 4 GPUs but")
+    assert accelerate.endswith("use num_processes=2")
+    assert "procs" not in accelerate.replace("num_processes", "")
+    assert messages(FLAGS, gpus=1).endswith("use --procs 1 to run on CPU")
+
+
+@pytest.mark.parametrize(
+    ("spelling", "kwargs", "message"),
+    [
+        (SPAWN, {"procs": 0}, "nprocs must be at least 1, got 0"),
+        (NOTEBOOK_LAUNCHER, {"procs": 0}, "num_processes must be at least 1, got 0"),
+        (NOTEBOOK_LAUNCHER, {"port": "http"}, "use_port must be a number from 1 to 65535"),
+        (FLAGS, {"port": 70000}, "--port must be a number from 1 to 65535 (or leave out --port"),
+        (FLAGS, {"timeout": -1}, "--timeout must be positive (seconds), got -1; leave out"),
+        (FLAGS, {"gpus": 2, "procs": 2}, "give either --gpus N (one process per GPU) or --procs N"),
+        (FLAGS, {"gpus": [], "visible": TWO_GPUS}, "or use --procs N for CPU"),
+        (PANEL, {"port": 70000}, "Master port must be a number from 1 to 65535 (or leave"),
+        (PANEL, {"timeout": -1}, "leave Timeout (s) empty for no limit"),
+        (KEYWORDS, {"timeout": -1}, "timeout must be positive (seconds), got -1; use None"),
+    ],
+)
+def test_messages_use_the_callers_spelling(
+    spelling: Spelling, kwargs: dict[str, object], message: str
+) -> None:
+    assert message in messages(spelling, **kwargs)
+
+
+FLAGGED = "gpus|procs|port|timeout|start_method|master_addr|env|mixed_precision|output"
+
+
+@BAD_INPUT
+def test_no_magic_message_names_a_keyword_the_magics_spell_as_a_flag(
+    kwargs: dict[str, object], needle: str
+) -> None:
+    del needle  # the keyword spelling's; here only what it must not say matters
+    text = messages(FLAGS, **kwargs)
+    assert text and not re.search(rf"(?<![-\w/])({FLAGGED})\b(?!-)", text), text
+
+
+def test_the_panels_spelling_is_its_fields_labels() -> None:
+    from nbddp.notebook.panel.settings import PanelSettings
+    from nbddp.notebook.panel.view import PanelView
+
+    view = PanelView("t", PanelSettings.initial(0), "GPUs: none")
+    for name, label in PANEL.names.items():
+        assert view.fields[name].description == label, name

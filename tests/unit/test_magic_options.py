@@ -72,6 +72,50 @@ def test_bad_options_are_one_line_usage_errors(line: str, message: str) -> None:
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(
+    ("line", "hint"),
+    [
+        ("--nprocs 2", "unrecognized arguments: --nprocs 2; did you mean --procs?"),
+        ("--gpu 2", "; did you mean --gpus?"),
+        ("--nproc-per-node=2", "; did you mean --gpus or --procs?"),
+        ("--num_processes 2", "; did you mean --gpus or --procs?"),
+        (
+            "--procs 2 --master-port 5",
+            "unrecognized arguments: --master-port 5; did you mean --port?",
+        ),
+    ],
+)
+def test_a_flag_close_to_a_launch_option_is_suggested(line: str, hint: str) -> None:
+    for magic, name in ((DdpMagics.ddp, "%%ddp"), (DdpMagics.ddp_config, "%ddp_config")):
+        with pytest.raises(UsageError) as info:
+            parse(magic, line, name)
+        text = str(info.value)
+        assert text.startswith(f"{name}: ") and hint in text and "\n" not in text
+        assert text.endswith(f"({name}? lists the options)")
+
+
+def test_no_suggestion_when_nothing_is_close() -> None:
+    with pytest.raises(UsageError) as info:
+        parse(DdpMagics.ddp, "--bogus 1", "%%ddp")
+    assert "did you mean" not in str(info.value)
+    with pytest.raises(UsageError) as info:
+        parse(DdpMagics.ddp_config, "--out x", "%ddp_config")  # a cell's flag, not an option
+    assert "did you mean" not in str(info.value)
+
+
+def test_magic_launch_messages_use_flags() -> None:
+    runner = CellRunner()
+    with pytest.raises(ConfigError) as info:
+        runner.configure({"procs": 2, "env": {"MASTER_PORT": "1"}})
+    assert str(info.value) == (
+        "--env MASTER_PORT=1: nbddp sets MASTER_PORT itself; use --port 1 instead"
+    )
+    with pytest.raises(ConfigError, match="--env RANK=5: RANK is per rank and set by nbddp"):
+        runner.cell_config({"procs": 2, "env": {"RANK": "5"}}, init=True)
+    with pytest.raises(ConfigError, match=r"^--gpus 64 asked for 64 GPUs but"):
+        runner.cell_config({"gpus": 64}, init=True)
+
+
 def test_config_shares_the_launch_options_but_not_the_cell_ones() -> None:
     args = parse(DdpMagics.ddp_config, "--procs 2 --reset", "%ddp_config")
     assert launch_options(args) == {"procs": 2} and args.reset
@@ -164,6 +208,6 @@ def test_a_bad_session_default_keeps_the_previous_config() -> None:
     session = CellRunner()
     session.configure({"procs": 2})
     kept = session.defaults_config
-    with pytest.raises(ConfigError, match="unknown output 'some'"):
+    with pytest.raises(ConfigError, match="unknown --output 'some'"):
         session.configure({"output": "some"})  # type: ignore[typeddict-item]
     assert session.defaults_config is kept and session.defaults == {"procs": 2}

@@ -127,10 +127,11 @@ def test_code_names_objects_it_cannot_write() -> None:
     ("change", "field", "message"),
     [
         # The form only parses the text; the config's own check says what is wrong.
-        ({"port": "70000"}, "port", "port must be a number from 1 to 65535"),
-        ({"timeout": "-1"}, "timeout", "timeout must be positive (seconds), got -1.0"),
-        ({"start_method": "thread"}, "start_method", "unknown start_method 'thread'"),
-        ({"mixed_precision": "fp64"}, "mixed_precision", "unknown mixed_precision 'fp64'"),
+        # It names the form's fields, as the panel shows them.
+        ({"port": "70000"}, "port", "Master port must be a number from 1 to 65535"),
+        ({"timeout": "-1"}, "timeout", "Timeout (s) must be positive (seconds), got -1.0"),
+        ({"start_method": "thread"}, "start_method", "unknown Start method 'thread'"),
+        ({"mixed_precision": "fp64"}, "mixed_precision", "unknown Mixed precision 'fp64'"),
     ],
 )
 def test_field_values_are_checked_by_the_config(

@@ -29,6 +29,8 @@ from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions
 from nbddp.launcher.run import Run, RunResult
+from nbddp.launcher.signature import check_call
+from nbddp.launcher.spelling import PANEL
 from nbddp.notebook.panel.feed import PanelFeed
 from nbddp.notebook.panel.settings import PanelSettings, Validated, call_code
 from nbddp.notebook.panel.view import PanelView
@@ -52,6 +54,8 @@ class Panel:
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
+        # Why here too: no panel for a call that cannot bind (Launch checks it again).
+        check_call(fn, tuple(args), dict(kwargs or {}), PANEL)
         self.fn = fn
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})

@@ -25,6 +25,7 @@ from typing import Any, Literal, cast
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig, check_option
 from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
+from nbddp.launcher.spelling import PANEL
 
 DeviceChoice = Literal["gpu", "cpu"]
 MAX_PROCS = 256  # a typo guard: more CPU ranks than this is never what was meant
@@ -95,7 +96,7 @@ class PanelSettings:
         options, errors = self._parse()
         for name, value in options.items():
             try:
-                check_option(name, value)
+                check_option(name, value, PANEL)
             except ConfigError as exc:
                 errors[name] = str(exc)
         if errors:
@@ -104,7 +105,7 @@ class PanelSettings:
                 dict(sorted(errors.items(), key=lambda e: order.index(e[0]))), options, None
             )
         try:
-            config = LaunchConfig.build(**options)
+            config = LaunchConfig.build(spelling=PANEL, **options)
         except ConfigError as exc:
             return Validated({"launch": str(exc)}, options, None)
         return Validated({}, options, config)

@@ -1,0 +1,73 @@
+"""Checking a launch's call against the function's signature, before anything starts.
+
+Contract: ``check_call(fn, args, kwargs, spelling)`` raises ``PayloadError``
+(a ``TypeError``, as calling ``fn`` wrongly would be, and raised before any
+process starts like every payload problem) with one line when
+``fn(*args, **kwargs)`` cannot bind to ``fn``'s signature: ``f() got an
+unexpected keyword argument 'nprocs'; did you mean the launch option
+procs=2?``. A keyword close to a launch option (``spelling.close_options``)
+is offered in the caller's spelling. ``WithRank`` (``nbddp.spawn``) is
+checked as ``fn(rank, *args)``. ``inspect.signature`` sees through
+partials, bound methods, callable objects and ``functools.wraps``; where it
+cannot read a signature (builtins, some C callables) nothing is checked and
+the call fails in the ranks as it would anywhere. ``*args``/``**kwargs``
+accept what they accept.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nbddp.errors import PayloadError
+from nbddp.launcher.spelling import Spelling, close_options
+from nbddp.rank.calls import WithRank
+
+_RANK = 0  # stands for the rank spawn() puts first; only its position matters
+
+
+def check_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    spelling: Spelling,
+) -> None:
+    """Raise ``PayloadError`` if ``fn(*args, **kwargs)`` cannot bind (see module contract)."""
+    target, how = fn, ""
+    if isinstance(fn, WithRank):
+        target, args, how = fn.fn, (_RANK, *args), " (spawn calls it as fn(rank, *args))"
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # no signature to read: the ranks will say
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        reason = str(exc)
+        if reason.startswith(("too many", "multiple values")):
+            reason = f"got {reason}"  # as Python says it: "f() got multiple values for ..."
+        message = f"{_name(target)}() {reason}{how}"
+        hint = _hint(str(exc), kwargs, spelling)
+        raise PayloadError(f"{message}; {hint}" if hint else message) from None
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+def _hint(error: str, kwargs: Mapping[str, Any], spelling: Spelling) -> str:
+    """``did you mean the launch option procs=2?`` for an unexpected keyword near one."""
+    if "unexpected keyword" not in error:
+        return ""
+    for key, value in kwargs.items():
+        if repr(key) not in error:
+            continue
+        options = close_options(key)
+        if options:
+            return f"did you mean {spelling.suggest(options, value)}?"
+    return ""
