@@ -2,9 +2,16 @@
 
 Trains a small MLP on scikit-learn's bundled handwritten digits (no
 download) with ``DistributedDataParallel`` on every visible GPU, or on 2 CPU
-ranks (gloo) when there is none. Each rank prints its progress; the
-notebook side prints the final test accuracy, reduced across ranks.
-Needs scikit-learn (installed by ``.ci/requirements.txt``).
+ranks (gloo) when there is none. Needs scikit-learn (``pip install
+'nbddp[demo]'``, or ``.ci/demo-requirements.txt`` for the pinned set).
+
+The notebook process loads and splits the data once and passes it to the
+ranks as tensors, so the ranks spend their time training: they never
+import scikit-learn. Each rank prints a line per epoch and logs the same
+loss with ``nbddp.log``; epochs and metric steps both count from 1 (step N
+is epoch N). The rank prints no summary of its own: the notebook side's
+last line, the test accuracy reduced across ranks, comes after every line
+about the run (``launch`` returns once the display has shown everything).
 """
 
 from __future__ import annotations
@@ -12,17 +19,42 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 import nbddp
 
 
-def train(epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
-    """One rank's training: DDP over a DistributedSampler; returns test metrics."""
-    import torch
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class Digits:
+    """The digits split into train and test sets: 64 pixels in [0, 1] per row, labels 0-9."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def load_data() -> Digits:
+    """Load and split the digits (in the notebook process; ranks receive the tensors)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x / 16.0, y, test_size=0.25, random_state=0)
+    return Digits(
+        x_train=torch.tensor(x_train, dtype=torch.float32),
+        y_train=torch.tensor(y_train),
+        x_test=torch.tensor(x_test, dtype=torch.float32),
+        y_test=torch.tensor(y_test),
+    )
+
+
+def train(data: Digits, epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
+    """One rank's training: DDP over a DistributedSampler; returns test metrics."""
+    import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -33,9 +65,7 @@ def train(epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     torch.manual_seed(0)
 
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(x / 16.0, y, test_size=0.25, random_state=0)
-    train_set = TensorDataset(torch.tensor(x_train, dtype=torch.float32), torch.tensor(y_train))
+    train_set = TensorDataset(data.x_train, data.y_train)
     sampler: DistributedSampler[Any] = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
 
@@ -44,8 +74,8 @@ def train(epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
     opt = torch.optim.Adam(ddp.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     start = time.perf_counter()
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
+    for epoch in range(1, epochs + 1):
+        sampler.set_epoch(epoch - 1)  # the shuffle the demo has always had
         total, count = torch.zeros(1, device=device), torch.zeros(1, device=device)
         for xb, yb in loader:
             xb, yb = xb.to(device), yb.to(device)
@@ -55,28 +85,24 @@ def train(epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
             opt.step()
             total += loss.detach() * len(yb)
             count += len(yb)
-        print(
-            f"epoch {epoch + 1}/{epochs}: train loss {(total / count).item():.4f} "
-            f"on {int(count.item())} samples"
-        )
-        nbddp.log(step=epoch, loss=(total / count).item())
+        mean = (total / count).item()
+        print(f"epoch {epoch}/{epochs}: train loss {mean:.4f} on {int(count.item())} samples")
+        nbddp.log(step=epoch, loss=mean)
 
     # Each rank scores its shard of the test set; the counts are summed across ranks.
-    xt = torch.tensor(x_test, dtype=torch.float32)[rank::world].to(device)
-    yt = torch.tensor(y_test)[rank::world].to(device)
+    xt, yt = data.x_test[rank::world].to(device), data.y_test[rank::world].to(device)
     with torch.no_grad():
         correct = (model(xt).argmax(dim=1) == yt).sum().float()
     stats = torch.stack([correct, torch.tensor(float(len(yt)), device=device)])
     dist.all_reduce(stats)
     accuracy = (stats[0] / stats[1]).item()
     elapsed = time.perf_counter() - start
-    print(f"done in {elapsed:.1f}s; test accuracy {accuracy:.4f} (all ranks)")
     dist.destroy_process_group()
     return {"accuracy": accuracy, "world_size": world, "seconds": elapsed}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, launch the training, print the final metric."""
+    """Parse options, load the data, launch the training, print the final metric."""
     parser = argparse.ArgumentParser(prog="python -m nbddp.demo", description=__doc__)
     parser.add_argument("--gpus", type=int, default=None, help="GPU count (default: all)")
     parser.add_argument("--procs", type=int, default=None, help="CPU processes instead of GPUs")
@@ -85,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
     try:
-        import sklearn  # noqa: F401 - checked before any process starts
-    except ImportError:
-        print("the demo needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+        data = load_data()
+    except ModuleNotFoundError as missing:
+        if missing.name != "sklearn":
+            raise
+        print("the demo needs scikit-learn: pip install 'nbddp[demo]'", file=sys.stderr)
         return 2
     result = nbddp.launch(
-        train, args.epochs, args.lr, args.batch_size, gpus=args.gpus, procs=args.procs
+        train, data, args.epochs, args.lr, args.batch_size, gpus=args.gpus, procs=args.procs
     )
     print(
         f"final test accuracy {result['accuracy']:.4f} on {result['world_size']} ranks "
