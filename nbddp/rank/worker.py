@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from datetime import timedelta
 
 from nbddp.rank.channel import Channel
@@ -136,6 +137,29 @@ def _prepare_torch(order: RunOrder) -> None:
         import torch.distributed as dist
 
         dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
+        _wait_until_all_initialised(dist, place.world_size)
+
+
+_INITIALISED_KEY = "nbddp/initialised"
+_ALL_INITIALISED_KEY = "nbddp/all_initialised"
+
+
+def _wait_until_all_initialised(dist: types.ModuleType, world_size: int) -> None:
+    """Return once every rank's ``init_process_group`` has returned.
+
+    Why: ``init_process_group`` can return on one rank while another is still
+    completing gloo's connection mesh; if the first then fails at once (a
+    ``%%ddp`` cell that raises on every rank) and exits, the other's init
+    breaks with "Connection closed by peer" instead of raising the cell's own
+    error. Counting in the group's store costs one round trip. No bound of
+    our own: a rank that fails its init fails the run, and the notebook then
+    stops the others.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    if store.add(_INITIALISED_KEY, 1) >= world_size:
+        store.set(_ALL_INITIALISED_KEY, b"1")
+    else:
+        store.wait([_ALL_INITIALISED_KEY])
 
 
 # nbddp's root: the worker, the %%ddp cell program and spawn()'s wrapper all live under it.
