@@ -130,8 +130,7 @@ class LaunchConfig:
         the options; every message names them so. ``env`` may not set a variable
         that nbddp sets itself (``rank_env``), except those users may tune.
         """
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
+        if unknown := sorted(set(options) - set(OPTIONS)):
             raise TypeError(
                 f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"
             )
@@ -139,12 +138,7 @@ class LaunchConfig:
         values = _Values.check({**DEFAULTS, **options}, spell)
         vis = visible if visible is not None else visible_gpus()
         place = _place(values, vis, inherit_devices, spell)
-        backend: Backend = values.backend or ("nccl" if place.device == "cuda" else "gloo")
-        if backend == "nccl" and place.device == "cpu":
-            raise ConfigError(
-                f"backend 'nccl' needs GPUs; use {spell.hole('gpus', 'N')}, "
-                f"or {spell.given('backend', 'gloo')} on CPU"
-            )
+        backend = _backend(values.backend, place.device, spell)
         pool_max, pool_idle = _pool({**(os.environ if environ is None else environ), **values.env})
         config = cls(
             world_size=place.world_size,
@@ -215,6 +209,17 @@ class LaunchConfig:
             return max(1, (os.cpu_count() or 1) // self.world_size)
         given = given.strip()
         return int(given) if given.isdigit() and int(given) > 0 else None
+
+
+def _backend(chosen: Backend | None, device: DeviceKind, spell: Spelling) -> Backend:
+    """The backend asked for, else nccl on GPUs and gloo on CPU; nccl needs GPUs."""
+    backend: Backend = chosen or ("nccl" if device == "cuda" else "gloo")
+    if backend == "nccl" and device == "cpu":
+        raise ConfigError(
+            f"backend 'nccl' needs GPUs; use {spell.hole('gpus', 'N')}, "
+            f"or {spell.given('backend', 'gloo')} on CPU"
+        )
+    return backend
 
 
 def _positive_int(name: str, value: object) -> int:
