@@ -109,6 +109,12 @@ class Done:
 RunEvent = Output | StateChanged | Metrics | Notice | Done
 
 
+StacksTaken = Literal["asked", "written", "signalled"]
+"""A rank's stacks: asked for and not yet in; written (its Python stacks, the
+user's code first); signalled (it did not answer, so faulthandler was asked
+for a C-level dump, which a signal handler of the user's own may have taken)."""
+
+
 @dataclass(frozen=True)
 class RankOutcome:
     """One rank as the job last saw it; final once ``state.ended`` and the run is done."""
@@ -126,6 +132,8 @@ class RankOutcome:
     started_at: float
     ended_at: float | None
     """``time.monotonic()`` values."""
+    stacks: StacksTaken | None = None
+    """What became of its stacks when they were asked for; None: never asked."""
 
 
 FailureKind = Literal["raised", "exited", "died"]

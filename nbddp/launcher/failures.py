@@ -91,16 +91,37 @@ def run_error(
     if cause is not None:
         return rank_error(cause, outcomes[cause.rank].exit_code, log_dir)
     if status is RunStatus.TIMEOUT:
-        stuck = [o.rank for o in outcomes if o.value is None]
+        stuck = [o for o in outcomes if o.value is None]
         return LaunchTimeout(
             f"the run exceeded its timeout of {timeout or 0:g}s and was stopped "
-            f"with rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
-            f"still running; each one's stacks are at the end of its log in {log_dir}"
+            f"with {_ranks([o.rank for o in stuck])} still running; {_where_stacks(stuck, log_dir)}"
         )
     stopped = status in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED)
     if stopped and any(o.value is None for o in outcomes):
         return RankError(f"the run was {status}", rank=-1)
     return None
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _where_stacks(stuck: Sequence[RankOutcome], log_dir: Path) -> str:
+    """Where the stuck ranks' stacks are, or which ones could not be taken and why."""
+    written = [o.rank for o in stuck if o.stacks == "written"]
+    signalled = [o.rank for o in stuck if o.stacks == "signalled"]
+    missing = [o.rank for o in stuck if o.stacks not in ("written", "signalled")]
+    parts = []
+    if written:
+        parts.append(f"the stacks of {_ranks(written)} are in the output and at the end of its log")
+    if signalled:
+        parts.append(
+            f"{_ranks(signalled)} did not answer (a thread held the GIL); a C-level dump "
+            "was asked for and is in the log unless the code handles that signal itself"
+        )
+    if missing:
+        parts.append(f"no stacks could be taken from {_ranks(missing)} (it had not started)")
+    return "; ".join(parts) + f" (logs in {log_dir})"
 
 
 def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseException:

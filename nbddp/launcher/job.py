@@ -47,6 +47,7 @@ from nbddp.launcher.events import (
     RankState,
     RunEvent,
     RunStatus,
+    StacksTaken,
     StateChanged,
 )
 from nbddp.launcher.failures import root_cause
@@ -57,8 +58,11 @@ from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import ErrorInfo, Placement, RunOrder
+from nbddp.wire.protocol import STACKS_SIGNAL, ErrorInfo, Placement, RunOrder
 
+STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
+STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
+STACKS_POLL = 0.05  # seconds between looks at whether every asked rank has answered
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
 
@@ -76,6 +80,7 @@ class _RankRecord:
     value: bytes | None = None
     error: ErrorInfo | None = None
     exit_request: int | None = None
+    stacks: StacksTaken | None = None
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
 
@@ -89,6 +94,7 @@ class _RankRecord:
             exited=self.exited,
             value=self.value,
             error=self.error,
+            stacks=self.stacks,
             started_at=self.started_at,
             ended_at=self.ended_at,
         )
@@ -114,6 +120,7 @@ class Job:
         self._relay = Relay(self.log_dir, self)
         self._loop = self._relay.loop
         self._stop_scheduled = False
+        self._signal_waited = False  # the timeout's stop has waited for signalled dumps
         self._pipes: dict[int, RankPipes] = {}
         self._store: object | None = None  # the rendezvous store, while the run lasts
 
@@ -276,6 +283,12 @@ class Job:
             self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
             self.events.put(Metrics(rank, tuple(body)))
+        elif kind == "stacks":
+            # One event and one write: the dump stays whole, never interleaved
+            # with other ranks' output.
+            record.stacks = "written"
+            self.events.put(Output(rank, "stderr", body))
+            self._relay.log_now(rank, body)
 
     def on_link_closed(self, rank: int) -> None:
         """A link that closes before its rank said how it ended means the rank died.
@@ -356,13 +369,37 @@ class Job:
         return any_alive
 
     def _dump_stacks(self) -> None:
-        # Only ranks that said "started": before that, faulthandler has not
-        # claimed SIGUSR1 yet and the signal's default action would kill them.
+        """Ask every running rank for its stacks; signal the ones that do not answer."""
+        asked = []
+        # Only ranks that said "started": before that, no thread answers and
+        # faulthandler has not claimed the fallback signal (whose default
+        # action would kill them).
         for record in self._ranks:
-            running = record.state is RankState.RUNNING
-            if running and record.pid is not None and not record.exited:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.pid, signal.SIGUSR1)
+            running = record.state is RankState.RUNNING and not record.exited
+            if running and self._relay.ask(record.rank, "stacks"):
+                record.stacks = "asked"
+                asked.append(record.rank)
+        self._loop.call_later(STACKS_WAIT, self._signal_for_stacks, asked)
+
+    def _signal_for_stacks(self, asked: list[int]) -> None:
+        # A rank that did not answer has a thread holding the GIL (C code that
+        # never releases it): faulthandler can still dump from the signal handler.
+        for rank in asked:
+            record = self._ranks[rank]
+            if record.stacks != "asked" or record.exited or record.pid is None:
+                continue
+            record.stacks = "signalled"
+            self.events.put(
+                Notice(
+                    f"rank {rank} did not answer for its stacks within {STACKS_WAIT:g}s "
+                    "(a thread holds the GIL): its C-level dump follows in its output"
+                )
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, STACKS_SIGNAL)
+
+    def _stacks_pending(self) -> bool:
+        return any(r.stacks == "asked" and not r.exited for r in self._ranks)
 
     def _reap_orphans(self, rank: int) -> None:
         record = self._ranks[rank]
@@ -376,10 +413,21 @@ class Job:
             if self._done.is_set():
                 return
             self.events.put(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
-            self._dump_stacks()
             self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
-            # Give faulthandler a moment to write the stacks before SIGTERM.
-            self._loop.call_later(0.5, self._stop, RunStatus.TIMEOUT)
+            self._dump_stacks()
+            stop_at = time.monotonic() + STACKS_WAIT + STACKS_SIGNAL_WAIT
+            stop_when_dumped(stop_at)
+
+        def stop_when_dumped(stop_at: float) -> None:
+            # The stop waits for the ranks' answers (or the C-level dumps of
+            # those that could not answer), never longer than stop_at.
+            if self._stacks_pending() and time.monotonic() < stop_at:
+                self._loop.call_later(STACKS_POLL, stop_when_dumped, stop_at)
+            elif any(r.stacks == "signalled" for r in self._ranks) and not self._signal_waited:
+                self._signal_waited = True
+                self._loop.call_later(STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
+            else:
+                self._stop(RunStatus.TIMEOUT)
 
         self._loop.call_later(seconds, expire)
 

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.starters import STATUS
-from nbddp.wire.protocol import FrameReader
+from nbddp.wire.protocol import FrameReader, encode
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20
@@ -171,6 +171,27 @@ class Relay:
         streams = self._ranks.get(rank)
         if streams is not None:
             streams.log_tail.append(text)
+
+    def ask(self, rank: int, kind: str) -> bool:
+        """Send the small request ``kind`` to ``rank``'s worker (loop thread); False if
+        it cannot take it now (its link is closed, or its socket buffer is full)."""
+        streams = self._ranks.get(rank)
+        if streams is None or streams.ctrl_fd not in streams.open_fds:
+            return False
+        try:
+            # Non-blocking, never partial in practice: a few dozen bytes into an
+            # idle socket's buffer. A partial send would corrupt the framing, so
+            # it is treated as a closed link.
+            data = encode(kind, None)
+            return streams.pipes.ctrl.send(data) == len(data)
+        except OSError:
+            return False
+
+    def log_now(self, rank: int, text: str) -> None:
+        """Append ``text`` to ``rank``'s log at once (loop thread)."""
+        streams = self._ranks.get(rank)
+        if streams is not None and streams.open_fds:  # the log closes with the last fd
+            os.write(streams.log, text.encode("utf-8", "backslashreplace"))
 
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = os.open(self.log_path(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -37,6 +37,7 @@ from datetime import timedelta
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
+from nbddp.rank.stacks import format_stacks
 from nbddp.wire import protocol, tocpu
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
@@ -96,8 +97,10 @@ def set_process_name(name: str) -> None:
         pass
 
 
-def _watch_link(sock: socket.socket) -> None:
-    """Block on the link; when the notebook is gone, take the whole group down."""
+def _watch_link(sock: socket.socket, channel: Channel, rank: int) -> None:
+    """Block on the link and answer the notebook's requests (``stacks``: this
+    process's Python stacks, see ``stacks``); when the notebook is gone, take
+    the whole group down."""
     while True:
         try:
             msg = protocol.recv(sock)
@@ -105,6 +108,8 @@ def _watch_link(sock: socket.socket) -> None:
             msg = None
         if msg is None:
             break
+        if msg[0] == "stacks":
+            channel.send("stacks", format_stacks(rank))
     # Why SIGKILL to the group: the notebook that would collect our output and
     # stop our children no longer exists; nothing of this rank may outlive it.
     if os.getpgrp() == os.getpid():
@@ -218,10 +223,14 @@ def serve(ctrl: socket.socket) -> int:
     _apply_order(order)
     install_context(order.place)
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # The fallback for a rank whose threads hold the GIL (see protocol.STACKS_SIGNAL).
+    faulthandler.register(protocol.STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     channel = Channel(ctrl)
     install_channel(channel)
-    threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
+    link = threading.Thread(
+        target=_watch_link, args=(ctrl, channel, order.place.rank), name="nbddp-link", daemon=True
+    )
+    link.start()
     channel.send("started", os.getpid())
     try:
         value = _call(order, list(fds))

@@ -8,12 +8,14 @@ no address anyone else could connect to (see DESIGN.md, Safety).
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (cloudpickled
 value), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
-``sys.exit``). Notebook -> worker: ``run`` (``RunOrder``).
+``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for).
+Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time.
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 import socket
 import struct
 from dataclasses import dataclass
@@ -21,6 +23,13 @@ from typing import Any, Literal
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40
+
+# The signal that makes faulthandler dump a rank's stacks from C, for a rank
+# that cannot answer ``stacks`` (a thread holds the GIL). Why a real-time
+# signal, not SIGUSR1: user code claims SIGUSR1 for itself (checkpoint on
+# signal) and would take ours; Linux's top real-time signals are seldom used.
+_RTMAX = getattr(signal, "SIGRTMAX", None)
+STACKS_SIGNAL = int(_RTMAX) - 3 if _RTMAX is not None else int(signal.SIGUSR1)
 
 DeviceKind = Literal["cuda", "cpu", "inherit"]
 Backend = Literal["nccl", "gloo"]

@@ -261,3 +261,29 @@ def find_state() -> dict[str, Any]:
         "cuda_initialized": torch.cuda.is_initialized(),
         "pid": os.getpid(),
     }
+
+
+def _stuck_inner() -> None:
+    threading.Event().wait()
+
+
+def stuck_in_user_code() -> None:
+    """Block forever two calls deep in the user's own code, with a helper thread of its own."""
+    threading.Thread(target=_stuck_inner, name="user-helper", daemon=True).start()
+    print("stuck", flush=True)
+    _stuck_inner()
+
+
+def stuck_with_own_sigusr1() -> None:
+    """Claim SIGUSR1 for the user's own handler (as checkpoint-on-signal code does), then block."""
+    signal.signal(signal.SIGUSR1, lambda *_: print("user's SIGUSR1 handler ran", flush=True))
+    print("stuck", flush=True)
+    _stuck_inner()
+
+
+def stuck_holding_the_gil() -> None:
+    """Spin in C code that never releases the GIL (a regex that backtracks for ages)."""
+    import re
+
+    print("spinning", flush=True)
+    re.match(r"(a+)+$", "a" * 64 + "b")

@@ -175,7 +175,7 @@ def test_timeout_dumps_every_ranks_stacks_then_stops() -> None:
         run.wait()
     for rank in (0, 1):
         log = run.output(rank)
-        assert "Current thread" in log or "Thread 0x" in log
+        assert f"nbddp: rank {rank} (pid " in log and "Thread 'MainThread':" in log
         assert "in hang" in log  # the stack shows where the rank was stuck
 
 

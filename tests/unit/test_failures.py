@@ -185,3 +185,20 @@ def test_states_print_as_the_plain_strings_users_saw() -> None:
     assert repr({0: RankState.STOPPED, 1: RankState.DONE}) == "{0: 'stopped', 1: 'done'}"
     assert f"{RunStatus.TIMEOUT}" == str(RunStatus.TIMEOUT) == "timeout"
     assert RankState.DONE == "done" and RankState("failed") is RankState.FAILED
+
+
+def test_a_timeout_says_where_each_ranks_stacks_are_or_why_there_are_none(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    outcomes = [
+        replace(outcome(0, RankState.STOPPED, -15), stacks="written"),
+        replace(outcome(1, RankState.STOPPED, -15), stacks="signalled"),
+        outcome(2, RankState.STOPPED, -15),
+    ]
+    text = str(failures.run_error(None, RunStatus.TIMEOUT, outcomes, tmp_path, 2.0))
+    assert "the stacks of rank 0 are in the output and at the end of its log" in text
+    assert "rank 1 did not answer (a thread held the GIL); a C-level dump was asked for" in text
+    assert "no stacks could be taken from rank 2" in text
+    assert text.endswith(f"(logs in {tmp_path})")

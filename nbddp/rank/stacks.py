@@ -1,0 +1,70 @@
+"""A rank's Python stacks, as one block of text that shows the user's code first.
+
+Contract: ``format_stacks(rank)`` returns the stacks of every Python thread
+of this process: the main thread first, then the user's other threads, each
+with the frames that only launched the user's code (nbddp's worker, the
+forkserver that forked it, ``threading``'s bootstrap) left out; threads that
+run nothing but nbddp's own code (the link watcher, the metric flusher) are
+named on one line at the end. It is called on the rank's link-watcher
+thread when the notebook asks, so it works while the main thread waits in
+C code that released the GIL (a collective, a sleep, a lock); a thread that
+holds the GIL keeps it from running at all, which is why the notebook falls
+back to faulthandler's signal when no answer comes.
+
+Why not faulthandler alone: its dump starts with nbddp's frames, lists
+nbddp's threads like the user's, and is written in pieces that the notebook
+interleaves with other ranks' output; and it needs a signal that the user's
+code may have claimed for itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from types import FrameType
+
+NBDDP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LAUNCH_FILES = ("runpy.py", "<frozen runpy>", "threading.py", "<string>")
+
+
+def _launches(summary: traceback.FrameSummary) -> bool:
+    """Whether a frame is one of those that only started the user's code."""
+    name = summary.filename
+    return name.startswith(NBDDP_DIR) or name.endswith(_LAUNCH_FILES)
+
+
+def user_frames(frame: FrameType) -> tuple[list[traceback.FrameSummary], bool]:
+    """A thread's stack, outermost first, without the frames that launched it.
+
+    Returns the frames and whether any are the user's: a stack made only of
+    launching frames is returned whole (with False), so nothing is hidden
+    from a thread that never reached user code.
+    """
+    stack = traceback.extract_stack(frame)
+    first = next((i for i, s in enumerate(stack) if not _launches(s)), None)
+    if first is None:
+        return list(stack), False
+    return list(stack)[first:], True
+
+
+def format_stacks(rank: int) -> str:
+    """Every thread's stack (see module contract); ends with a newline."""
+    frames = sys._current_frames()  # the documented way to see other threads' frames
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    lines = [f"nbddp: rank {rank} (pid {os.getpid()}) stacks, most recent call last:\n"]
+    own: list[str] = []
+    # The main thread first: that is where the user's function runs.
+    for ident in sorted(frames, key=lambda i: i != main):
+        name = names.get(ident, f"thread {ident:#x}")
+        stack, users = user_frames(frames[ident])
+        if not users and name.startswith("nbddp-"):
+            own.append(name)
+            continue
+        lines.append(f"Thread {name!r}:\n")
+        lines.extend(traceback.format_list(stack))
+    if own:
+        lines.append(f"(nbddp's own threads, not shown: {', '.join(sorted(own))})\n")
+    return "".join(lines)
