@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.devices import VisibleGpus, visible_gpus
+from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
     DEFAULTS,
@@ -145,7 +145,7 @@ class LaunchConfig:
             device=place.device,
             gpu_tokens=place.tokens,
             backend=backend,
-            start_method=values.start_method,
+            start_method=_start_method(values.start_method, place.device, spell),
             master_addr=values.master_addr,
             port=values.port,
             port_fallback=port_fallback,
@@ -220,6 +220,20 @@ def _backend(chosen: Backend | None, device: DeviceKind, spell: Spelling) -> Bac
             f"or {spell.given('backend', 'gloo')} on CPU"
         )
     return backend
+
+
+def _start_method(method: StartMethod, device: DeviceKind, spell: Spelling) -> StartMethod:
+    """The start method; fork cannot start ranks that use GPUs once this process
+    has initialised CUDA (a forked child cannot use it: the rank would fail at
+    its first CUDA call, far from the cause)."""
+    if method == "fork" and device != "cpu" and cuda_initialised():
+        raise ConfigError(
+            f"{spell.given('start_method', 'fork')} cannot start GPU ranks after this "
+            "process has initialised CUDA (a forked child cannot use CUDA); use the "
+            f"default {spell.given('start_method', 'forkserver')}, or "
+            f"{spell.given('start_method', 'spawn')}"
+        )
+    return method
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -69,15 +69,20 @@ def _count_physical(proc_dir: Path) -> int:
         return 0
 
 
+def cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA (asked without initialising it)."""
+    # getattr: torch may be half-imported (nbddp imports it in the background);
+    # a torch that is not fully imported cannot have initialised CUDA.
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return bool(cuda is not None and cuda.is_initialized())
+
+
 def visible_gpus(
     environ: Mapping[str, str] | None = None, proc_dir: Path = NVIDIA_PROC_DIR
 ) -> VisibleGpus:
     """The GPUs this process may use, without initialising CUDA (see module doc)."""
     env = os.environ if environ is None else environ
-    # getattr: torch may be half-imported (nbddp imports it in the background);
-    # a torch that is not fully imported cannot have initialised CUDA.
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    if cuda is not None and cuda.is_initialized():
+    if cuda_initialised():
         torch = sys.modules["torch"]
         count = int(torch.cuda.device_count())
         cvd = env.get("CUDA_VISIBLE_DEVICES")

@@ -63,7 +63,7 @@ def test_a_timeout_shows_each_ranks_user_frames_first_in_one_piece() -> None:
 
 
 def test_stacks_are_taken_when_the_users_code_owns_sigusr1() -> None:
-    run, recorder, message = _timed_out(fns.stuck_with_own_sigusr1, 2)
+    _run, recorder, message = _timed_out(fns.stuck_with_own_sigusr1, 2)
     dumps = _dumps(recorder)
     assert all(len(dumps[rank]) == 1 and "in _stuck_inner" in dumps[rank][0] for rank in (0, 1))
     assert not any("user's SIGUSR1 handler ran" in text for _, text in recorder.chunks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,26 @@ def test_the_panels_spelling_is_its_fields_labels() -> None:
     view = PanelView("t", PanelSettings.initial(0), "GPUs: none")
     for name, label in PANEL.names.items():
         assert view.fields[name].description == label, name
+
+
+def test_fork_after_the_notebook_initialised_cuda_is_refused_before_any_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from nbddp.launcher.spelling import FLAGS
+
+    initialised = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", initialised)
+    with pytest.raises(ConfigError, match=r"start_method='fork' cannot start GPU ranks") as info:
+        build(visible=TWO_GPUS, start_method="fork")
+    assert "use the default start_method='forkserver', or start_method='spawn'" in str(info.value)
+    with pytest.raises(ConfigError, match=r"--start-method fork cannot start GPU ranks"):
+        build(visible=TWO_GPUS, start_method="fork", spelling=FLAGS)
+    # CPU ranks never touch CUDA, and the other methods never fork this process.
+    assert build(procs=2, start_method="fork").start_method == "fork"
+    assert build(visible=TWO_GPUS, start_method="spawn").start_method == "spawn"
+    monkeypatch.setitem(
+        sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))
+    )
+    assert build(visible=TWO_GPUS, start_method="fork").start_method == "fork"
