@@ -45,8 +45,8 @@ def pytest_unconfigure() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Tests under multiproc/, kernel/ and browser/ start processes: all get the check.
+    # Tests under multiproc/, kernel/, browser/ and gpu/ start processes: all get the check.
     for item in items:
         path = str(item.path)
-        if any(part in path for part in ("/multiproc/", "/kernel/", "/browser/")):
+        if any(part in path for part in ("/multiproc/", "/kernel/", "/browser/", "/gpu/")):
             item.fixturenames.insert(0, "no_leftovers")
