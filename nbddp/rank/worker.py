@@ -178,19 +178,27 @@ def error_info(exc: BaseException) -> ErrorInfo:
     while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    exc_bytes: bytes | None
+    try:
+        message = str(exc)
+    except Exception as failure:
+        # Such an exception cannot be shown in the notebook either: it travels as text.
+        message = f"<its str() raised {type(failure).__name__}>"
+        return ErrorInfo(_type_name(exc), message, text, None)
+    return ErrorInfo(_type_name(exc), message, text, _rebuildable(exc))
+
+
+def _type_name(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def _rebuildable(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, when it unpickles as an exception of its own type; else None."""
     try:
         data = tocpu.dumps(exc)
-        pickle.loads(data)  # only ship what the notebook will be able to rebuild
-        exc_bytes = data
+        rebuilt = pickle.loads(data)  # only ship what the notebook will be able to rebuild
     except Exception:
-        exc_bytes = None
-    return ErrorInfo(
-        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        message=str(exc),
-        traceback=text,
-        exc_bytes=exc_bytes,
-    )
+        return None
+    return data if type(rebuilt) is type(exc) else None
 
 
 def _call(order: RunOrder, fds: list[int]) -> object:
