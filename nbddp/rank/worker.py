@@ -231,17 +231,21 @@ def serve(ctrl: socket.socket) -> int:
     install_channel(channel)
     threading.Thread(target=_watch_link, args=(ctrl,), name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
+    owner = os.getpid()
     try:
         value = _call(order, list(fds))
     except SystemExit as exc:
+        _leave_if_forked(owner, exc)
         return _report_exit(channel, exc)
     except BaseException as exc:
+        _leave_if_forked(owner, exc)
         # Not printed here: the notebook raises it once, with this traceback,
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
         _flush()
         return 1
+    _leave_if_forked(owner, None)
     # The process group is not destroyed here: the rank exits right after
     # (os._exit, no destructors), which is what torchrun's workers do too,
     # once every rank has returned (see _wait_for_peers).
@@ -282,6 +286,26 @@ def _wait_for_peers() -> None:
             store.wait([_ALL_RETURNED_KEY], timedelta(seconds=PEER_WAIT))
     except Exception:
         pass  # e.g. a store hosted by a rank that already left: nothing to wait for
+
+
+def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
+    """In a child the function forked (``os.fork``) that came back here, exit at once.
+
+    Why: the child shares the rank's link, and whatever it sent (a value, an
+    error) would be taken for the rank's; nor may it count itself in the
+    process group's store. It ends as a forked child that reached its end
+    would: 0 after a return, else its exit code, a traceback on its stderr.
+    """
+    if os.getpid() == owner:
+        return
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    elif exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
+        code = 1
+    _flush()
+    os._exit(code)
 
 
 def _report_exit(channel: Channel, exc: SystemExit) -> int:
