@@ -80,3 +80,11 @@ def fork_child_returns_late(how: str) -> str:
         return "the child's value"
     os.close(r)
     return "the rank's value"
+
+
+def log_in_spawned_dataloader_workers() -> int:
+    """Iterate a DataLoader whose workers are spawned: they have no way to the notebook."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(Numbered(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    return sum(int(batch.sum()) for batch in loader)
