@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from nbddp.errors import ConfigError
 from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
+from nbddp.launcher.execenv import exec_env_problem, working_directory
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
     DEFAULTS,
@@ -128,7 +129,10 @@ class LaunchConfig:
         it instead of hiding the GPUs. ``environ`` (default ``os.environ``,
         under ``env``) gives the pool settings. ``spelling``: how the caller spells
         the options; every message names them so. ``env`` may not set a variable
-        that nbddp sets itself (``rank_env``), except those users may tune.
+        that nbddp sets itself (``rank_env``), except those users may tune, nor
+        hold a NUL byte. Every rank starts in the notebook's working directory,
+        which must exist; spawned ranks get their environment through ``execve``,
+        which must be able to take it (``execenv``).
         """
         if unknown := sorted(set(options) - set(OPTIONS)):
             raise TypeError(
@@ -139,7 +143,9 @@ class LaunchConfig:
         vis = visible if visible is not None else visible_gpus()
         place = _place(values, vis, inherit_devices, spell)
         backend = _backend(values.backend, place.device, spell)
-        pool_max, pool_idle = _pool({**(os.environ if environ is None else environ), **values.env})
+        rank_environ = {**(os.environ if environ is None else environ), **values.env}
+        pool_max, pool_idle = _pool(rank_environ)
+        _check_start(values.start_method, rank_environ, spell)
         config = cls(
             world_size=place.world_size,
             device=place.device,
@@ -234,6 +240,20 @@ def _start_method(method: StartMethod, device: DeviceKind, spell: Spelling) -> S
             f"{spell.given('start_method', 'spawn')}"
         )
     return method
+
+
+def _check_start(method: StartMethod, environ: Mapping[str, str], spell: Spelling) -> None:
+    """What every rank needs of the notebook to start: its working directory, and
+    with spawn an environment a new program can be given (``execenv``)."""
+    working_directory()
+    if method != "spawn":
+        return  # forked ranks get their environment in their order, not through execve
+    problem = exec_env_problem(environ)
+    if problem is not None:
+        raise ConfigError(
+            f"{problem}: a spawned rank could not start; pass large data as an argument "
+            f"or in a file instead, or use {spell.given('start_method', 'forkserver')}"
+        )
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -448,6 +468,11 @@ def _env(env: Mapping[str, str] | None, spell: Spelling) -> dict[str, str]:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise ConfigError(
                 f"{spell.env_entry(key, '...')} must be a string, got {type(value).__name__}"
+            )
+        if "\0" in str(value):
+            raise ConfigError(
+                f"{spell.env_entry(key, '...')} contains a NUL byte, which no environment "
+                "variable can hold; remove it (pass binary data in a file instead)"
             )
         out[key] = str(value)
     return out

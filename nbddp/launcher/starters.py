@@ -24,11 +24,12 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from nbddp.launcher.execenv import fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.rank import worker
 
@@ -73,6 +74,20 @@ def package_pythonpath(env: dict[str, str]) -> str:
     root = str(Path(__file__).resolve().parent.parent)
     parts = [root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]]
     return os.pathsep.join(parts)
+
+
+def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The forkserver's environment: the notebook's, less any variable too long for
+    ``execve`` (``execenv.fits_exec``).
+
+    Why it may leave those out: the forkserver only imports torch with it; every
+    rank it forks gets the notebook's whole environment in its run order. A
+    variable too long would only make its ``execve`` fail with ``E2BIG``.
+    """
+    env = {key: value for key, value in environ.items() if fits_exec(key, value)}
+    env["NBDDP_ROLE"] = "forkserver"
+    env["PYTHONPATH"] = package_pythonpath(env)
+    return env
 
 
 def _report_exit(status_w: int, code: int) -> None:
@@ -217,22 +232,28 @@ class ForkserverStarter:
         if self._sock is not None and self._proc is not None and self._proc.poll() is None:
             return self._sock
         self._close_locked()
+        env = forkserver_env(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ, NBDDP_ROLE="forkserver")
-        env["PYTHONPATH"] = package_pythonpath(env)
-        with theirs:
-            self._proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    "import nbddp.launcher.forkserver as z; z.main()",
-                    str(theirs.fileno()),
-                ],
-                stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
-            )
+        try:
+            with theirs:
+                self._proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import nbddp.launcher.forkserver as z; z.main()",
+                        str(theirs.fileno()),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),),
+                    env=env,
+                    start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
+                )
+        except OSError as exc:
+            ours.close()
+            raise RuntimeError(
+                f"nbddp's forkserver could not start ({exc.strerror or exc}); "
+                "use start_method='fork', or fix what the error names and retry"
+            ) from exc
         self._sock = ours
         self._asked = False
         NOTEBOOK_FDS.keep(ours.fileno())

@@ -7,10 +7,22 @@ with ``install`` before the function runs; ``installed()`` gives it to code
 in the rank (``nbddp.log``), and None outside a launched rank. One process
 runs one rank, so one slot per process is the natural home; it is written
 only through ``install``.
+
+Children the rank forks (``os.fork``, DataLoader workers) keep the channel:
+their rows reach the notebook through the rank. Just before the rank's first
+fork, its channel opens a datagram socketpair (``_Family``) and a thread that
+adds what arrives on it to the rank's rows; a forked child sends each row
+there at once, as one datagram (atomic, whatever the other children send,
+and nothing held when the child exits). A child never sends anything else:
+messages other than rows are the rank's alone. Rows a child logged before
+the rank's own message (its result) are sent before it.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import select
 import socket
 import threading
 import time
@@ -46,6 +58,8 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._pid = os.getpid()  # the rank's: in a forked child, getpid() differs
+        self._family: _Family | None = None  # rows from forked children, once the rank forks
         self._lock = threading.Lock()  # held while sending: one message at a time, in order
         # Appended to without the lock (``list.append`` is atomic): ``send_row``
         # runs every training step, where each bytecode counts (the step has
@@ -59,6 +73,8 @@ class Channel:
         """Send one message; silently dropped if the notebook has gone (we are dying then)."""
         data = protocol.encode(kind, body)
         with self._lock:
+            if self._family is not None and os.getpid() == self._pid:
+                self._rows.extend(self._family.take())  # children's rows come first
             self._send_locked(data)
 
     def send_row(self, row: Row) -> None:
@@ -67,15 +83,22 @@ class Channel:
         if time.monotonic() >= self._next_send or self._flusher is None:
             with self._lock:
                 self._send_locked(b"")
-                if self._flusher is None:
-                    self._flusher = threading.Thread(
-                        target=self._flush_loop, name="nbddp-metrics", daemon=True
-                    )
-                    self._flusher.start()
+                self._ensure_flusher_locked()
+
+    def _ensure_flusher_locked(self) -> None:
+        if self._flusher is None and os.getpid() == self._pid:  # a child holds nothing
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="nbddp-metrics", daemon=True
+            )
+            self._flusher.start()
 
     def _send_locked(self, data: bytes) -> None:
         rows = self._rows
         count = len(rows)
+        if os.getpid() != self._pid:
+            self._send_from_child(rows[:count])
+            del rows[:count]
+            return
         if count:
             data = protocol.encode("metrics", rows[:count]) + data
             del rows[:count]  # rows appended meanwhile stay, for the next send
@@ -105,6 +128,73 @@ class Channel:
                     return
                 self._flusher = me
 
+    def _send_from_child(self, rows: list[Row]) -> None:
+        """In a forked child: ``rows`` to the rank, which sends them on (module contract)."""
+        if not rows:
+            return
+        if self._family is None:  # forked without Python's fork hooks (from C)
+            raise RuntimeError(
+                "nbddp.log: this process was forked from a rank without os.fork, so its "
+                "rows cannot reach the notebook; log from the rank instead"
+            )
+        self._family.post(rows)
+
+    def before_fork(self) -> None:
+        """In the rank, before it forks: open the socket its children send rows on."""
+        if self._family is None and os.getpid() == self._pid:
+            self._family = _Family()
+            threading.Thread(target=self._adopt_loop, name="nbddp-children", daemon=True).start()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: hold nothing of the rank's, send each row at once."""
+        self._lock = threading.Lock()  # the rank's may have been held by another thread
+        self._rows = []  # the rank's held rows are the rank's to send
+        self._flusher = None  # the rank's flusher thread does not exist here
+        self._next_send = 0.0
+
+    def _adopt_loop(self) -> None:
+        family = self._family
+        assert family is not None
+        while True:
+            select.select([family.rx], [], [])
+            with self._lock:
+                self._rows.extend(family.take())
+                self._ensure_flusher_locked()  # sends them within TAIL_INTERVAL
+
+
+class _Family:
+    """A rank's datagram socketpair for rows from its forked children (module contract).
+
+    Private as the rank's link is: made by the rank, inherited only by the
+    processes it forks, so only they can send on it.
+    """
+
+    def __init__(self) -> None:
+        self.rx, self.tx = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.rx.setblocking(False)
+
+    def take(self) -> list[Row]:
+        """Every row that has arrived, without waiting."""
+        rows: list[Row] = []
+        while True:
+            try:
+                data = self.rx.recv(MAX_DATAGRAM)
+            except BlockingIOError:
+                return rows
+            try:
+                rows.extend(pickle.loads(data))
+            except Exception:
+                continue  # not a row list: only our children write here, so never expected
+
+    def post(self, rows: list[Row]) -> None:
+        """From a child: send ``rows`` as one datagram; blocks while the rank's queue is full."""
+        try:
+            self.tx.send(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            pass  # the rank has gone: the child is being stopped with it
+
+
+MAX_DATAGRAM = 1 << 18  # bytes: more than a datagram socket's send buffer lets through
 
 _installed: Channel | None = None
 
@@ -118,3 +208,16 @@ def install(channel: Channel | None) -> None:
 def installed() -> Channel | None:
     """This rank's channel; None outside a launched rank."""
     return _installed
+
+
+def _before_fork() -> None:
+    if _installed is not None:
+        _installed.before_fork()
+
+
+def _after_fork_in_child() -> None:
+    if _installed is not None:
+        _installed.after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -12,6 +12,12 @@ Rows logged in quick succession are sent in batches (every 20 ms while
 they keep coming, the last ones within 0.1 s; ``channel.Channel.send_row``),
 always before the rank's result.
 
+In a process the rank forks (DataLoader workers, ``os.fork``), rows reach
+the notebook through the rank (``channel``). A process a rank starts
+another way (a spawn or forkserver DataLoader context, a subprocess) has no
+way to the notebook: there ``log`` raises ``RuntimeError`` saying so, rather
+than dropping the rows.
+
 Outside a launch, ``log`` returns at once and checks nothing: the same
 training code runs unlaunched at no cost (no ``.item()``, so no CUDA
 synchronisation).
@@ -19,6 +25,7 @@ synchronisation).
 
 from __future__ import annotations
 
+import os
 import time
 from numbers import Real
 from typing import Any
@@ -28,6 +35,9 @@ from nbddp.rank import context
 from nbddp.rank.channel import Row
 
 RESERVED = frozenset(("rank", "step", "time"))
+# Read once, at import: a process a rank started by exec (spawn) imports nbddp
+# afresh with the rank's environment; the rank itself and its forks have a channel.
+_STARTED_BY_A_RANK = os.environ.get("NBDDP_ROLE") == "worker"
 
 
 def _number(name: str, value: object) -> float | int:
@@ -43,6 +53,13 @@ def log(step: int | None = None, **values: Any) -> None:
     """Send a metric row to the notebook (see module contract)."""
     channel = rank_channel.installed()
     if channel is None:
+        if _STARTED_BY_A_RANK:
+            raise RuntimeError(
+                "nbddp.log works in a rank and in the processes it forks; this process was "
+                "started another way (spawn, forkserver, a subprocess), so its rows cannot "
+                "reach the notebook: use the fork context for DataLoader workers, or log "
+                "from the rank"
+            )
         return
     # This runs every training step: plain numbers, the common case, are
     # checked inline without a call per value.

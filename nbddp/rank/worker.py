@@ -183,19 +183,27 @@ def error_info(exc: BaseException) -> ErrorInfo:
     while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    exc_bytes: bytes | None
+    try:
+        message = str(exc)
+    except Exception as failure:
+        # Such an exception cannot be shown in the notebook either: it travels as text.
+        message = f"<its str() raised {type(failure).__name__}>"
+        return ErrorInfo(_type_name(exc), message, text, None)
+    return ErrorInfo(_type_name(exc), message, text, _rebuildable(exc))
+
+
+def _type_name(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def _rebuildable(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, when it unpickles as an exception of its own type; else None."""
     try:
         data = tocpu.dumps(exc)
-        pickle.loads(data)  # only ship what the notebook will be able to rebuild
-        exc_bytes = data
+        rebuilt = pickle.loads(data)  # only ship what the notebook will be able to rebuild
     except Exception:
-        exc_bytes = None
-    return ErrorInfo(
-        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        message=str(exc),
-        traceback=text,
-        exc_bytes=exc_bytes,
-    )
+        return None
+    return data if type(rebuilt) is type(exc) else None
 
 
 def _call(order: RunOrder, fds: list[int]) -> object:
@@ -232,17 +240,21 @@ def serve(ctrl: socket.socket) -> int:
     )
     link.start()
     channel.send("started", os.getpid())
+    owner = os.getpid()
     try:
         value = _call(order, list(fds))
     except SystemExit as exc:
+        _leave_if_forked(owner, exc)
         return _report_exit(channel, exc)
     except BaseException as exc:
+        _leave_if_forked(owner, exc)
         # Not printed here: the notebook raises it once, with this traceback,
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
         _flush()
         return 1
+    _leave_if_forked(owner, None)
     # The process group is not destroyed here: the rank exits right after
     # (os._exit, no destructors), which is what torchrun's workers do too,
     # once every rank has returned (see _wait_for_peers).
@@ -283,6 +295,26 @@ def _wait_for_peers() -> None:
             store.wait([_ALL_RETURNED_KEY], timedelta(seconds=PEER_WAIT))
     except Exception:
         pass  # e.g. a store hosted by a rank that already left: nothing to wait for
+
+
+def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
+    """In a child the function forked (``os.fork``) that came back here, exit at once.
+
+    Why: the child shares the rank's link, and whatever it sent (a value, an
+    error) would be taken for the rank's; nor may it count itself in the
+    process group's store. It ends as a forked child that reached its end
+    would: 0 after a return, else its exit code, a traceback on its stderr.
+    """
+    if os.getpid() == owner:
+        return
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    elif exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
+        code = 1
+    _flush()
+    os._exit(code)
 
 
 def _report_exit(channel: Channel, exc: SystemExit) -> int:

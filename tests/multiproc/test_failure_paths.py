@@ -1,0 +1,153 @@
+"""Failure paths lose nothing and become the right error: the launch environment,
+rows and results from a rank's forked children, exceptions that resist being described.
+
+Each test also gets the leftover-process check (tests/conftest.py); those that fail
+a launch check that it leaks no fd, thread or process in the notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbddp
+from nbddp.errors import ConfigError, WorkerError
+from nbddp.launcher.starters import FORKSERVER
+from tests.multiproc import failing, fns
+
+BIG = 200 * 1024  # bytes: more than one variable given to a new process may hold (128 KiB)
+
+
+def _resources() -> tuple[int, int, int]:
+    me = psutil.Process()
+    return threading.active_count(), me.num_fds(), len(me.children(recursive=True))
+
+
+@pytest.fixture
+def warm() -> Iterator[None]:
+    """One launch first (loop thread, forkserver and its pool exist), then count."""
+    nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")
+    yield
+
+
+@pytest.fixture
+def deleted_cwd(tmp_path: Path) -> Iterator[Path]:
+    here = os.getcwd()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    os.chdir(gone)
+    gone.rmdir()
+    try:
+        yield gone
+    finally:
+        os.chdir(here)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_a_launch_from_a_deleted_directory_is_a_config_error_that_leaks_nothing(
+    method: str, warm: None, deleted_cwd: Path
+) -> None:
+    before = _resources()
+    for _ in range(3):
+        with pytest.raises(ConfigError) as info:
+            nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none", start_method=method)
+        message = str(info.value)
+        assert "\n" not in message
+        assert "working directory" in message and "os.chdir" in message
+    assert _resources() == before
+
+
+def test_a_variable_too_long_for_a_new_process_is_a_config_error_for_spawn(
+    warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBDDP_TEST_BIG", "x" * BIG)
+    before = _resources()
+    for _ in range(3):
+        with pytest.raises(ConfigError) as info:
+            nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none", start_method="spawn")
+        message = str(info.value)
+        assert "\n" not in message
+        assert "NBDDP_TEST_BIG" in message and "forkserver" in message
+    assert _resources() == before
+    with pytest.raises(ConfigError, match="NBDDP_TEST_BIG"):
+        nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, start_method="spawn", env={})
+    monkeypatch.delenv("NBDDP_TEST_BIG")
+    with pytest.raises(ConfigError, match="BIG_FROM_ENV"):
+        nbddp.launch(
+            fns.all_reduce_sum, 0.0, procs=2, start_method="spawn", env={"BIG_FROM_ENV": "y" * BIG}
+        )
+
+
+def rank_sees(name: str) -> int:
+    return len(os.environ.get(name, ""))
+
+
+def test_a_restarted_forkserver_starts_with_a_variable_too_long_for_a_new_process(
+    warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBDDP_TEST_BIG", "x" * BIG)
+    FORKSERVER.close()  # the next launch starts a new one, in this environment
+    try:
+        before = _resources()
+        # The ranks still get the variable: their environment travels in their order.
+        assert nbddp.launch(rank_sees, "NBDDP_TEST_BIG", procs=2, output="none") == BIG
+    finally:
+        FORKSERVER.close()  # later tests get a forkserver started without it
+    assert _resources()[1] <= before[1]
+
+
+def test_rows_logged_in_dataloader_workers_all_arrive() -> None:
+    result = nbddp.launch(failing.log_in_dataloader_workers, procs=2, output="none", block=False)
+    done = result.wait()
+    assert done.values == {0: sum(range(failing.ROWS)), 1: sum(range(failing.ROWS))}
+    for rank in (0, 1):
+        items = sorted(int(r["item"] or 0) for r in done.metrics if r["rank"] == rank)
+        assert items == list(range(failing.ROWS))
+
+
+def test_rows_logged_in_children_forked_with_os_fork_all_arrive() -> None:
+    done = nbddp.launch(failing.log_in_forked_children, procs=2, output="none", block=False).wait()
+    assert done.values == {0: 2, 1: 2}
+    for rank in (0, 1):
+        items = sorted(int(r["item"] or 0) for r in done.metrics if r["rank"] == rank)
+        assert items == list(range(failing.ROWS))
+
+
+@pytest.mark.parametrize("how", ["return", "raise"])
+def test_a_forked_child_that_returns_into_nbddp_never_speaks_for_its_rank(how: str) -> None:
+    for _ in range(3):
+        done = nbddp.launch(
+            failing.fork_child_returns_late, how, procs=2, output="none", block=False
+        ).wait()
+        assert done.values == {0: "the rank's value", 1: "the rank's value"}
+
+
+@pytest.mark.parametrize(
+    ("fn", "type_name"),
+    [
+        (failing.raise_str_raises, "StrRaises"),
+        (failing.raise_rebuilds_as_int, "RebuildsAsInt"),
+    ],
+)
+def test_an_exception_that_resists_description_arrives_as_a_worker_error(
+    fn: object, type_name: str, warm: None
+) -> None:
+    before = _resources()
+    with pytest.raises(WorkerError) as info:
+        nbddp.launch(fn, procs=2, output="none")
+    error = info.value
+    assert error.remote_type == f"tests.multiproc.failing.{type_name}"
+    assert type_name in str(error)
+    assert f"raise {type_name}(" in error.remote_traceback
+    assert _resources() == before
+
+
+def test_logging_in_a_spawned_dataloader_worker_says_it_cannot_reach_the_notebook() -> None:
+    with pytest.raises(RuntimeError) as info:
+        nbddp.launch(failing.log_in_spawned_dataloader_workers, procs=2, output="none")
+    assert "nbddp.log works in a rank and in the processes it forks" in str(info.value)
