@@ -12,7 +12,9 @@ which still holds for orphans. Other sessions on the machine are ignored.
 Zombies count as gone: in some containers nothing reaps orphans.
 
 Idle pool workers are expected while their forkserver lives: ``stray_idle``
-finds the ones that are not (an orphan, or more than a pool may hold).
+finds the ones that are not (an orphan, or more than a pool may hold). Each
+idle worker is the child of an idle keeper, the forkserver's child; both are
+named ``nbddp-idle``. The pool's workers are the keepers' children.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ def _role(proc: psutil.Process, name: str) -> str:
     if name == IDLE_NAME:
         return "idle"
     if name == FORKSERVER_NAME:
-        # A child the forkserver has just forked still carries its name for an
-        # instant (until it names itself nbddp-idle or nbddp-rank<N>).
+        # A child the forkserver (or an idle keeper) has just forked still carries
+        # its name for an instant (until it names itself nbddp-idle, nbddp-keeper
+        # or nbddp-rank<N>).
         with_parent = proc.parent()
-        if with_parent is not None and with_parent.name() == FORKSERVER_NAME:
+        if with_parent is not None and with_parent.name() in (FORKSERVER_NAME, IDLE_NAME):
             return "idle"
         return "forkserver"
     return "worker"
@@ -109,10 +112,9 @@ def wait_gone(
     return wait_procs_gone(ours(roles, pids), timeout)
 
 
-def idle_of(forkserver: int) -> list[psutil.Process]:
-    """The forkserver's idle pool workers now (children named ``nbddp-idle``)."""
+def _idle_children(pid: int) -> list[psutil.Process]:
     try:
-        kids = psutil.Process(forkserver).children()
+        kids = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
         return []
     found = []
@@ -123,6 +125,22 @@ def idle_of(forkserver: int) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def idle_of(forkserver: int) -> list[psutil.Process]:
+    """The forkserver's idle pool workers now (named ``nbddp-idle``, each the child of
+    an idle keeper that is the forkserver's child)."""
+    return [w for k in _idle_children(forkserver) for w in _idle_children(k.pid)]
+
+
+def _pool_of(proc: psutil.Process) -> int | None:
+    """The forkserver whose pool ``proc`` (an idle keeper or worker) is in, or None."""
+    parent = proc.parent()
+    if parent is not None and parent.name() == IDLE_NAME:  # a worker: its keeper's
+        parent = parent.parent()
+    if parent is not None and parent.name() == FORKSERVER_NAME:
+        return parent.pid
+    return None
 
 
 def wait_pool(forkserver: int, size: int, timeout: float = 10.0) -> list[psutil.Process]:
@@ -139,7 +157,7 @@ def wait_pool(forkserver: int, size: int, timeout: float = 10.0) -> list[psutil.
         except psutil.Error:
             kids = []
         idle = idle_of(forkserver)
-        if len(idle) == size and len(kids) == size:
+        if len(idle) == size and len(kids) == size and all(k.name() == IDLE_NAME for k in kids):
             return idle
         if time.monotonic() > deadline:
             raise AssertionError(
@@ -159,15 +177,15 @@ def stray_idle(max_per_forkserver: int, timeout: float = 10.0) -> list[psutil.Pr
         pools: dict[int, list[psutil.Process]] = defaultdict(list)
         for proc in ours(("idle",)):
             try:
-                parent = proc.parent()
-                kept = parent is not None and parent.name() == FORKSERVER_NAME
+                pool = _pool_of(proc)
             except psutil.Error:
-                kept = False
-            if kept and parent is not None:
-                pools[parent.pid].append(proc)
+                pool = None
+            if pool is not None:
+                pools[pool].append(proc)
             else:
                 strays.append(proc)
-        strays += [p for pool in pools.values() if len(pool) > max_per_forkserver for p in pool]
+        # Each pool member is a keeper and its worker: two processes.
+        strays += [p for pool in pools.values() if len(pool) > 2 * max_per_forkserver for p in pool]
         if not strays or time.monotonic() > deadline:
             return strays
         wait_procs_gone(strays, timeout=0.1)

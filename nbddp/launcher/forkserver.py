@@ -2,10 +2,13 @@
 
 Contract: started by ``starters.ForkserverStarter`` with one end of a Unix
 socketpair as ``argv[1]``. For each request (``starters.REQUEST`` plus four
-fds: status write end, ctrl, out, err) it finds a process for the rank
-(an idle worker from its pool, or else a child forked now), writes that
-child's pid (8 bytes) to the status fd, and later, when the child has
-exited, its exit code (8 bytes), then closes the status fd. It exits when
+fds: status write end, ctrl, out, err) it finds a keeper for the rank
+(an idle one from its pool, or else a child forked now) and hands it the
+four fds; the keeper (``nbddp.rank.keeper``), the rank's parent, writes the
+rank's pid (8 bytes) to the status fd, and later, once the rank and all
+its descendants are gone, its exit code (8 bytes). The forkserver keeps no
+status fd: ranks outlive it, and their exit codes still reach the notebook.
+It is a child subreaper, so that it reaps what a killed keeper leaves. It exits when
 the notebook's end of the socket closes (the notebook exited, was killed,
 or closed it on purpose), after ending its idle workers and waiting for
 its ranks.
@@ -34,13 +37,15 @@ import sys
 import time
 
 from nbddp.launcher.pool import Pool
-from nbddp.launcher.starters import REQUEST, STATUS, ChildFds, run_forked_worker
+from nbddp.launcher.starters import REQUEST, ChildFds, run_kept_worker
+from nbddp.rank.keeper import become_subreaper
 
 REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
 PRELOAD = (
     "torch",
     "torch.distributed",
     "cloudpickle",
+    "psutil",  # the keeper's
     "nbddp.rank.worker",  # with the rank's channel and context, and the wire it loads and sends
     "nbddp.rank.metrics",  # nbddp.log
     "nbddp.rank.calls",  # spawn()'s wrapper
@@ -65,7 +70,7 @@ class Forkserver:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.children: dict[int, int] = {}  # ranks: pid -> status fd
+        self.children: set[int] = set()  # the keepers of running ranks
         self.pool = Pool()
         self.listening = True
         self.wake_r, self.wake_w = os.pipe()
@@ -77,6 +82,7 @@ class Forkserver:
 
         Waiting lets running ranks still report their exit codes; if the
         notebook died, they are dying too (each watches its own link)."""
+        become_subreaper()
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
         sel = self.selector
@@ -128,7 +134,7 @@ class Forkserver:
 
     def _fds(self) -> set[int]:
         """Every fd the forkserver holds: a forked child must close them all."""
-        own = {self.sock.fileno(), self.wake_r, self.wake_w, *self.children.values()}
+        own = {self.sock.fileno(), self.wake_r, self.wake_w}
         selector_fd = getattr(self.selector, "fileno", None)  # epoll and kqueue hold one
         if selector_fd is not None:
             own.add(selector_fd())
@@ -145,19 +151,15 @@ class Forkserver:
         _, size, idle_timeout = REQUEST.unpack(msg)
         self.pool.resize(size, idle_timeout)
         status_w, ctrl, out, err = fds
-        pid = self.pool.hand_over((ctrl, out, err))
+        pid = self.pool.hand_over((ctrl, out, err, status_w))
         if pid is None:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child
-                own = {*self._fds(), *self.pool.fds(), status_w}
-                run_forked_worker(ChildFds(ctrl, out, err), own)
-        for fd in (ctrl, out, err):
+                own = {*self._fds(), *self.pool.fds()}
+                run_kept_worker(ChildFds(ctrl, out, err), status_w, own)
+        for fd in fds:
             os.close(fd)
-        try:
-            os.write(status_w, STATUS.pack(pid))
-        except OSError:
-            pass  # the requester is gone; the child will find its link closed
-        self.children[pid] = status_w
+        self.children.add(pid)
         return True
 
     def _reap(self) -> None:
@@ -168,17 +170,13 @@ class Forkserver:
                 return
             if pid == 0:
                 return
+            del status  # the keeper reported its rank's exit code itself
             if self.pool.forget(pid):
                 continue
-            fd = self.children.pop(pid, None)
-            if fd is not None:
+            if pid in self.children:
+                self.children.discard(pid)
                 self.pool.touch()
-                try:
-                    os.write(fd, STATUS.pack(os.waitstatus_to_exitcode(status)))
-                except OSError:
-                    pass  # the notebook is gone: nobody is waiting for this status
-                finally:
-                    os.close(fd)
+            # Anything else: an orphan a killed keeper left, re-parented here.
 
 
 def _readable(sock: socket.socket) -> bool:

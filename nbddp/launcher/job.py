@@ -139,9 +139,8 @@ class Job:
             for state in self._ranks:
                 env = {**base_env, **self.config.rank_env(state.rank, port)}
                 links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
-        except BaseException:
-            self.stop(RunStatus.FAILED)
-            self._store = None
+        except BaseException:  # a rank that cannot start, or an interrupt meanwhile
+            self._abandon_start()
             raise
         for state, (sock, order) in zip(self._ranks, links, strict=True):
             try:
@@ -185,6 +184,15 @@ class Job:
         NOTEBOOK_FDS.keep(ours.fileno(), out_r, err_r)
         try:
             child: Child = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
+        except BaseException:
+            # Closing our end is what tells a worker started for this rank
+            # (the forkserver may fork it later) that there is no order for it.
+            for fd in (ours.fileno(), out_r, err_r):
+                NOTEBOOK_FDS.release(fd)
+            ours.close()
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             theirs.close()
             os.close(out_w)
@@ -193,6 +201,20 @@ class Job:
         record.pid = child.pid
         self._pipes[record.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
         return ours
+
+    def _abandon_start(self) -> None:
+        """Starting failed part-way: stop the ranks started so far and wait (bounded)
+        until their fds, the store and the run's directory are released, as at the
+        end of a run. Ranks never started count as stopped and closed."""
+        for record in self._ranks:
+            if record.rank not in self._pipes:
+                record.state, record.exited, record.closed = RankState.STOPPED, True, True
+        self.stop(RunStatus.FAILED)
+        for rank, pipes in self._pipes.items():
+            self._relay.attach(rank, pipes)
+        if not self._pipes:
+            self._loop.call(self._end)
+        self._done.wait(self.config.kill_grace + 2 * ORPHAN_GRACE + 1.0)
 
     def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
         cfg = self.config
@@ -324,9 +346,13 @@ class Job:
 
     def on_closed(self, rank: int) -> None:
         """A rank's output is complete; the run has ended when all are."""
-        record = self._ranks[rank]
-        record.closed = True
+        self._ranks[rank].closed = True
         if all(r.closed for r in self._ranks):
+            self._end()
+
+    def _end(self) -> None:
+        """Every rank's output is complete: the run has ended (loop thread)."""
+        if not self._done.is_set():
             self._ended_at = time.monotonic()
             self._store = None  # shuts the store's server down
             self._run_dir.release()  # its logs are complete: prunable from now on

@@ -1,15 +1,17 @@
 """The forkserver's pool of idle one-shot workers: how a warm launch beats a plain fork.
 
 Contract: a ``Pool`` lives in the forkserver (single-threaded, like the forkserver)
-and owns the idle children. Each was forked from the forkserver ahead of time,
-has already done what a forked rank does first (its own session, the
-forkserver's fds closed, default signals) and warmed up, is then named
-``nbddp-idle``, and blocks
-on a private socketpair to the forkserver. ``hand_over`` sends the fds of one
-rank (ctrl, out, err) to the oldest idle child and returns its pid: from
-then on that child is exactly a rank forked on demand
-(``starters.run_detached_worker``) and no longer the pool's; it runs one
-order and exits. A worker never runs two jobs, so no state (module
+and owns the idle children. Each is a pair forked ahead of time: a keeper
+(``nbddp.rank.keeper``), the forkserver's child, blocked on a private
+socketpair to the forkserver, and under it the idle worker, which has
+already done what a forked rank does first (its own session, the
+forkserver's fds closed, default signals), warmed up, and blocks on a
+socketpair to its keeper; both are named ``nbddp-idle``. ``hand_over``
+sends the fds of one rank (ctrl, out, err, status) to the oldest idle
+keeper and returns its pid; the keeper passes the first three to its
+worker and keeps the status fd: from then on the pair is exactly a keeper
+and its rank forked on demand (``starters.run_kept_worker``) and no longer
+the pool's; the rank runs one order and exits. A worker never runs two jobs, so no state (module
 globals, environment, ``sys.modules``, a process group) passes from one
 run to the next.
 
@@ -17,7 +19,8 @@ Sizing is the forkserver's call (``resize`` on each request, ``spawn_one``
 when a refill is due, ``wind_down`` after ``idle_timeout`` seconds without
 a launch). An idle child exits on its own when its link closes (the forkserver
 ended it, exited, or died) and the kernel kills it if the forkserver dies
-first (``PR_SET_PDEATHSIG``): idle workers never outlive the forkserver.
+first (``PR_SET_PDEATHSIG``), as it kills the worker if its keeper dies:
+idle workers never outlive the forkserver.
 
 CUDA: an idle child runs only nbddp's code and ``_warm_up``, neither of
 which initialises CUDA; the rank's environment (``CUDA_VISIBLE_DEVICES``
@@ -38,6 +41,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from nbddp.launcher.starters import ChildFds, detach, run_detached_worker
+from nbddp.rank import keeper
 from nbddp.rank.worker import set_process_name
 
 IDLE_NAME = "nbddp-idle"
@@ -73,8 +77,8 @@ class Pool:
         self.last_used = time.monotonic()
 
     def hand_over(self, fds: Sequence[int]) -> int | None:
-        """Give a rank's fds (ctrl, out, err) to an idle worker; its pid, or None if none
-        is left. The caller keeps its own copies of ``fds``."""
+        """Give a rank's fds (ctrl, out, err, status) to an idle keeper; its pid, or None
+        if none is left. The caller keeps its own copies of ``fds``."""
         while self.idle:
             pid = next(iter(self.idle))
             link = self.idle.pop(pid)
@@ -138,23 +142,68 @@ class Pool:
 
 
 def _idle_main(link: socket.socket, close: set[int], forkserver: int) -> NoReturn:
-    """The body of an idle worker: get ready, wait for one rank's fds, run it."""
+    """The body of an idle keeper: fork the idle worker, wait for one rank's fds, keep it."""
     try:
         detach(close)
         _die_with(forkserver)
+        keeper.become_subreaper()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        me = os.getpid()
+        worker = os.fork()
+        if worker == 0:  # pragma: no cover - runs in the idle worker
+            link.close()
+            ours.close()
+            os.setsid()
+            _idle_worker(theirs, me)
+        theirs.close()
+        set_process_name(IDLE_NAME)
+        fds = _wait_for_fds(link, 4)
+        if fds is None:
+            os._exit(0)
+        _prctl_pdeathsig(0)  # the rank outlives the forkserver, and so does its keeper
+        _start_rank(ours, worker, fds)
+    except BaseException:
+        traceback.print_exc()
+    os._exit(1)
+
+
+def _start_rank(link: socket.socket, worker: int, fds: list[int]) -> NoReturn:
+    """Pass the rank's fds to the idle worker and keep it; if it died while idle,
+    fork the rank afresh."""
+    ctrl, out, err, status_w = fds
+    try:
+        socket.send_fds(link, [b"R"], [ctrl, out, err])
+    except OSError:  # it died while idle: reap it, and fork the rank as on demand
+        link.close()
+        os.waitpid(worker, 0)
+        keeper.keep(lambda: run_detached_worker(ChildFds(ctrl, out, err)), status_w, fds[:3])
+    link.close()
+    for fd in fds[:3]:
+        os.close(fd)
+    keeper.supervise(worker, status_w)
+    os._exit(0)
+
+
+def _idle_worker(link: socket.socket, keeper_pid: int) -> NoReturn:
+    """The body of an idle worker: get ready, wait for one rank's fds, run it."""
+    try:
+        _die_with(keeper_pid)
         try:
             _warm_up()
         except Exception:  # only ever a head start: the rank does the same work itself
             traceback.print_exc()
         # Named only now, so that the name says "ready and waiting" (tests wait on it).
         set_process_name(IDLE_NAME)
-        fds = _wait_for_rank(link)
+        fds = _wait_for_fds(link, 3)
     except BaseException:
         traceback.print_exc()
         os._exit(1)
     if fds is None:
         os._exit(0)
-    run_detached_worker(fds)
+    # A rank's life is tied to its link to the notebook, as for a rank forked
+    # on demand; its keeper going away must not kill a run in progress.
+    _prctl_pdeathsig(0)
+    run_detached_worker(ChildFds(*fds))
 
 
 def _prctl_pdeathsig(sig: int) -> None:
@@ -210,19 +259,16 @@ def _warm_up() -> None:
         del group, store
 
 
-def _wait_for_rank(link: socket.socket) -> ChildFds | None:
-    """Block until the forkserver sends a rank's fds; None if the link closes instead."""
+def _wait_for_fds(link: socket.socket, count: int) -> list[int] | None:
+    """Block until ``count`` fds arrive on ``link``; None if it closes instead."""
     try:
-        _, fds, _, _ = socket.recv_fds(link, 1, 3)
+        _, fds, _, _ = socket.recv_fds(link, 1, count)
     except OSError:
         return None
     finally:
         link.close()
-    if len(fds) != 3:
+    if len(fds) != count:
         for fd in fds:
             os.close(fd)
         return None
-    # A rank's life is tied to its link to the notebook, as for a rank forked
-    # on demand; the forkserver going away must not kill a run in progress.
-    _prctl_pdeathsig(0)
-    return ChildFds(*fds)
+    return list(fds)

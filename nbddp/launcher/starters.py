@@ -4,7 +4,10 @@ Contract: ``starter(config).start(fds, env)`` starts a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
 ``worker.serve`` on ``fds.ctrl``; it returns a ``Child`` whose
 ``status_fd`` becomes readable once, with the 8-byte exit code (negative:
-killed by that signal), when the process has exited. The caller keeps
+killed by that signal), when the process has exited. From the forkserver
+and by fork, the rank's parent is its keeper (``nbddp.rank.keeper``): the
+code arrives once the rank's whole tree is gone, and the keeper, not the
+forkserver, reports it, so a rank outlives its forkserver. The caller keeps
 ownership of ``fds`` and closes its copies after ``start`` returns. From the
 forkserver, each start also tells it the pool to keep (``pool_request``: the
 config's world size and pool settings, validated when it was built).
@@ -31,13 +34,13 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from nbddp.launcher.execenv import fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
-from nbddp.rank import worker
+from nbddp.rank import keeper, worker
 
 if TYPE_CHECKING:
     # Only for types: the forkserver imports this module and needs none of the config.
     from nbddp.launcher.config import LaunchConfig
 
-STATUS = struct.Struct("!q")
+STATUS = keeper.STATUS
 REQUEST = struct.Struct("!cqd")
 """A request to the forkserver: kind (``b"F"``: fork a rank; it carries four fds),
 how many idle workers to keep afterwards, and after how many idle seconds they end."""
@@ -151,14 +154,22 @@ def run_detached_worker(fds: ChildFds) -> NoReturn:
         os._exit(code)
 
 
-def run_forked_worker(fds: ChildFds, close: set[int]) -> NoReturn:
-    """The body of a forked child (fork starter and forkserver): never returns."""
+def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
+    """The body of a forked child (fork starter and forkserver): it becomes the rank's
+    keeper, which forks the rank and reports to ``status_w``. Never returns."""
     try:
-        detach(close - {fds.ctrl, fds.out, fds.err})
+        detach(close - {fds.ctrl, fds.out, fds.err, status_w})
     except BaseException:
         traceback.print_exc()
         os._exit(1)
-    run_detached_worker(fds)
+    keeper.keep(lambda: run_detached_worker(fds), status_w, (fds.ctrl, fds.out, fds.err))
+
+
+def read_pid(status_r: int, timeout: float) -> int | None:
+    """The rank's pid, the first 8 bytes its keeper writes; None if none came in time."""
+    ready, _, _ = select.select([status_r], [], [], timeout)
+    data = os.read(status_r, STATUS.size) if ready else b""
+    return int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
 
 
 class ForkStarter:
@@ -169,15 +180,20 @@ class ForkStarter:
         with NOTEBOOK_FDS.frozen() as kept:
             pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            run_forked_worker(fds, {*kept, status_r, status_w})
-
-        def reap() -> None:
-            _, status = os.waitpid(pid, 0)
-            _report_exit(status_w, os.waitstatus_to_exitcode(status))
-
-        # Why a thread: the notebook is the parent and must reap; waitpid blocks.
-        threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
-        return Child(pid, status_r)
+            run_kept_worker(fds, status_w, {*kept, status_r})
+        os.close(status_w)
+        # Why a thread: the notebook is the keeper's parent and must reap it; the
+        # keeper itself reports the rank's pid and exit code.
+        threading.Thread(target=os.waitpid, args=(pid, 0), name="nbddp-reap", daemon=True).start()
+        try:
+            rank = read_pid(status_r, FORKSERVER_REPLY_TIMEOUT)
+        except BaseException:
+            os.close(status_r)
+            raise
+        if rank is None:
+            os.close(status_r)
+            raise RuntimeError("nbddp could not fork a worker; use start_method='spawn'")
+        return Child(rank, status_r)
 
 
 @dataclass(frozen=True)
@@ -283,16 +299,19 @@ class ForkserverStarter:
     def _read_pid(self, status_r: int) -> int:
         # Why a timeout: the first request waits for the forkserver's torch import
         # (seconds); a forkserver that never answers must not hang the notebook.
-        ready, _, _ = select.select([status_r], [], [], FORKSERVER_REPLY_TIMEOUT)
-        data = os.read(status_r, STATUS.size) if ready else b""
-        if len(data) != STATUS.size:
+        try:
+            pid = read_pid(status_r, FORKSERVER_REPLY_TIMEOUT)
+        except BaseException:  # an interrupt while it starts: the rank will find its link closed
+            os.close(status_r)
+            raise
+        if pid is None:
             os.close(status_r)
             self._close_locked()
             raise RuntimeError(
                 "nbddp's forkserver did not start a worker (see the kernel's log); "
                 "retry, or use start_method='spawn'"
             )
-        return int(STATUS.unpack(data)[0])
+        return pid
 
     def close(self) -> None:
         """Stop the forkserver (running workers are not affected)."""

@@ -107,8 +107,8 @@ def test_killing_the_notebook_process_takes_every_worker_down(tmp_path: Path) ->
             if ready == 2:
                 break
         tree = psutil.Process(proc.pid).children(recursive=True)
-        # the forkserver, 2 ranks, and each rank's 2 DataLoader workers
-        assert len(tree) == 7, tree
+        # the forkserver, 2 ranks with their keepers, and each rank's 2 DataLoader workers
+        assert len(tree) == 9, tree
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

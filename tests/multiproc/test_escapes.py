@@ -1,0 +1,190 @@
+"""Nothing a rank starts outlives it, whatever it does with sessions; ranks outlive
+their forkserver and still report how they ended; an interrupt while the first
+launch waits for the forkserver leaves no process and no fd behind.
+
+Each test also gets the leftover-process check (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbddp
+from nbddp.launcher.starters import FORKSERVER
+from tests.multiproc import escape_fns
+from tests.procs import wait_procs_gone
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _resources() -> tuple[int, int, int]:
+    me = psutil.Process()
+    return threading.active_count(), me.num_fds(), len(me.children(recursive=True))
+
+
+def _gone(pids: list[int], timeout: float = 5.0) -> list[int]:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    survivors = wait_procs_gone(procs, timeout)
+    for proc in survivors:
+        proc.kill()
+    return [p.pid for p in survivors]
+
+
+def _warm() -> None:
+    """The relay loop and the forkserver's pool exist before resources are counted."""
+    assert nbddp.launch(escape_fns.noop, procs=2, output="none") == 0
+
+
+@pytest.mark.parametrize(
+    "fn", [escape_fns.setsid_child_holding_pipes, escape_fns.double_fork_with_pipes_closed]
+)
+def test_a_process_that_left_the_ranks_session_ends_with_the_rank(fn: object) -> None:
+    _warm()
+    before = _resources()
+    result = nbddp.launch(fn, procs=2, block=False, output="none").wait()  # type: ignore[call-overload]
+    escaped = list(result.values.values())
+    assert len(escaped) == 2
+    # Gone when the launch returns (a zombie nobody reaped counts as gone).
+    assert _gone(escaped, timeout=0.5) == []
+    threads, fds, _ = _resources()
+    assert (threads, fds) == before[:2]
+
+
+def test_killing_the_notebook_takes_down_what_ranks_started_in_other_sessions(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "escape.py"
+    script.write_text(
+        "import nbddp\nfrom tests.multiproc import escape_fns\n"
+        "nbddp.launch(escape_fns.escape_then_hang, procs=2)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+    )
+    assert proc.stdout is not None
+    escaped: list[int] = []
+    try:
+        for line in proc.stdout:  # the script relays "[rank N] escaped PID" lines
+            found = re.search(r"escaped (\d+)", line)
+            if found:
+                escaped.append(int(found.group(1)))
+            if len(escaped) == 2:
+                break
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert len(escaped) == 2
+    assert _gone([*escaped, *tree]) == []
+
+
+def _fifos(tmp_path: Path) -> Path:
+    fifo = tmp_path / "go"
+    for rank in (0, 1):
+        os.mkfifo(f"{fifo}.{rank}")
+    return fifo
+
+
+def _release(fifo: Path) -> None:
+    for rank in (0, 1):
+        with open(f"{fifo}.{rank}", "w") as f:
+            f.write("go\n")
+
+
+def _kill_forkserver_when_ready(run: nbddp.Run, fifo: Path) -> None:
+    ready = {0: "", 1: ""}
+
+    class KillWhenReady:
+        def __getattr__(self, name: str) -> object:
+            return lambda *args, **kwargs: None
+
+        def output(self, rank: int, stream: str, chunk: str) -> None:
+            ready[rank] += chunk
+            if all("ready" in t for t in ready.values()) and FORKSERVER.pid is not None:
+                os.kill(FORKSERVER.pid, signal.SIGKILL)
+                psutil.Process(FORKSERVER.pid).wait(5)  # type: ignore[arg-type]
+                _release(fifo)
+
+    run.display = KillWhenReady()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(("code", "values"), [(0, {0: "go", 1: "go"}), (3, None)])
+def test_ranks_outlive_a_killed_forkserver_and_report_how_they_ended(
+    tmp_path: Path, code: int, values: dict[int, str] | None
+) -> None:
+    _warm()
+    fifo = _fifos(tmp_path)
+    run = nbddp.launch(
+        escape_fns.wait_then_exit, str(fifo), code, procs=2, block=False, output="none"
+    )
+    _kill_forkserver_when_ready(run, fifo)
+    if values is not None:
+        assert run.wait().values == values
+    else:
+        with pytest.raises(nbddp.RankExitedError) as info:
+            run.wait()
+        assert info.value.rank == 1 and info.value.exit_code == code
+    assert nbddp.launch(escape_fns.noop, procs=2, output="none") == 0  # on a new forkserver
+
+
+INTERRUPT_DURING_START = textwrap.dedent(
+    """
+    import signal, threading
+    import psutil
+    import torch.distributed  # as a notebook that used torch has: the launch is at once
+    import nbddp
+    from tests.multiproc import escape_fns
+
+    # What the first launch of a process creates once (the relay's thread and fds,
+    # torch's) exists before counting; spawn leaves the forkserver unstarted.
+    assert nbddp.launch(escape_fns.noop, procs=1, output="none", start_method="spawn") == 0
+    me = psutil.Process()
+    before = (threading.active_count(), me.num_fds())
+    main = threading.main_thread().ident
+    threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
+    try:
+        nbddp.launch(escape_fns.setsid_child_holding_pipes, procs=2, output="none")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    # The forkserver serves the abandoned request before this launch's: the rank
+    # it starts for it must find its link closed and end.
+    assert nbddp.launch(escape_fns.noop, procs=2, output="none") == 0
+    nbddp.shutdown()
+    after = (threading.active_count(), me.num_fds())
+    print("before", before, "after", after, flush=True)
+    assert after == before, (before, after)
+    """
+)
+
+
+def test_an_interrupt_while_the_forkserver_starts_leaks_no_process_or_fd(tmp_path: Path) -> None:
+    script = tmp_path / "interrupt.py"
+    script.write_text(INTERRUPT_DURING_START)
+    env = dict(os.environ, PYTHONPATH=str(REPO), NBDDP_PREWARM="0")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
+    assert "interrupted" in proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
