@@ -58,6 +58,7 @@ from nbddp.launcher.starters import Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo, Placement, RunOrder
+from nbddp.wire.values import Packed
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
@@ -73,7 +74,7 @@ class _RankRecord:
     exit_code: int | None = None
     exited: bool = False
     closed: bool = False
-    value: bytes | None = None
+    value: Packed | None = None
     error: ErrorInfo | None = None
     exit_request: int | None = None
     started_at: float = field(default_factory=time.monotonic)
@@ -263,7 +264,7 @@ class Job:
         if kind == "started":
             record.state = RankState.RUNNING
             self.events.put(StateChanged(rank, RankState.RUNNING))
-        elif kind == "result":
+        elif kind == "result" and isinstance(body, Packed):
             record.value = body
         elif kind == "error":
             record.error = body
