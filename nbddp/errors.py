@@ -95,6 +95,20 @@ class RankExitedError(RankError):
         self.exit_code = exit_code
 
 
+class ResultError(RankError):
+    """A rank returned a value that cannot be rebuilt in the notebook.
+
+    ``type_name`` is the value's type in the rank; the error raised while
+    rebuilding it is the ``__cause__``.
+    """
+
+    def __init__(
+        self, message: str, *, rank: int, type_name: str, log_path: str | None = None
+    ) -> None:
+        super().__init__(message, rank=rank, log_path=log_path)
+        self.type_name = type_name
+
+
 class LaunchTimeout(NbddpError, TimeoutError):
     """The run exceeded its ``timeout`` and was stopped."""
 

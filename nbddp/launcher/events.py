@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.values import Packed
 
 
 class RankState(str, Enum):
@@ -125,8 +126,8 @@ class RankOutcome:
     exit_code: int | None
     """Exit code; negative: killed by that signal; None: still running, or lost."""
     exited: bool
-    value: bytes | None
-    """Its return value, pickled, once it returned."""
+    value: Packed | None
+    """Its return value as the rank sent it (``values.unpack`` rebuilds it), once it returned."""
     error: ErrorInfo | None
     """What it raised, once it did."""
     started_at: float

@@ -59,6 +59,7 @@ from nbddp.launcher.starters import Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import STACKS_SIGNAL, ErrorInfo, Placement, RunOrder
+from nbddp.wire.values import Packed
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
@@ -77,7 +78,7 @@ class _RankRecord:
     exit_code: int | None = None
     exited: bool = False
     closed: bool = False
-    value: bytes | None = None
+    value: Packed | None = None
     error: ErrorInfo | None = None
     exit_request: int | None = None
     stacks: StacksTaken | None = None
@@ -292,7 +293,7 @@ class Job:
         if kind == "started":
             record.state = RankState.RUNNING
             self.events.put(StateChanged(rank, RankState.RUNNING))
-        elif kind == "result":
+        elif kind == "result" and isinstance(body, Packed):
             record.value = body
         elif kind == "error":
             record.error = body

@@ -21,8 +21,10 @@ in it. A run whose ranks print a line (and log a metric row) per training
 step then costs the notebook one wakeup per ``REST`` for all its ranks and
 fds together, not one per line or per fd, and their writes never wake it.
 A read that fills the buffer is followed at once, so a flood is read at
-full speed. Once a rank has exited its fds no longer rest: what is left is
-read at once.
+full speed, and a control socket never rests in the middle of a message.
+Once a rank has exited its fds no longer rest: what is left is read at
+once. Descriptors a rank sends beside its messages (shared memory of its
+return value) are received with them (``protocol.FrameReader``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any, Protocol
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.starters import STATUS
-from nbddp.wire.protocol import FrameReader, encode
+from nbddp.wire.protocol import FD_SPACE, FrameReader, encode, received_fds
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20
@@ -230,18 +232,24 @@ class Relay:
         return SHORT if len(data) < READ_SIZE else FULL
 
     def _read_ctrl(self, rank: int, streams: _RankStreams) -> int:
+        fds: list[int] = []
         try:
-            data = streams.pipes.ctrl.recv(CTRL_READ_SIZE)
+            data, ancdata, _, _ = streams.pipes.ctrl.recvmsg(
+                CTRL_READ_SIZE, FD_SPACE, socket.MSG_CMSG_CLOEXEC
+            )
+            fds = received_fds(ancdata)
         except BlockingIOError:
             return EMPTY
         except OSError:
             data = b""
         if not data:
+            streams.frames.feed(b"", fds)  # owned by the reader, closed with it
             self._close_fd(rank, streams, streams.ctrl_fd)
             return CLOSED
-        for kind, body in streams.frames.feed(data):
+        for kind, body in streams.frames.feed(data, fds):
             self.sink.on_message(rank, kind, body)
-        return SHORT if len(data) < CTRL_READ_SIZE else FULL
+        # Mid-message: the rest is coming; resting would hold it up REST per read.
+        return SHORT if len(data) < CTRL_READ_SIZE and not streams.frames.pending else FULL
 
     def _on_readable(self, streams: _RankStreams, fd: int) -> None:
         """A watched fd is readable: read it; once drained, it rests."""
@@ -327,6 +335,7 @@ class Relay:
         NOTEBOOK_FDS.release(fd)
         if fd == streams.ctrl_fd:
             streams.pipes.ctrl.close()
+            streams.frames.close()
             self.sink.on_link_closed(rank)
         else:
             os.close(fd)

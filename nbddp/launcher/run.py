@@ -7,8 +7,16 @@ earliest failing rank's exception with its original type when it can be
 rebuilt here (the rank's traceback attached as the ``__cause__`` and in a
 note), else ``WorkerError``/``RankExitedError`` (``failures.run_error``).
 ``KeyboardInterrupt`` during ``wait`` stops every rank, waits for them to
-be gone, and re-raises. A ``Run`` reads its job only through ``RunSource``:
-typed events, rank outcomes, the root cause and the status.
+be gone, and re-raises.
+
+Values: each rank's return value is rebuilt once, on the shared memory it
+came with (``values.unpack``). Only rank 0's value can fail the run (a
+``ResultError`` naming the rank, the value's type and why, when the run did
+not fail otherwise); another rank's value that cannot be rebuilt is an
+``UnloadedValue`` in ``RunResult.values``, which says why.
+
+A ``Run`` reads its job only through ``RunSource``: typed events, rank
+outcomes, the root cause and the status.
 
 Display pump: typed events (output chunks, states, metrics) are taken from
 the job's queue in the waiting thread, in batches (everything queued, up to
@@ -31,15 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import cloudpickle
-
 from nbddp.display.protocol import Display
+from nbddp.errors import ResultError
 from nbddp.launcher import events as ev
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
 from nbddp.launcher.failures import run_error
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.metrics import Metrics
+from nbddp.wire.payload import short_error
+from nbddp.wire.values import unpack
 
 STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_grace
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
@@ -71,6 +80,23 @@ class RunResult:
     def log_path(self, rank: int) -> Path:
         """The full log of ``rank``."""
         return rank_log(self.log_dir, rank)
+
+
+@dataclass(frozen=True)
+class UnloadedValue:
+    """Stands in ``RunResult.values`` for a rank's value that cannot be rebuilt here."""
+
+    rank: int
+    type_name: str
+    """The value's type in the rank."""
+    reason: str
+    """What rebuilding it raised."""
+
+    def __repr__(self) -> str:
+        return (
+            f"<rank {self.rank}'s return value ({self.type_name}) "
+            f"could not be rebuilt in the notebook: {self.reason}>"
+        )
 
 
 class RunSource(Protocol):
@@ -321,19 +347,45 @@ class Run:
     def _build_result(self) -> RunResult:
         job = self.job
         outcomes = job.outcomes()
-        values: dict[int, Any] = {}
-        for outcome in outcomes:
-            if outcome.value is not None:
-                values[outcome.rank] = cloudpickle.loads(outcome.value)
+        values, unloaded = _load_values(outcomes, self.log_dir)
         failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, job.config.timeout)
         return RunResult(
             values=values,
             exit_codes={o.rank: o.exit_code for o in outcomes},
             log_dir=self.log_dir,
             metrics=Metrics(self.metrics),
-            failure=failure,
+            failure=failure or unloaded,
             duration=job.elapsed(),
         )
+
+
+def _load_values(
+    outcomes: tuple[RankOutcome, ...], log_dir: Path
+) -> tuple[dict[int, Any], ResultError | None]:
+    """Each rank's value (an ``UnloadedValue`` where it cannot be rebuilt), and the
+    error for rank 0's when that one cannot be (see module contract)."""
+    values: dict[int, Any] = {}
+    error: ResultError | None = None
+    for outcome in outcomes:
+        packed = outcome.value
+        if packed is None:
+            continue
+        try:
+            values[outcome.rank] = unpack(packed)
+        except Exception as exc:
+            values[outcome.rank] = UnloadedValue(outcome.rank, packed.type_name, short_error(exc))
+            if outcome.rank == 0:
+                error = ResultError(
+                    f"rank 0's return value ({packed.type_name}) cannot be rebuilt in the "
+                    f"notebook: {short_error(exc)}. Return plain data (numbers, strings, "
+                    "tensors, arrays, and lists or dicts of them), or make sure its class "
+                    "can be imported in the notebook too",
+                    rank=0,
+                    type_name=packed.type_name,
+                    log_path=str(rank_log(log_dir, 0)),
+                )
+                error.__cause__ = exc
+    return values, error
 
 
 def _main_thread() -> bool:

@@ -9,10 +9,10 @@ calling it defines ``rank``, ``local_rank``, ``world_size`` and ``device``
 installs from the rank's order), runs the cell body in a fresh namespace
 seeded with the shipped names, and evaluates a trailing expression. Rank 0
 returns a ``CellValues`` holding the ``--out`` names and that expression's
-value, each pickled on its own with every tensor moved to the CPU
-(``wire.tocpu``); the other ranks return None, so nothing is shipped back
-that nobody reads. ``CellValues.restore`` unpickles them in the
-notebook.
+value, each packed on its own with every tensor moved to the CPU and large
+data in shared memory (``wire.values``); the other ranks return None, so
+nothing is shipped back that nobody reads. ``CellValues.restore`` rebuilds
+them in the notebook, once.
 
 The cell's source is registered in ``linecache`` under the program's
 filename (``<ddp cell [N]>``), in the rank and in the notebook, with the
@@ -39,11 +39,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from nbddp.errors import CellError
 from nbddp.rank import context
-from nbddp.wire import tocpu
+from nbddp.wire.values import Packed, pack, unpack
 
 # Names IPython keeps in the user namespace for itself: input/output history
 # (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
@@ -215,11 +213,11 @@ def compile_cell(
 
 @dataclass(frozen=True)
 class CellValues:
-    """What rank 0 sends back: each value pickled on its own (tensors on the CPU)."""
+    """What rank 0 sends back: each value packed on its own (``wire.values``)."""
 
-    out: dict[str, bytes]
+    out: dict[str, Packed]
     """The ``--out`` names."""
-    last: bytes | None = None
+    last: Packed | None = None
     """The trailing expression's value, if it pickled."""
     last_repr: str | None = None
     """Its ``repr``, when the value itself could not be pickled."""
@@ -227,17 +225,22 @@ class CellValues:
     def restore(self) -> tuple[dict[str, Any], Any]:
         """(``--out`` name -> value, trailing expression's value) in the notebook."""
         out: dict[str, Any] = {}
-        for name, data in self.out.items():
-            try:
-                out[name] = cloudpickle.loads(data)
-            except Exception as exc:
-                raise CellError(
-                    f"--out {name}: rank 0 sent it but it cannot be rebuilt in the notebook "
-                    f"({type(exc).__name__}: {exc})"
-                ) from None
+        for name, packed in self.out.items():
+            out[name] = _restore(f"--out {name}", packed)
         if self.last is not None:
-            return out, cloudpickle.loads(self.last)
+            return out, _restore("the cell's last value", self.last)
         return out, _Repr(self.last_repr) if self.last_repr is not None else None
+
+
+def _restore(what: str, packed: Packed) -> Any:
+    try:
+        return unpack(packed)
+    except Exception as exc:
+        raise CellError(
+            f"{what}: rank 0 sent it ({packed.type_name}) but it cannot be rebuilt in the "
+            f"notebook ({type(exc).__name__}: {exc}); send plain data (tensors, numbers, "
+            "lists, dicts, a state_dict()) or make its class importable in the notebook"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -314,10 +317,10 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellVal
             f"--out {','.join(missing)}: the cell did not define "
             f"{' or '.join(repr(n) for n in missing)} on rank 0"
         )
-    sent: dict[str, bytes] = {}
+    sent: dict[str, Packed] = {}
     for name in out:
         try:
-            sent[name] = tocpu.dumps(ns[name])
+            sent[name] = pack(ns[name])
         except Exception as exc:
             raise TypeError(
                 f"--out {name}: {type(ns[name]).__name__} cannot be sent to the notebook "
@@ -327,7 +330,7 @@ def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellVal
     if value is None:
         return CellValues(sent)
     try:
-        return CellValues(sent, last=tocpu.dumps(value))
+        return CellValues(sent, last=pack(value))
     except Exception:
         # The value is only for display: its repr is enough.
         return CellValues(sent, last_repr=repr(value))

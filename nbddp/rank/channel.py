@@ -70,12 +70,13 @@ class Channel:
         self._flusher: threading.Thread | None = None
 
     def send(self, kind: str, body: object) -> None:
-        """Send one message; silently dropped if the notebook has gone (we are dying then)."""
-        data = protocol.encode(kind, body)
+        """Send one message, with the descriptors of any ``protocol.Descriptors`` in it;
+        silently dropped if the notebook has gone (we are dying then)."""
+        data, fds = protocol.encode_with_fds(kind, body)
         with self._lock:
             if self._family is not None and os.getpid() == self._pid:
                 self._rows.extend(self._family.take())  # children's rows come first
-            self._send_locked(data)
+            self._send_locked(data, fds)
 
     def send_row(self, row: Row) -> None:
         """Send one metric row soon, batched with others (see class docstring)."""
@@ -92,7 +93,7 @@ class Channel:
             )
             self._flusher.start()
 
-    def _send_locked(self, data: bytes) -> None:
+    def _send_locked(self, data: bytes, fds: list[int] | None = None) -> None:
         rows = self._rows
         count = len(rows)
         if os.getpid() != self._pid:
@@ -104,7 +105,10 @@ class Channel:
             del rows[:count]  # rows appended meanwhile stay, for the next send
         self._next_send = time.monotonic() + BATCH_INTERVAL
         try:
-            self.sock.sendall(data)
+            if fds:
+                protocol.send_with_fds(self.sock, data, fds)
+            else:
+                self.sock.sendall(data)
         except OSError:
             pass
 

@@ -3,8 +3,9 @@
 Contract: ``serve(ctrl)`` waits for one ``RunOrder`` on ``ctrl``, sets up the
 rank (environment, ``sys.path``, working directory, the rank's context and
 channel, torch threads, CUDA device, optionally the process group), calls
-the function and sends back exactly one of ``result`` (the value pickled
-with every tensor on the CPU, ``tocpu``) / ``error`` / ``exit``, then
+the function and sends back exactly one of ``result`` (the value with every
+tensor on the CPU, its large data in shared memory: ``values.pack``) /
+``error`` / ``exit``, then
 returns the process exit code. The worker is one-shot: it serves one order
 and exits. It takes every value from the order's typed fields; the
 environment it sets is for the user's code.
@@ -38,7 +39,7 @@ from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
 from nbddp.rank.stacks import format_stacks
-from nbddp.wire import protocol, tocpu
+from nbddp.wire import protocol, tocpu, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
@@ -320,7 +321,7 @@ def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
 def _report_exit(channel: Channel, exc: SystemExit) -> int:
     code = exc.code
     if code is None or code == 0:
-        channel.send("result", tocpu.dumps(None))
+        channel.send("result", values.pack(None))
         _flush()
         _wait_for_peers()
         return 0
@@ -334,7 +335,7 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
 
 def _report_result(channel: Channel, value: object) -> int:
     try:
-        data = tocpu.dumps(value)
+        packed = values.pack(value)
     except Exception as exc:
         err = TypeError(
             f"the return value ({type(value).__name__}) cannot be pickled: {exc}; "
@@ -343,7 +344,8 @@ def _report_result(channel: Channel, value: object) -> int:
         channel.send("error", error_info(err))
         _flush()
         return 1
-    channel.send("result", data)
+    channel.send("result", packed)
+    del packed  # the shared copies go once the notebook holds their descriptors
     _flush()
     return 0
 

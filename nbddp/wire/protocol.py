@@ -5,24 +5,37 @@ length. The socketpair is created by the notebook and inherited by exactly
 one worker, so the only peer that can write to it is that worker: there is
 no address anyone else could connect to (see DESIGN.md, Safety).
 
-Kinds, worker -> notebook: ``started`` (pid), ``result`` (cloudpickled
-value), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
+Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
+``values.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
 ``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for).
 Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time.
+
+File descriptors (shared memory) travel beside a message's bytes: a
+``Descriptors`` in a body is pickled as a count (``encode_with_fds``), its
+descriptors go with the first bytes of the message (SCM_RIGHTS,
+``send_with_fds``), and the ``FrameReader`` that is fed them hands the body a
+``Descriptors`` owning what it received, in order.
 """
 
 from __future__ import annotations
 
+import array
+import io
+import os
 import pickle
 import signal
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40
+MAX_FDS = 250  # descriptors per sendmsg: the kernel takes at most 253 (SCM_MAX_FD)
+FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+"""Ancillary buffer a receiver gives ``recvmsg``: room for one sendmsg's descriptors."""
 
 # The signal that makes faulthandler dump a rank's stacks from C, for a rank
 # that cannot answer ``stacks`` (a thread holds the GIL). Why a real-time
@@ -81,6 +94,97 @@ class ErrorInfo:
     exc_bytes: bytes | None  # the exception itself, when it survives a pickle round trip
 
 
+class Descriptors:
+    """File descriptors travelling beside a message (see module doc), in order.
+
+    Sender side: ``fds`` belong to the objects in ``keep`` (a shared storage,
+    an ``OwnedFd``), held here until the message is sent. Receiver side
+    (``owned``): this object owns ``fds`` and closes them when closed or
+    dropped; ``missing`` counts descriptors that were sent but never arrived
+    (the receiver's open-file limit).
+    """
+
+    def __init__(
+        self,
+        fds: Sequence[int] = (),
+        *,
+        keep: Sequence[object] = (),
+        owned: bool = False,
+        missing: int = 0,
+    ) -> None:
+        self.fds = tuple(fds)
+        self.keep = tuple(keep)
+        self.owned = owned
+        self.missing = missing
+
+    def close(self) -> None:
+        """Close owned descriptors now (the mappings made from them keep their own)."""
+        fds, self.fds = self.fds, ()
+        self.keep = ()
+        if self.owned:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.fds) + self.missing
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("Descriptors travel beside a message (encode_with_fds), not inside it")
+
+
+class _FramePickler(pickle.Pickler):
+    """Pickles a message, collecting the descriptors of every ``Descriptors`` in it."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.fds: list[int] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is Descriptors:
+            self.fds.extend(obj.fds)
+            return ("fds", len(obj.fds))
+        return None
+
+
+def encode_with_fds(kind: str, body: object) -> tuple[bytes, list[int]]:
+    """One framed message and the descriptors to send with it (``send_with_fds``)."""
+    buf = io.BytesIO()
+    buf.write(bytes(HEADER.size))
+    pickler = _FramePickler(buf)
+    pickler.dump((kind, body))
+    data = buf.getbuffer()
+    HEADER.pack_into(data, 0, len(data) - HEADER.size)
+    del data
+    return buf.getvalue(), pickler.fds
+
+
+def send_with_fds(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
+    """Send ``data`` (blocking); ``fds`` ride on its first bytes, ``MAX_FDS`` per byte."""
+    batches = [fds[i : i + MAX_FDS] for i in range(0, len(fds), MAX_FDS)]
+    if len(batches) > len(data):
+        raise ValueError(f"{len(fds)} descriptors cannot ride on {len(data)} bytes")
+    view = memoryview(data)
+    for i, batch in enumerate(batches):
+        rights = array.array("i", batch).tobytes()
+        sock.sendmsg([view[i : i + 1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    sock.sendall(view[len(batches) :])
+
+
+def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors in ``recvmsg``'s ancillary data."""
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
 def encode(kind: str, body: object) -> bytes:
     """One framed message."""
     data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
@@ -116,13 +220,24 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 class FrameReader:
-    """Incremental, non-blocking decoder for the notebook side's event loop."""
+    """Incremental, non-blocking decoder for the notebook side's event loop.
+
+    Descriptors received beside the bytes (``feed``'s ``fds``) are owned by
+    the reader until a message claims them (see module doc); ``close``
+    closes those never claimed.
+    """
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._fds: list[int] = []
 
-    def feed(self, data: bytes) -> list[tuple[str, Any]]:
-        """Add received bytes; return every message now complete."""
+    def feed(self, data: bytes, fds: Sequence[int] = ()) -> list[tuple[str, Any]]:
+        """Add received bytes and descriptors; return every message now complete.
+
+        A message claiming more descriptors than arrived (the kernel drops
+        them when the receiver is out of file descriptors) gets them as
+        ``missing``."""
+        self._fds += fds
         self._buf += data
         out: list[tuple[str, Any]] = []
         while len(self._buf) >= HEADER.size:
@@ -132,7 +247,7 @@ class FrameReader:
             end = HEADER.size + length
             if len(self._buf) < end:
                 break
-            kind, body = pickle.loads(bytes(self._buf[HEADER.size : end]))
+            kind, body = _FrameUnpickler(bytes(self._buf[HEADER.size : end]), self).load()
             del self._buf[:end]
             out.append((str(kind), body))
         return out
@@ -141,3 +256,26 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes of an incomplete frame still buffered."""
         return len(self._buf)
+
+    def take(self, count: int) -> Descriptors:
+        """The next ``count`` received descriptors, owned by the result."""
+        got, self._fds = self._fds[:count], self._fds[count:]
+        return Descriptors(got, owned=True, missing=count - len(got))
+
+    def close(self) -> None:
+        """Close the descriptors no message claimed."""
+        Descriptors(self._fds, owned=True).close()
+        self._fds = []
+
+
+class _FrameUnpickler(pickle.Unpickler):
+    """Unpickles one message, handing each ``Descriptors`` in it the reader's next fds."""
+
+    def __init__(self, data: bytes, reader: FrameReader) -> None:
+        super().__init__(io.BytesIO(data))
+        self._reader = reader
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "fds":
+            return self._reader.take(int(pid[1]))
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r:.40}")

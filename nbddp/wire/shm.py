@@ -16,6 +16,13 @@ are copied once into a memfd that every rank maps copy-on-write: their
 memory cannot be swapped in place as a tensor's can, so this costs one copy
 in the notebook for the launch instead of a pickled copy per rank.
 
+Results travel the other way the same way (``values``): there the pickler
+is a subclass that copies instead of moving (``_share``), and the notebook
+maps what it receives shared (``loads(..., shared=True)``). A
+``protocol.Descriptors`` inside the pickled object (an already packed value
+inside another) adds its descriptors to the list and comes back owning
+duplicates of them.
+
 Non-goals: CUDA tensors (they are pickled as usual, through the CPU),
 sparse/quantized tensors, non-contiguous or object arrays, numpy
 subclasses (pickled as usual).
@@ -33,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
+from nbddp.wire.protocol import Descriptors
 from nbddp.wire.shm_move import move_to_shared
 
 if TYPE_CHECKING:
@@ -51,6 +59,7 @@ class _SharingPickler(CloudPickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
+        self.keep: list[object] = []  # what other descriptors in ``fds`` belong to
         self._index: dict[int, int] = {}  # storage address -> position in fds
         self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
 
@@ -59,7 +68,19 @@ class _SharingPickler(CloudPickler):
             return self._reduce_tensor(obj)
         if _plain_array(obj) and _array_shareable(obj):
             return self._reduce_array(obj)
+        if type(obj) is Descriptors:
+            self.keep.append(obj)
+            start = len(self.fds)
+            self.fds.extend(obj.fds)
+            return _rebuild_descriptors, (start, len(obj.fds))
         return super().reducer_override(obj)
+
+    def _share(self, storage: torch.UntypedStorage) -> int:
+        """A descriptor of shared memory holding ``storage``'s bytes (here: moved in place)."""
+        move_to_shared(storage)  # no-op when already shared (repeat launches)
+        # torch's own multiprocessing reductions get the fd this way.
+        fd, _ = storage._share_fd_cpu_()
+        return int(fd)
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
@@ -83,9 +104,7 @@ class _SharingPickler(CloudPickler):
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key not in self._index:
-            move_to_shared(storage)  # no-op when already shared (repeat launches)
-            # torch's own multiprocessing reductions get the fd this way.
-            fd, _ = storage._share_fd_cpu_()
+            fd = self._share(storage)
             self._index[storage.data_ptr()] = len(self.fds)
             self.fds.append(fd)
             key = storage.data_ptr()
@@ -99,6 +118,10 @@ class _SharingPickler(CloudPickler):
             tensor.requires_grad,
         )
         return _rebuild_tensor, meta
+
+
+SharingPickler = _SharingPickler
+"""The pickler ``dumps`` uses, for subclasses (``values``)."""
 
 
 class OwnedFd:
@@ -158,9 +181,11 @@ def dumps(obj: object) -> tuple[bytes, list[int], list[OwnedFd]]:
     return buf.getvalue(), pickler.fds, pickler.owned
 
 
-def loads(data: bytes, fds: Sequence[int]) -> Any:
-    """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write."""
-    return _MappingUnpickler(data, fds).load()
+def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> Any:
+    """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write; ``shared``:
+    map them shared (results: the sender is done with them), tensors as torch
+    shared-memory storages."""
+    return _MappingUnpickler(data, fds, shared).load()
 
 
 class _MappingUnpickler(pickle.Unpickler):
@@ -171,13 +196,14 @@ class _MappingUnpickler(pickle.Unpickler):
     descriptors are this unpickler's state, not the module's.
     """
 
-    def __init__(self, data: bytes, fds: Sequence[int]) -> None:
+    def __init__(self, data: bytes, fds: Sequence[int], shared: bool) -> None:
         super().__init__(io.BytesIO(data))
         self._fds = tuple(fds)
+        self._shared = shared
 
     def find_class(self, module_name: str, global_name: str, /) -> Any:
         if module_name == __name__:
-            rebuild = _REBUILDERS.get(global_name)
+            rebuild = (_SHARED_REBUILDERS if self._shared else _REBUILDERS).get(global_name)
             if rebuild is not None:
                 return functools.partial(rebuild, self._fds)
         return super().find_class(module_name, global_name)
@@ -215,8 +241,54 @@ def _rebuild_array(
     return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
 
 
+def _rebuild_tensor_shared(
+    fds: tuple[int, ...],
+    index: int,
+    nbytes: int,
+    dtype: torch.dtype,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+) -> torch.Tensor:
+    import torch
+
+    # A torch shared-memory storage (MAP_SHARED, keeping a duplicate of the
+    # descriptor): ``is_shared()``, so a later launch sends it without a copy.
+    storages: Any = torch.UntypedStorage  # the method is missing from torch's stubs
+    storage = storages._new_shared_fd_cpu(fds[index], nbytes)
+    tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    return tensor.requires_grad_(requires_grad)
+
+
+def _rebuild_array_shared(
+    fds: tuple[int, ...],
+    index: int,
+    nbytes: int,
+    dtype: np.dtype[np.generic],
+    shape: tuple[int, ...],
+    order: Literal["C", "F"],
+) -> np.ndarray:
+    import numpy as np
+
+    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_SHARED)
+    return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
+
+
+def _rebuild_descriptors(fds: tuple[int, ...], start: int, count: int) -> Descriptors:
+    return Descriptors([os.dup(fd) for fd in fds[start : start + count]], owned=True)
+
+
 _REBUILDERS: dict[str, Callable[..., Any]] = {
     "_rebuild_tensor": _rebuild_tensor,
     "_rebuild_array": _rebuild_array,
+    "_rebuild_descriptors": _rebuild_descriptors,
 }
 """What ``_MappingUnpickler`` binds to the received descriptors, by the name the pickle uses."""
+
+_SHARED_REBUILDERS: dict[str, Callable[..., Any]] = {
+    **_REBUILDERS,
+    "_rebuild_tensor": _rebuild_tensor_shared,
+    "_rebuild_array": _rebuild_array_shared,
+}
+"""The same, for ``loads(..., shared=True)``."""

@@ -12,9 +12,9 @@ stay, a leaf tensor keeps ``requires_grad`` (a tensor in an autograd graph
 comes back detached). The same tensor reached twice is copied once and
 comes back as one object. The rank's own values are left as they are.
 
-Used for everything a rank sends back: ``launch()`` return values, the
-``--out`` values and trailing expression of a ``%%ddp`` cell, and the
-exceptions of failing ranks.
+Used for the exceptions of failing ranks; return values and ``--out``
+values go through ``values.pack``, which makes the same CPU copies
+(``cpu_reduction``), large ones straight into shared memory.
 
 Non-goals: views of one CUDA storage come back as separate tensors (each
 view is copied on its own); meta tensors stay meta (they hold no data).
@@ -52,21 +52,36 @@ class CpuPickler(CloudPickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
 
     def reducer_override(self, obj: object) -> _ReducedType:
-        torch = _torch()
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in _STAY:
-            # Pickled as "the CPU copy itself": the copy goes through this
-            # pickler again (it is on the CPU now) and through the memo, so
-            # the original reached twice is copied once.
-            return _same, (on_cpu(obj),)
-        return super().reducer_override(obj)
+        reduced = cpu_reduction(obj)
+        return reduced if reduced is not None else super().reducer_override(obj)
 
 
-def on_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of ``tensor`` keeping its kind, subclass and attributes (see module doc)."""
+def cpu_reduction(obj: object, shared_from: int | None = None) -> _ReducedType | None:
+    """How a pickler's ``reducer_override`` sends ``obj`` when it is a tensor to copy
+    to the CPU; None for anything else. ``shared_from``: plain tensors of at least
+    that many bytes are copied straight into shared memory (``on_cpu``)."""
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in _STAY:
+        # Pickled as "the CPU copy itself": the copy goes through the
+        # pickler again (it is on the CPU now) and through the memo, so the
+        # original reached twice is copied once.
+        shared = shared_from is not None and obj.nbytes >= shared_from
+        return _same, (on_cpu(obj, shared=shared),)
+    return None
+
+
+def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
+    """A CPU copy of ``tensor`` keeping its kind, subclass and attributes (see module
+    doc); ``shared``: a plain tensor or ``Parameter`` is copied into shared memory
+    (one copy, where ``cpu()`` and then sharing would make two)."""
     import torch  # already imported: there is a tensor
 
     with torch.no_grad():  # a copy outside any autograd graph, as ``detach()`` gives
-        moved: torch.Tensor = tensor.cpu()
+        moved: torch.Tensor = (
+            _shared_copy(tensor)
+            if shared and type(tensor) in (torch.Tensor, torch.nn.Parameter)
+            else tensor.cpu()
+        )
     if moved.device.type != "cpu":  # would be pickled (and copied) again, endlessly
         raise TypeError(
             f"{type(tensor).__name__}.cpu() returned a tensor on {moved.device}; "
@@ -81,6 +96,16 @@ def on_cpu(tensor: torch.Tensor) -> torch.Tensor:
     if state:
         moved.__dict__.update(state)
     return moved
+
+
+def _shared_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied into a fresh, contiguous shared-memory tensor on the CPU."""
+    import torch
+
+    storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
+    out = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
+    out.copy_(tensor.detach())
+    return out
 
 
 def _torch() -> ModuleType | None:
