@@ -106,7 +106,7 @@ def start_with_display(
     First the call is checked against ``fn``'s signature (``check_call``), so a
     call that cannot bind fails here, not as a traceback from every rank."""
     check_call(fn, args, kwargs, config.spelling)
-    payload = Payload.serialize(fn, args, kwargs)
+    payload = Payload.serialize(fn, args, kwargs, forked=config.start_method == "fork")
     if display is not None:
         for notice in config.notices:
             display.notice(notice)
