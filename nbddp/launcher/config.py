@@ -82,6 +82,11 @@ class LaunchConfig:
     """Exported as ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees it."""
     init_process_group: bool = False
     """Initialise the default process group before calling the function."""
+    max_restarts: int = 0
+    """After a failure, stop every rank and start them all again (a fresh port), at most
+    this many times (``launcher.restarts``)."""
+    restart_count: int = 0
+    """Which restart this launch is (``TORCHELASTIC_RESTART_COUNT``, as torchrun sets it)."""
     host_store: bool = True
     """The notebook hosts the rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``, as
     torchrun's agent does) on a socket bound to ``master_addr`` only; otherwise rank 0
@@ -159,6 +164,7 @@ class LaunchConfig:
             timeout=values.timeout,
             mixed_precision=values.mixed_precision,
             init_process_group=values.init_process_group,
+            max_restarts=values.max_restarts,
             host_store=bool(host_store),
             failure_grace=_non_negative("failure_grace", failure_grace),
             kill_grace=_non_negative("kill_grace", kill_grace),
@@ -189,6 +195,8 @@ class LaunchConfig:
             "PYTHONUNBUFFERED": "1",
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
             "TORCHELASTIC_RUN_ID": "nbddp",
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
         }
         if self.host_store:
             env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
@@ -278,6 +286,7 @@ class _Values:
     mixed_precision: MixedPrecision
     backend: Backend | None
     init_process_group: bool
+    max_restarts: int
     output: Output
     tail: int
 
@@ -296,6 +305,7 @@ class _Values:
             mixed_precision=_choice("mixed_precision", _lower(options["mixed_precision"]), spell),
             backend=None if backend is None else _choice("backend", backend, spell),
             init_process_group=bool(options["init_process_group"]),
+            max_restarts=_restarts(options["max_restarts"], spell),
             output=_choice("output", options["output"], spell),
             tail=_tail(options["tail"], spell),
         )
@@ -411,6 +421,15 @@ def _tail(tail: object, spell: Spelling) -> int:
             f"({spell.given('output', 'none')} hides)"
         )
     return _positive_int(spell.name("tail"), tail)
+
+
+def _restarts(value: object, spell: Spelling) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"{spell.name('max_restarts')} must be a whole number of restarts (0 or more), "
+            f"got {value!r}"
+        )
+    return value
 
 
 def _env_number(env: Mapping[str, str], name: str, default: float) -> float:

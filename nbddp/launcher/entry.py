@@ -33,6 +33,7 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import Spelling
@@ -106,7 +107,7 @@ def start_with_display(
     First the call is checked against ``fn``'s signature (``check_call``), so a
     call that cannot bind fails here, not as a traceback from every rank."""
     check_call(fn, args, kwargs, config.spelling)
-    payload = Payload.serialize(fn, args, kwargs)
+    payload = Payload.serialize(fn, args, kwargs, forked=config.start_method == "fork")
     if display is not None:
         for notice in config.notices:
             display.notice(notice)
@@ -118,6 +119,8 @@ def start_with_display(
             )
     job = Job(config, payload)
     job.start()
+    if config.max_restarts:
+        return Run(Restarting(config, payload, job), display)
     return Run(job, display)
 
 
@@ -167,6 +170,7 @@ def launch(
     mixed_precision: MixedPrecision = "no",
     backend: Backend | None = None,
     init_process_group: bool = False,
+    max_restarts: int = 0,
     output: Output = "all",
     tail: int = DEFAULT_TAIL,
     block: bool = True,
@@ -182,6 +186,8 @@ def launch(
     ``timeout``: seconds before the run is stopped (stacks dumped first).
     ``mixed_precision``: no, fp16, bf16 or fp8, seen by ``Accelerator()``.
     ``init_process_group``: initialise the default group before calling ``fn``.
+    ``max_restarts``: after a failure, stop every rank and restart them all (a
+    fresh port, ``TORCHELASTIC_RESTART_COUNT`` one higher) up to N times.
     ``output``: all, rank0 or none (every rank's output is logged regardless).
     ``tail``: in a notebook, how many recent lines each rank's block shows.
     ``block=False``: return the ``Run`` handle at once.
@@ -202,6 +208,7 @@ def launch(
         mixed_precision=mixed_precision,
         backend=backend,
         init_process_group=init_process_group,
+        max_restarts=max_restarts,
         output=output,
         tail=tail,
     )
@@ -234,7 +241,8 @@ def notebook_launcher(
     without GPUs runs ``num_processes`` CPU ranks that form one gloo group;
     picks another port when ``use_port`` is busy (and says so); exports
     ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
-    ``mixed_precision``. Multi-node options raise ``ConfigError`` for now.
+    ``mixed_precision``; ``max_restarts`` restarts every rank after a failure,
+    as torch elastic does. Multi-node options raise ``ConfigError`` for now.
     ``monitor_interval`` and ``log_line_prefix_template`` are accepted and unused.
     """
     del monitor_interval, log_line_prefix_template, rdzv_id, rdzv_conf
@@ -243,8 +251,6 @@ def notebook_launcher(
             "multi-node launches (num_nodes, node_rank, rdzv_*) are not supported yet; "
             "run on one machine with num_nodes=1"
         )
-    if max_restarts:
-        raise ConfigError("max_restarts is not supported yet; use max_restarts=0")
     use_gpus = len(visible_gpus()) > 0
     config = LaunchConfig.build(
         gpus=num_processes if use_gpus else None,
@@ -254,6 +260,7 @@ def notebook_launcher(
         master_addr=master_addr,
         port=use_port,
         port_fallback=True,
+        max_restarts=max_restarts,
         spelling=NOTEBOOK_LAUNCHER,
     )
     return start_run(config, function, tuple(args), {}).wait().values.get(0)

@@ -172,6 +172,14 @@ class LaunchOptions(TypedDict, total=False):
     init_process_group: Annotated[
         bool, Opt(False, "initialise the default process group before calling the function")
     ]
+    max_restarts: Annotated[
+        int,
+        Opt(
+            0,
+            "after a failure, stop every rank and restart them all, up to N times",
+            Magic("N", int),
+        ),
+    ]
     output: Annotated[
         Output,
         Opt("all", "whose output the cell shows (default all)", Magic()),

@@ -39,7 +39,7 @@ from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
 from nbddp.rank.stacks import format_stacks
-from nbddp.wire import protocol, tocpu, values
+from nbddp.wire import mpobjects, protocol, tocpu, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
@@ -214,7 +214,10 @@ def _call(order: RunOrder, fds: list[int]) -> object:
     finally:
         for fd in fds:  # the mappings keep their own references
             os.close(fd)
-    return call.fn(*call.args, **call.kwargs)
+    try:
+        return call.fn(*call.args, **call.kwargs)
+    finally:
+        mpobjects.flush()  # what it put on a Queue is out before it reports its end
 
 
 def serve(ctrl: socket.socket) -> int:

@@ -12,23 +12,26 @@ this happens before any process starts.
 
 Large CPU tensors are not copied into the bytes: they travel as shared
 memory (see ``shm``), returned beside the bytes as file descriptors.
+multiprocessing objects (queues, pipes, locks, events, ``Value``/``Array``)
+reach the ranks as they reach a child multiprocessing starts (see
+``mpobjects``): their descriptors follow the shared-memory ones.
 
-Non-goal: objects that only make sense in one process (locks, open files,
-sockets, generators, database connections): those must be created inside
-the function.
+Non-goal: other objects that only make sense in one process (threading
+locks, open files, sockets, generators, database connections): those must be
+created inside the function.
 """
 
 from __future__ import annotations
 
+import io
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from nbddp.errors import PayloadError
-from nbddp.wire import shm
+from nbddp.wire import mpobjects, shm
+from nbddp.wire.cloud import CloudPickler
 
 LARGE_PAYLOAD_BYTES = 256 << 20
 
@@ -47,28 +50,38 @@ class Payload:
     """A pickled call: the bytes, and the shared-memory descriptors they refer to.
 
     Build it with ``Payload.serialize``. The notebook sends ``data`` and
-    ``fds`` to every rank; ``owned`` keeps the descriptors made for it
-    (numpy arrays' memfds) open as long as the payload lives.
+    ``fds`` to every rank; ``owned`` keeps them open as long as the payload
+    lives (numpy arrays' memfds, the multiprocessing objects sent).
     """
 
     data: bytes
     fds: tuple[int, ...] = ()
-    owned: tuple[shm.OwnedFd, ...] = ()
+    owned: tuple[object, ...] = ()
 
     @classmethod
     def serialize(
-        cls, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        cls,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        forked: bool = False,
     ) -> Payload:
-        """Pickle the call once; ``PayloadError`` explains any failure."""
+        """Pickle the call once; ``PayloadError`` explains any failure.
+
+        ``forked``: the ranks will be forked from this process (start method
+        fork), so they can also reach what only inheritance shares."""
         if not callable(fn):
             raise PayloadError(
                 f"the function to launch must be callable, got {type(fn).__name__} {fn!r:.60}"
             )
         try:
-            data, fds, owned = shm.dumps(Call(fn, tuple(args), dict(kwargs)))
+            with mpobjects.sending(forked) as sent:
+                data, fds, owned = shm.dumps(Call(fn, tuple(args), dict(kwargs)), mpobjects.reduce)
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
-        return cls(data, tuple(fds), tuple(owned))
+        # Reversed: the k-th multiprocessing descriptor is fds[-1 - k] (see mpobjects).
+        return cls(data, (*fds, *sent.fds[::-1]), (*owned, *sent.owned))
 
 
 def load_call(data: bytes, fds: Sequence[int] = ()) -> Call:
@@ -76,7 +89,8 @@ def load_call(data: bytes, fds: Sequence[int] = ()) -> Call:
 
     The mappings keep their own references: the caller may close ``fds`` afterwards.
     """
-    call = shm.loads(data, fds)
+    with mpobjects.receiving(fds):
+        call = shm.loads(data, fds)
     if not isinstance(call, Call):
         raise TypeError(f"payload holds {type(call).__name__}, not a Call")
     return call
@@ -90,6 +104,8 @@ def _explain(
     roots += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, obj in roots:
         path = find_unpicklable(obj, [label], set(), depth=0)
+        if path is not None and isinstance(exc, mpobjects.MpObjectError):
+            return f"cannot send {' -> '.join(path[:-1])} {path[-1]} to the workers: {exc}"
         if path is not None:
             return (
                 f"cannot send {' -> '.join(path[:-1])} {path[-1]} to the workers: "
@@ -114,11 +130,20 @@ def _name(fn: object) -> str:
 
 
 def _pickles(obj: object) -> bool:
+    # As the payload pickles it (multiprocessing objects included), without
+    # sharing memory: this only looks for the object that fails.
     try:
-        cloudpickle.dumps(obj)
+        with mpobjects.sending(inherits=False):
+            _ProbePickler(io.BytesIO()).dump(obj)
     except Exception:
         return False
     return True
+
+
+class _ProbePickler(CloudPickler):
+    def reducer_override(self, obj: object) -> Any:
+        reduced = mpobjects.reduce(obj)
+        return reduced if reduced is not None else super().reducer_override(obj)
 
 
 def _describe(obj: object) -> str:
@@ -154,6 +179,8 @@ def _children(obj: object) -> Iterator[tuple[str, object]]:
     elif isinstance(obj, list | tuple | set | frozenset):
         for i, value in enumerate(obj):
             yield f"[{i}]", value
+    elif mpobjects.handles(obj):
+        return  # pickled as a whole: the culprit is itself, not its parts
     elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType):
         for key, value in vars(obj).items():
             yield f".{key}", value

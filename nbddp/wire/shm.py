@@ -54,9 +54,12 @@ SHARE_BYTES = 1 << 20
 _Reduced = tuple[Callable[..., Any], tuple[Any, ...]]  # a rebuild function and its arguments
 
 
-class _SharingPickler(CloudPickler):
-    def __init__(self, file: io.BytesIO) -> None:
+class SharingPickler(CloudPickler):
+    """The pickler ``dumps`` uses (also for return values: ``values``)."""
+
+    def __init__(self, file: io.BytesIO, extra: Callable[[object], _Reduced | None] | None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._extra = extra  # the caller's reductions, tried first
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self.keep: list[object] = []  # what other descriptors in ``fds`` belong to
@@ -64,6 +67,9 @@ class _SharingPickler(CloudPickler):
         self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
 
     def reducer_override(self, obj: object) -> _ReducedType:
+        reduced = self._extra(obj) if self._extra is not None else None
+        if reduced is not None:
+            return reduced
         if _plain_tensor(obj) and _shareable(obj):
             return self._reduce_tensor(obj)
         if _plain_array(obj) and _array_shareable(obj):
@@ -120,10 +126,6 @@ class _SharingPickler(CloudPickler):
         return _rebuild_tensor, meta
 
 
-SharingPickler = _SharingPickler
-"""The pickler ``dumps`` uses, for subclasses (``values``)."""
-
-
 class OwnedFd:
     """A descriptor the payload owns: closed when the payload is dropped."""
 
@@ -171,12 +173,15 @@ def _shareable(tensor: torch.Tensor) -> bool:
     )
 
 
-def dumps(obj: object) -> tuple[bytes, list[int], list[OwnedFd]]:
+def dumps(
+    obj: object, extra: Callable[[object], _Reduced | None] | None = None
+) -> tuple[bytes, list[int], list[OwnedFd]]:
     """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
     (see module doc). The third item owns the descriptors made for numpy arrays:
-    keep it as long as the descriptors are needed."""
+    keep it as long as the descriptors are needed. ``extra``: the caller's own
+    reductions, tried first on every object (None: pickle it as usual)."""
     buf = io.BytesIO()
-    pickler = _SharingPickler(buf)
+    pickler = SharingPickler(buf, extra)
     pickler.dump(obj)
     return buf.getvalue(), pickler.fds, pickler.owned
 

@@ -75,7 +75,7 @@ class _ValuePickler(shm.SharingPickler):
 def pack(value: object) -> Packed:
     """``value`` ready to send to the notebook (see module contract)."""
     buf = io.BytesIO()
-    pickler = _ValuePickler(buf)
+    pickler = _ValuePickler(buf, None)
     pickler.dump(value)
     fds = Descriptors(pickler.fds, keep=[*pickler.owned, *pickler.keep])
     return Packed(buf.getvalue(), type_name(value), fds)

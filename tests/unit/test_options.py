@@ -47,6 +47,7 @@ SAMPLE: dict[str, Any] = {
     "mixed_precision": "bf16",
     "backend": "gloo",
     "init_process_group": True,
+    "max_restarts": 3,
     "output": "rank0",
     "tail": 5,
 }
@@ -142,7 +143,7 @@ def test_build_takes_every_option_and_no_other() -> None:
         "gloo",
         True,
     )
-    assert (config.output, config.tail) == ("rank0", 5)
+    assert (config.output, config.tail, config.max_restarts) == ("rank0", 5, 3)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         LaunchConfig.build(bogus=1)  # type: ignore[call-arg]
 
@@ -157,6 +158,7 @@ def test_build_defaults_are_the_option_defaults() -> None:
         OPTIONS["output"].default,
         OPTIONS["tail"].default,
     )
+    assert plain.max_restarts == OPTIONS["max_restarts"].default
 
 
 def test_each_option_is_checked_on_its_own() -> None:
@@ -252,3 +254,16 @@ def test_the_panel_presets_every_panel_option_and_reads_it_back() -> None:
     settings = PanelSettings.initial(0, given)  # type: ignore[arg-type]
     assert settings.options() == given
     assert PanelSettings.initial(4, {"gpus": [0, 1]}).options() == {"gpus": [0, 1]}
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_max_restarts_must_be_a_whole_number_of_restarts(value: object) -> None:
+    with pytest.raises(ConfigError, match="max_restarts must be a whole number of restarts"):
+        check_option("max_restarts", value)
+
+
+def test_every_rank_sees_its_restart_count_as_torchrun_sets_it() -> None:
+    config = LaunchConfig.build(visible=NO_GPU, environ={}, procs=2, max_restarts=3)
+    assert config.rank_env(0, 29500)["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert config.rank_env(0, 29500)["TORCHELASTIC_MAX_RESTARTS"] == "3"
+    assert replace(config, restart_count=2).rank_env(1, 29500)["TORCHELASTIC_RESTART_COUNT"] == "2"

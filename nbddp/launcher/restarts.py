@@ -1,0 +1,135 @@
+"""Restarts: after a failure, every rank is stopped and the whole group started again.
+
+Contract: ``Restarting(config, payload, first)`` is a ``run.RunSource`` over a
+started ``Job`` (``first``) and those that replace it: when an attempt ends
+``failed`` (a rank raised, exited non-zero or died; not a stop, an interrupt
+or a timeout) and fewer than ``config.max_restarts`` restarts were made, it
+puts a ``Notice`` naming the restart and the failure that caused it, then
+starts a new ``Job`` of the same payload on a fresh port (the old one has
+ended: each of its ranks has exited and its output has been read, so nothing
+of it is left) with ``TORCHELASTIC_RESTART_COUNT`` one higher, as torchrun
+sets it; the function resumes from its own checkpoint. Otherwise the
+attempt's end is the run's end: its result, and its failure raised as
+usual. Events of every attempt go, in order, to one queue; a ``Done`` only
+ends the last. ``stop()`` stops the current attempt and ends the restarts.
+
+Restarts happen on a thread of their own, which ends with the run; reads
+(``outcomes``, ``status``, ``log_dir``...) are the current attempt's.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.events import Done, Failure, Notice, RankOutcome, RunEvent, RunStatus
+from nbddp.launcher.failures import run_error
+from nbddp.launcher.job import Job
+from nbddp.wire.payload import Payload, short_error
+
+
+class Restarting:
+    """A run that restarts its ranks after a failure (see module contract)."""
+
+    def __init__(self, config: LaunchConfig, payload: Payload, first: Job) -> None:
+        self.config = config
+        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
+        self._payload = payload
+        self._job = first
+        self.log_dir: Path = first.log_dir
+        """The current attempt's log directory."""
+        self.run_id: str = first.run_id
+        """The current attempt's run id."""
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._forward, name="nbddp-restarts", daemon=True)
+        self._thread.start()
+
+    # -- RunSource: the current attempt's ---------------------------------
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The current (once ended: the last) attempt's root-cause failure."""
+        return self._job.root_cause
+
+    @property
+    def status(self) -> RunStatus:
+        """Running until the last attempt has ended; then how it ended."""
+        if not self._done.is_set():
+            return RunStatus.RUNNING
+        return self._job.status
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """The current attempt's ranks."""
+        return self._job.outcomes()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the last attempt has ended."""
+        return self._done.wait(timeout)
+
+    def elapsed(self) -> float:
+        """The current attempt's seconds."""
+        return self._job.elapsed()
+
+    def pids(self) -> dict[int, int]:
+        """The current attempt's ranks' pids."""
+        return self._job.pids()
+
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
+        """Stop the current attempt; no restart follows."""
+        with self._lock:
+            self._stopped = True
+            job = self._job
+        job.stop(reason)
+
+    def dump_stacks(self) -> None:
+        """Have the current attempt's ranks dump their stacks."""
+        self._job.dump_stacks()
+
+    # -- the restart thread -----------------------------------------------
+
+    def _forward(self) -> None:
+        try:
+            while True:
+                event = self._job.events.get()
+                if not isinstance(event, Done):
+                    self.events.put(event)
+                elif not self._restart():
+                    break
+        finally:
+            self._done.set()
+            self.events.put(Done())
+
+    def _restart(self) -> bool:
+        """After an attempt ended: start the next one; False when there is none."""
+        job = self._job
+        count = job.config.restart_count
+        with self._lock:
+            if self._stopped or job.status is not RunStatus.FAILED:
+                return False
+            if count >= self.config.max_restarts:
+                return False
+        self.events.put(Notice(_notice(job, count + 1, self.config.max_restarts)))
+        config = replace(self.config, restart_count=count + 1)
+        nxt = Job(config, self._payload)
+        nxt.start()
+        with self._lock:
+            self._job = nxt
+            self.log_dir, self.run_id = nxt.log_dir, nxt.run_id
+            stopped = self._stopped
+        if stopped:  # stop() came while the new attempt was starting
+            nxt.stop(RunStatus.STOPPED)
+        return True
+
+
+def _notice(job: Job, restart: int, most: int) -> str:
+    """One line: which restart this is, and the failure that caused it."""
+    cause = job.root_cause
+    error = run_error(cause, job.status, job.outcomes(), job.log_dir, job.config.timeout)
+    what = short_error(error) if error is not None else "a rank failed"
+    where = f"rank {cause.rank} failed" if cause is not None else "the run failed"
+    return f"{where} ({what}): restarting every rank, restart {restart} of {most}"

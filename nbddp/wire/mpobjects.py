@@ -1,0 +1,306 @@
+"""multiprocessing objects in the payload: queues, pipes, locks, events, shared values.
+
+Contract: while ``sending(inherits)`` is active on a thread, payload pickling
+(``reduce``, given to ``shm.dumps`` as its extra reducer) sends what
+multiprocessing shares with a child it starts itself: pipe ``Connection``s
+and the shared-memory arenas behind ``Value``/``Array``/``Barrier`` as file
+descriptors (the payload keeps their objects alive, ``Sending.owned``), semaphores
+(``Lock``, ``RLock``, ``Semaphore``, inside ``Event``, ``Condition`` and the
+queues) by name, and ``Queue``/``SimpleQueue``/``JoinableQueue`` and
+manager proxies through their own pickling, which multiprocessing allows
+only while a process is being started (a "spawning popen": this module sets
+one, as ``popen_spawn_posix`` does). Objects of any context
+(``multiprocessing``, ``torch.multiprocessing``) work under every start method:
+a semaphore made in the ``fork`` context has no name (multiprocessing
+unlinks it at once), so its memory is sent as a descriptor opened from
+``/proc/self/map_files``; where that is not allowed (it needs
+``CAP_SYS_ADMIN``), it reaches only ranks forked from the notebook
+(``inherits``) and otherwise ``MpObjectError`` says what to do.
+
+Descriptors are appended to the payload's list after the shared-memory ones,
+in reverse order: the k-th one sent is ``fds[-1 - k]`` in the rank, so no
+count has to travel. In the rank, ``receiving(fds)`` (around the unpickling)
+resolves them; each object gets its own duplicate, so the caller may close
+``fds`` afterwards. A rank's connections get the notebook's authkey as their
+process's (as multiprocessing's children inherit it), so tensors put on a
+``torch.multiprocessing`` queue in a rank reach the notebook through
+multiprocessing's ``resource_sharer`` while that rank lives, as under
+torch's ``spawn``. ``flush()`` (the worker, after the call) pushes what a
+rank put on a ``Queue`` into its pipe before the rank reports its end.
+
+Non-goals: ``Pool`` and ``Process`` objects; Windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import mmap
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+Reduced = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class MpObjectError(RuntimeError):
+    """A multiprocessing object that cannot reach the ranks of this launch."""
+
+
+class Sending:
+    """The descriptors one payload sends for its multiprocessing objects.
+
+    Also the "spawning popen" multiprocessing asks for while pickling them
+    (``duplicate_for_child``, ``DupFd``).
+    """
+
+    def __init__(self, inherits: bool) -> None:
+        self.inherits = inherits
+        """The ranks are forked from this process (start method fork)."""
+        self.fds: list[int] = []
+        """The descriptors to send, in order."""
+        self.owned: list[object] = []
+        """What keeps them open: their objects, or the duplicates made here."""
+
+    def send(self, fd: int, owner: object) -> SentFd:
+        """Send ``fd``, which stays open as long as ``owner`` lives."""
+        self.fds.append(fd)
+        self.owned.append(owner)
+        return SentFd(len(self.fds) - 1)
+
+    def duplicate_for_child(self, fd: int) -> int:
+        """Send a duplicate of ``fd``; its index among those sent."""
+        dup = os.dup(fd)
+        return self.send(dup, _Closing(dup)).index
+
+    def DupFd(self, index: int) -> SentFd:  # multiprocessing's name for it
+        """The reference a rank turns back into a descriptor (``SentFd.detach``)."""
+        return SentFd(index)
+
+
+class _Closing:
+    """Closes a descriptor made for a payload when the payload goes."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class SentFd:
+    """The ``index``-th descriptor a payload sent; ``detach()`` in the rank gives a
+    duplicate of it, owned by the caller."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def detach(self) -> int:
+        """A new descriptor for the one received (only while ``receiving``)."""
+        fds = _RECEIVED.get()
+        if fds is None or self.index >= len(fds):
+            raise MpObjectError("a multiprocessing object was unpickled outside its payload")
+        return os.dup(fds[-1 - self.index])
+
+
+_SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
+    "nbddp_mp_sending", default=None
+)
+_RECEIVED: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "nbddp_mp_received", default=None
+)
+_QUEUES: weakref.WeakSet[Any] = weakref.WeakSet()  # queues rebuilt in this rank
+_SEMAPHORE_FILES: dict[int, tuple[int, int, int]] = {}  # address -> _mapping_of, per lock
+_MAPPINGS: list[mmap.mmap] = []  # semaphore memory mapped in this rank: lives as long as it
+
+
+@contextlib.contextmanager
+def sending(inherits: bool) -> Iterator[Sending]:
+    """Pickle multiprocessing objects for ranks (see module contract) inside this block."""
+    from multiprocessing import context
+
+    sent = Sending(inherits)
+    token = _SENDING.set(sent)
+    previous = context.get_spawning_popen()
+    context.set_spawning_popen(cast(Any, sent))  # what it asks of one, Sending has
+    try:
+        yield sent
+    finally:
+        context.set_spawning_popen(previous)
+        _SENDING.reset(token)
+
+
+@contextlib.contextmanager
+def receiving(fds: Sequence[int]) -> Iterator[None]:
+    """Resolve the descriptors of multiprocessing objects unpickled in this block."""
+    token = _RECEIVED.set(tuple(fds))
+    try:
+        yield
+    finally:
+        _RECEIVED.reset(token)
+
+
+def reduce(obj: object) -> Reduced | None:
+    """How a payload pickles ``obj`` when it is a multiprocessing object that needs
+    it (the extra reducer of ``shm.dumps``); None for anything else."""
+    sent = _SENDING.get()
+    if sent is None or "multiprocessing" not in sys.modules:
+        return None
+    from multiprocessing import connection, heap, queues, synchronize
+
+    if isinstance(obj, connection.Connection):
+        sent_fd = sent.send(obj.fileno(), obj)
+        return _rebuild_connection, (sent_fd, obj.readable, obj.writable, _authkey())
+    if isinstance(obj, heap.Arena):
+        return heap.rebuild_arena, (obj.size, sent.send(obj.fd, obj))
+    if isinstance(obj, synchronize.SemLock):
+        return _reduce_semlock(obj, sent)
+    if isinstance(obj, queues.Queue):
+        return _rebuild_queue, (type(obj), obj.__getstate__())
+    if _ctypes_data(obj) and isinstance(getattr(obj, "_wrapper", None), heap.BufferWrapper):
+        return _reduce_ctype(obj)
+    return None
+
+
+def handles(obj: object) -> bool:
+    """Whether ``reduce`` pickles ``obj`` as a whole (a pipe end, a lock, a queue...)."""
+    if "multiprocessing" not in sys.modules:
+        return False
+    from multiprocessing import connection, heap, queues, synchronize
+
+    kinds = (connection.Connection, heap.Arena, synchronize.SemLock, queues.Queue)
+    return isinstance(obj, kinds)
+
+
+def _ctypes_data(obj: object) -> bool:
+    return isinstance(obj, ctypes.Array | ctypes._SimpleCData | ctypes.Structure)
+
+
+def _authkey() -> bytes:
+    import multiprocessing
+
+    return bytes(multiprocessing.current_process().authkey)
+
+
+def _reduce_ctype(obj: Any) -> Reduced:
+    # A RawValue/RawArray (also inside Value/Array): the ctypes object over
+    # shared memory; pickled as usual it would be a copy of its bytes.
+    from multiprocessing import sharedctypes
+
+    rebuild = vars(sharedctypes)["rebuild_ctype"]  # public there, missing from typeshed
+    wrapper = obj._wrapper
+    if isinstance(obj, ctypes.Array):
+        return rebuild, (obj._type_, wrapper, obj._length_)
+    return rebuild, (type(obj), wrapper, None)
+
+
+def _reduce_semlock(lock: Any, sent: Sending) -> Reduced:
+    # ``_semlock`` is the C semaphore every multiprocessing lock wraps (its
+    # own pickling reads it too); handle, kind, maxvalue and name are public.
+    sem = lock._semlock
+    state = (sem.kind, sem.maxvalue)
+    if sem.name is not None:
+        return _rebuild_named_semlock, (type(lock), *state, sem.name)
+    found = _mapped(lock, sem.handle)
+    if found is not None:
+        fd, offset, size = found
+        return _rebuild_mapped_semlock, (type(lock), *state, sent.send(fd, lock), offset, size)
+    if sent.inherits:
+        return _rebuild_inherited_semlock, (type(lock), *state, sem.handle)
+    raise MpObjectError(
+        f"this multiprocessing {type(lock).__name__} was made in the 'fork' context, whose "
+        "semaphores only forked processes can reach; make it with "
+        "multiprocessing.get_context('spawn') (as torch's spawn requires), "
+        "or launch with start_method='fork'"
+    )
+
+
+def _mapped(lock: object, address: int) -> tuple[int, int, int] | None:
+    """``_mapping_of(address)``, opened once per lock and closed with it."""
+    found = _SEMAPHORE_FILES.get(address)
+    if found is None:
+        found = _mapping_of(address)
+        if found is None:
+            return None
+        _SEMAPHORE_FILES[address] = found
+        weakref.finalize(lock, _forget_semaphore, address)
+    return found
+
+
+def _forget_semaphore(address: int) -> None:
+    found = _SEMAPHORE_FILES.pop(address, None)
+    if found is not None:
+        os.close(found[0])
+
+
+def _mapping_of(address: int) -> tuple[int, int, int] | None:
+    """(a new descriptor of the file mapped at ``address``, the offset of
+    ``address`` in it, the mapping's size), or None where Linux does not allow it."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span = line.split(maxsplit=1)[0]
+                start, end = (int(x, 16) for x in span.split("-"))
+                if start <= address < end:
+                    fd = os.open(f"/proc/self/map_files/{span}", os.O_RDWR | os.O_CLOEXEC)
+                    return fd, address - start, end - start
+    except OSError:
+        return None
+    return None
+
+
+def _rebuild_connection(df: SentFd, readable: bool, writable: bool, authkey: bytes) -> Any:
+    import multiprocessing
+    from multiprocessing import connection
+
+    # What the rank sends through it may refer to this rank's resource_sharer,
+    # which the notebook reaches with its own authkey.
+    multiprocessing.current_process().authkey = authkey
+    return connection.Connection(df.detach(), readable, writable)
+
+
+def _semlock(cls: type, handle: int, kind: int, maxvalue: int, name: str | None) -> Any:
+    lock: Any = object.__new__(cls)
+    lock.__setstate__((handle, kind, maxvalue, name))
+    return lock
+
+
+def _rebuild_named_semlock(cls: type, kind: int, maxvalue: int, name: str) -> Any:
+    return _semlock(cls, 0, kind, maxvalue, name)  # opened by name
+
+
+def _rebuild_inherited_semlock(cls: type, kind: int, maxvalue: int, handle: int) -> Any:
+    return _semlock(cls, handle, kind, maxvalue, None)  # the mapping came with fork
+
+
+def _rebuild_mapped_semlock(
+    cls: type, kind: int, maxvalue: int, df: SentFd, offset: int, size: int
+) -> Any:
+    fd = df.detach()
+    try:
+        # The file may be shorter than the mapping's pages (a sem_t: 32 bytes).
+        region = mmap.mmap(fd, min(size, os.fstat(fd).st_size), flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    _MAPPINGS.append(region)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    return _semlock(cls, address + offset, kind, maxvalue, None)
+
+
+def _rebuild_queue(cls: type, state: tuple[Any, ...]) -> Any:
+    queue: Any = object.__new__(cls)
+    queue.__setstate__(state)
+    _QUEUES.add(queue)
+    return queue
+
+
+def flush() -> None:
+    """In a rank: wait until what it put on its multiprocessing queues is in their
+    pipes (as a multiprocessing child does before it exits)."""
+    for queue in list(_QUEUES):
+        queue.close()
+        queue.join_thread()
