@@ -16,13 +16,14 @@ from nbddp.errors import (
     PayloadError,
     RankError,
     RankExitedError,
+    ResultError,
     WorkerError,
 )
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import Launcher, launch, notebook_launcher, spawn
 from nbddp.launcher.prewarm import shutdown
 from nbddp.launcher.prewarm import start as _prewarm_start
-from nbddp.launcher.run import Run, RunResult
+from nbddp.launcher.run import Run, RunResult, UnloadedValue
 from nbddp.rank.metrics import log
 
 if _TYPE_CHECKING:
@@ -37,8 +38,10 @@ __all__ = [
     "PayloadError",
     "RankError",
     "RankExitedError",
+    "ResultError",
     "Run",
     "RunResult",
+    "UnloadedValue",
     "WorkerError",
     "launch",
     "load_ipython_extension",
