@@ -4,6 +4,7 @@ every worker's child is gone within 5 seconds, and after an interrupt the kernel
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -98,3 +99,50 @@ def test_ddp_status_stacks_dumps_a_running_launch(kernel: Kernel) -> None:
     assert "stopped" in stopped.stdout
     bad = kernel.execute("%ddp_status --nope")
     assert bad.status == "error" and "only --stacks" in bad.text()
+
+
+FIRST_LAUNCH_SETUP = """
+import threading, psutil, torch.distributed, nbddp
+from tests.multiproc import escape_fns
+# What a process's first launch creates once (the relay's thread and fds) exists
+# before counting; spawn leaves the forkserver unstarted (prewarm is off).
+assert nbddp.launch(escape_fns.noop, procs=1, output="none", start_method="spawn") == 0
+me = psutil.Process()
+before = (threading.active_count(), me.num_fds())
+"""
+
+
+def test_an_interrupt_while_the_forkserver_starts_leaves_nothing_in_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NBDDP_PREWARM", "0")
+    with Kernel() as kernel:
+        assert kernel.execute(FIRST_LAUNCH_SETUP).status == "ok"
+        msg_id = kernel.kc.execute(
+            "nbddp.launch(escape_fns.setsid_child_holding_pipes, procs=2, output='none')"
+        )
+        # Interrupt as soon as the forkserver exists: it is still importing torch.
+        deadline = time.monotonic() + 60
+        while not any(_is_forkserver(pid) for pid in kernel.descendants()):
+            assert time.monotonic() < deadline, "the forkserver never started"
+            psutil.wait_procs([psutil.Process(kernel.pid)], timeout=0.01)
+        kernel.interrupt()
+        cell = kernel.collect(msg_id)
+        assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+        # Two cells later: a launch works, and once nbddp shuts its forkserver down
+        # the kernel holds exactly the threads and fds it held before.
+        again = kernel.execute("nbddp.launch(escape_fns.noop, procs=2, output='none')")
+        assert again.status == "ok" and again.result == "0", again.text()
+        check = kernel.execute(
+            "nbddp.shutdown()\n"
+            "after = (threading.active_count(), me.num_fds())\n"
+            "assert after == before, (before, after)"
+        )
+        assert check.status == "ok", check.text()
+
+
+def _is_forkserver(pid: int) -> bool:
+    try:
+        return "nbddp.launcher.forkserver" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
