@@ -72,30 +72,46 @@ class LineAssembler:
     def feed(self, rank: int, stream: str, text: str) -> list[str]:
         """Complete lines (without their newline) now available for this stream."""
         key = (rank, stream)
-        settled, writing = self._over.pop(key, (0, 0))
-        if writing:
-            # What is being written is already past the width: what continues it is
-            # only counted, so a line without end costs each chunk its own length.
-            stop = _first_control(text)
-            writing += stop
-            text = text[stop:]
-        if text:  # it starts or holds a \r or \n: the part being written has ended
-            settled, writing = max(settled, writing), 0
-        *lines, rest = (self._partial.get(key, "") + text).split("\n")
-        done = [
-            self._finish(rank, apply_carriage_returns(line), settled if i == 0 else 0)
-            for i, line in enumerate(lines)
-        ]
-        if lines:
-            settled = 0
+        settled = writing = 0
+        if self._over and key in self._over:
+            settled, writing = self._over.pop(key)
+            if writing:
+                # What is being written is already past the width: what continues
+                # it is only counted, so a line without end costs each chunk its
+                # own length.
+                stop = _first_control(text)
+                writing += stop
+                text = text[stop:]
+                if text:  # a \r or \n ended the part being written
+                    settled, writing = max(settled, writing), 0
+        buf = self._partial.get(key, "") + text
+        *lines, rest = buf.split("\n")
+        if len(buf) <= self.width and not settled:  # the common case: nothing to cut
+            done = [apply_carriage_returns(line) for line in lines]
+        else:
+            done = [
+                self._finish(rank, apply_carriage_returns(line), settled if i == 0 else 0)
+                for i, line in enumerate(lines)
+            ]
+            if lines:
+                settled = 0
         cut = rest.rfind("\r")
         if cut > 0:
             # A bar redrawn for an hour without a newline must not grow without
             # bound: settle what is before the last \r (the cursor is then at 0).
             head = apply_carriage_returns(rest[:cut])
             rest, cut = head + rest[cut:], len(head)
-        head, part = (rest[:cut], rest[cut:]) if cut >= 0 else ("", rest)
+        if len(rest) > self.width or settled or writing:
+            self._keep(key, rest, cut, settled, writing)
+        else:
+            self._partial[key] = rest
+        return done
+
+    def _keep(self, key: tuple[int, str], rest: str, cut: int, settled: int, writing: int) -> None:
+        """Hold the unfinished line ``rest`` (its last ``\\r`` at ``cut``, -1: none) cut
+        to the width, and what was cut from it (see ``_over``)."""
         width = self.width
+        head, part = (rest[:cut], rest[cut:]) if cut >= 0 else ("", rest)
         if len(head) > width:
             settled = max(settled, len(head) - width)
             head = _cut(head, width)
@@ -106,7 +122,6 @@ class LineAssembler:
         self._partial[key] = head + part
         if settled or writing:
             self._over[key] = (settled, writing)
-        return done
 
     def _finish(self, rank: int, line: str, over: int) -> str:
         """``line`` cut to the width, with its mark if anything was cut."""

@@ -137,3 +137,10 @@ def test_the_text_display_keeps_a_long_bar_bounded_and_redrawn() -> None:
         lines.feed(0, "stderr", f"\r{i:04d}" + "#" * 20)
     assert lines.progress() == [(0, "stderr", "0999" + "#" * 6 + f" … 14 {MARK}")]
     assert lines.feed(0, "stderr", "\n") == ["0999" + "#" * 6 + f" … 14 {MARK}"]
+
+
+def test_the_text_display_redraws_the_start_of_a_cut_line() -> None:
+    lines = LineAssembler(width=10)
+    lines.feed(0, "stdout", "a" * 30 + "\rb")
+    lines.feed(0, "stdout", "c")
+    assert lines.drain() == [(0, "stdout", "bc" + "a" * 8 + f" … 20 {MARK}")]
