@@ -181,3 +181,5 @@ def test_anything_else_escaping_the_pump_stops_the_ranks_before_it_is_raised(
         run.wait()
     assert job.stopped == [RunStatus.STOPPED]
     assert job.ended.is_set()
+    # The end was taken from the queue while stopping: a second wait returns at once.
+    assert run.wait(timeout=5).exit_codes == {0: 0, 1: 0}
