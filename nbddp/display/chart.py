@@ -8,10 +8,17 @@ thinned by half (every other point, then every fourth new one, ...), and
 the latest point is always kept, so memory and SVG size stay constant
 however long training runs. (The full history is ``Run.metrics``.)
 
-``chart_html(history)`` draws one small panel per metric, one line per
-rank, and a legend with each rank's latest value. It is plain HTML and
+``chart_html(history)`` draws one small panel per metric (the first
+``MAX_CHARTED`` metrics), one line per rank, and a legend with each rank's
+latest value. It is plain HTML and
 SVG: JupyterLab, classic Notebook and VS Code show it without a frontend
 extension. ``metric_svg`` draws one panel and is a well-formed SVG document.
+
+Rows are data from another process: any value in them is drawn or left out,
+never raised on. A value or step no float can hold (``10**400``), NaN and
+infinity are kept in ``Run.metrics`` as they are but left out of the chart;
+``metric_summary`` shows them (``~1e+400``, ``nan``, ``inf``), shows what is
+not a number by its type, and is at most ``MAX_SUMMARY`` characters.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ PALETTE = (
     "#17becf",
 )
 RESERVED = frozenset(("rank", "step", "time"))
+MAX_CHARTED = 16
+"""Metrics that get a chart panel (the first seen); the rest are only in ``Run.metrics``."""
+MAX_SUMMARY = 300
+"""Longest one-line summary of a row (a rank's header, the legend, the text display)."""
+_MAX_NAME = 40  # characters of a metric's name shown in a panel's title
 
 Point = tuple[float, float]
 
@@ -97,22 +109,24 @@ class MetricHistory:
             count = counts.get(rank, 0)
             counts[rank] = count + 1
             step = row.get("step")
-            x = float(step) if step is not None else float(count)
+            x = float(count) if step is None else _finite(step)
+            if x is None:
+                continue  # a step no chart can place: the row is only in Run.metrics
             for name, value in row.items():
                 if name in RESERVED:
                     continue
-                kind = type(value)
-                if kind is not float and kind is not int and not isinstance(value, int | float):
-                    continue
-                if not math.isfinite(value):
+                y = value if type(value) is float else _finite(value)
+                if y is None or not math.isfinite(y):
                     continue  # a NaN loss is in Run.metrics; it cannot be drawn
                 per_rank = series.get(name)
                 if per_rank is None:
+                    if len(series) >= MAX_CHARTED:
+                        continue
                     per_rank = series[name] = {}
                 line = per_rank.get(rank)
                 if line is None:
                     line = per_rank[rank] = _Series()
-                line.add((x, float(value)), max_points)
+                line.add((x, y), max_points)
 
     def names(self) -> list[str]:
         """Metric names, in first-seen order."""
@@ -138,7 +152,7 @@ def metric_svg(
         f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
         f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" '
         'fill="none" stroke="#888" stroke-opacity="0.5" stroke-width="1"/>',
-        f'<text x="{pad_l}" y="10" fill="currentColor">{html.escape(name)}</text>',
+        f'<text x="{pad_l}" y="10" fill="currentColor">{html.escape(_short(name))}</text>',
     ]
     if points:
         xs, ys = [p[0] for p in points], [p[1] for p in points]
@@ -148,11 +162,14 @@ def metric_svg(
             f"{fmt(y0)} … {fmt(y1)}</text>"
         )
 
+        # Halves first: the span of -1e308 .. 1e308 is no float, half of it is.
         def sx(x: float) -> float:
-            return pad_l + (plot_w / 2 if x1 == x0 else (x - x0) / (x1 - x0) * plot_w)
+            span = x1 / 2 - x0 / 2
+            return pad_l + (plot_w / 2 if span == 0 else (x / 2 - x0 / 2) / span * plot_w)
 
         def sy(y: float) -> float:
-            return pad_t + (plot_h / 2 if y1 == y0 else (y1 - y) / (y1 - y0) * plot_h)
+            span = y1 / 2 - y0 / 2
+            return pad_t + (plot_h / 2 if span == 0 else (y1 / 2 - y / 2) / span * plot_h)
 
         for rank, pts in series.items():
             if len(pts) == 1:
@@ -195,9 +212,51 @@ def chart_text(history: MetricHistory) -> str:
 
 
 def metric_summary(row: dict[str, Any]) -> str:
-    """``step 40 loss=0.1234 acc=0.91``: a row in one short line."""
-    values = " ".join(
-        f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in row.items() if k not in RESERVED
-    )
+    """``step 40 loss=0.1234 acc=0.91``: a row in one short line (see module contract)."""
+    parts = []
+    size = 0
     step = row.get("step")
-    return values if step is None else f"step {step} {values}".rstrip()
+    if step is not None:
+        parts.append(f"step {format_value(step)}")
+    for name, value in row.items():
+        if size > MAX_SUMMARY:
+            break  # the line is cut below: the rest of a huge row need not be formatted
+        if name not in RESERVED:
+            parts.append(f"{_short(str(name))}={format_value(value)}")
+            size += len(parts[-1]) + 1
+    line = " ".join(parts)
+    return line if len(line) <= MAX_SUMMARY else line[: MAX_SUMMARY - 1] + "…"
+
+
+def format_value(value: object) -> str:
+    """A metric value as the summary shows it: floats in four digits, ints whole while
+    they are short, ``~1e+400`` past what a float holds, anything else by its type."""
+    if isinstance(value, float):
+        return fmt(value)
+    if isinstance(value, int):
+        if -(10**15) < value < 10**15:
+            return str(value)
+        try:
+            return fmt(float(value))
+        except OverflowError:
+            sign = "-" if value < 0 else ""
+            return f"~{sign}1e+{int(math.log10(abs(value)))}"
+    try:
+        return _short(str(value))
+    except Exception:  # a value from another process: its __str__ is not ours to trust
+        return f"<{type(value).__name__}>"
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None where no float can hold it."""
+    if not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_NAME else text[: _MAX_NAME - 1] + "…"

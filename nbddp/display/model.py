@@ -178,7 +178,9 @@ class RunModel:
         entry = self.ranks.get(rank)
         if entry is None:
             shown = self.live is None or rank in self.live
-            entry = RankModel(rank, Screen(self.tail) if shown else None, self.started)
+            log = self.log(rank)
+            screen = Screen(self.tail, where=str(log) if log else "the log") if shown else None
+            entry = RankModel(rank, screen, self.started)
             self.ranks[rank] = entry
         return entry
 

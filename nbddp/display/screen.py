@@ -13,6 +13,16 @@ Only the last ``tail`` lines are kept (plus the line the cursor is on);
 ``dropped`` counts the lines that scrolled out, so the caller can say how
 much is only in the log. The cursor cannot move above the kept lines.
 
+Whatever a rank writes, a screen stays small and never raises: a line keeps
+at most ``width`` characters, and ``lines()`` ends a longer one with
+``… N more characters in <where>`` (N: how far past the width the line
+reached, so a bar redrawn a thousand times counts once). Cursor moves stop
+at the last column, as a terminal's do, and a count of any number of digits
+is read as "very many", never parsed whole. An escape sequence that has not
+ended after ``MAX_ESCAPE`` characters is dropped (its bytes are in the log).
+So feeding is linear in the text fed, however long a line gets without a
+newline.
+
 stdout and stderr are separate pipes, so each keeps its own unfinished
 line: when the other stream writes while a line is unfinished, the screen
 first moves to a new line (joining a ``print`` onto the middle of a
@@ -29,6 +39,11 @@ from __future__ import annotations
 
 import re
 
+WIDTH = 1000
+"""Characters kept per line: a wide terminal's width several times over."""
+MAX_ESCAPE = 4096
+"""Longest escape sequence held while waiting for its end (an OSC link fits)."""
+_MAX_COUNT = 10**9  # a cursor count with more digits than this is clamped to it
 # One control token: newline, carriage return, backspace, a CSI sequence
 # (ESC [ params intermediates final), an OSC string (ESC ] ... BEL/ST), or
 # a two-character escape.
@@ -55,12 +70,18 @@ def strip_cursor_codes(line: str) -> str:
 class Screen:
     """One rank's recent output as a terminal would show it (see module contract)."""
 
-    def __init__(self, tail: int = 40) -> None:
+    def __init__(self, tail: int = 40, width: int = WIDTH, where: str = "the log") -> None:
         if tail < 1:
             raise ValueError(f"tail must be at least 1, not {tail}")
+        if width < 1:
+            raise ValueError(f"width must be at least 1, not {width}")
         self.tail = tail
+        self.width = width
+        self.where = where
+        """Where a cut line's rest is, as its mark says (the rank's log file)."""
         self.dropped = 0  # lines no longer kept at all
         self._lines: list[str] = [""]
+        self._over: dict[int, int] = {}  # index in _lines -> characters past the width
         self._row = 0
         self._col = 0
         self._stream = ""
@@ -77,7 +98,9 @@ class Screen:
         if "\x1b" in text:
             cut = _INCOMPLETE.search(text)
             if cut is not None:
-                text, self._pending = text[: cut.start()], text[cut.start() :]
+                text, pending = text[: cut.start()], text[cut.start() :]
+                # Held only while it may still be an escape; past that it is noise.
+                self._pending = pending if len(pending) <= MAX_ESCAPE else ""
         if _SLOW.search(text) is None:
             self._feed_plain(text)
         else:
@@ -85,8 +108,15 @@ class Screen:
         self._trim()
 
     def lines(self) -> list[str]:
-        """The last ``tail`` lines, oldest first, trailing spaces removed."""
-        return [line.rstrip(" ") for line in self._kept()[-self.tail :]]
+        """The last ``tail`` lines, oldest first, trailing spaces removed; a cut line
+        ends with how many more characters it has (see module contract)."""
+        kept = self._kept()
+        first = max(0, len(kept) - self.tail)
+        shown = [line.rstrip(" ") for line in kept[first:]]
+        for index, over in self._over.items():
+            if first <= index < len(kept):
+                shown[index - first] += f" … {over:,} more characters in {self.where}"
+        return shown
 
     @property
     def total(self) -> int:
@@ -132,9 +162,12 @@ class Screen:
             if len(rest) > self.tail + 1:
                 self.dropped += len(rest) - (self.tail + 1)
                 rest = rest[-(self.tail + 1) :]
+            start = len(self._lines)
             self._lines.extend(rest)
             self._row = len(self._lines) - 1
             self._col = len(rest[-1])
+            if len(text) > self.width:  # only then can a line be too long
+                self._cut_lines(start)
             return
         for part in rest:
             self._newline()
@@ -159,36 +192,61 @@ class Screen:
         if len(seq) < 3 or seq[1] != "[":
             return  # OSC or two-character escape: nothing to show
         final, params = seq[-1], seq[2:-1]
-        n = int(params) if params.isdigit() else 0
+        n = _count(params)
         if final == "A":
             self._row = max(0, self._row - max(n, 1))
         elif final == "B":
             self._row = min(len(self._lines) - 1, self._row + max(n, 1))
         elif final == "C":
-            self._col += max(n, 1)
+            # A terminal's cursor stops at the last column.
+            self._col = max(self._col, min(self._col + max(n, 1), self.width - 1))
         elif final == "D":
             self._col = max(0, self._col - max(n, 1))
         elif final == "G":
-            self._col = max(n, 1) - 1
+            self._col = min(max(n, 1), self.width) - 1
         elif final == "K":
-            line = self._lines[self._row]
-            if n == 0:
-                self._lines[self._row] = line[: self._col]
-            elif n == 1:
-                self._lines[self._row] = " " * min(self._col, len(line)) + line[self._col :]
-            elif n == 2:
-                self._lines[self._row] = ""
+            self._erase(n)
         # Colours (m) and everything else: dropped.
+
+    def _erase(self, n: int) -> None:
+        """``ESC[nK``: erase to the end (0), to the start (1) or the whole line (2)."""
+        row, col = self._row, self._col
+        line = self._lines[row]
+        if n == 0:
+            self._lines[row] = line[:col]
+            if col < self.width:
+                self._over.pop(row, None)
+        elif n == 1:
+            self._lines[row] = " " * min(col, len(line)) + line[col:]
+        elif n == 2:
+            self._lines[row] = ""
+            self._over.pop(row, None)
 
     def _write(self, text: str) -> None:
         if not text:
             return
-        line = self._lines[self._row]
         col = self._col
+        end = self._col = col + len(text)
+        if end > self.width:
+            # Past the width only the line's length is kept, for its mark.
+            row = self._row
+            self._over[row] = max(self._over.get(row, 0), end - self.width)
+            text = text[: max(0, self.width - col)]
+            if not text:
+                return
+        line = self._lines[self._row]
         if col > len(line):
             line += " " * (col - len(line))
         self._lines[self._row] = line[:col] + text + line[col + len(text) :]
-        self._col = col + len(text)
+
+    def _cut_lines(self, start: int) -> None:
+        """Cut the lines from index ``start`` on to the width, noting what each had more."""
+        width, lines = self.width, self._lines
+        for index in range(start, len(lines)):
+            line = lines[index]
+            if len(line) > width:
+                self._over[index] = len(line) - width
+                lines[index] = line[:width]
 
     def _newline(self) -> None:
         if self._returned:
@@ -213,8 +271,19 @@ class Screen:
         del self._lines[:excess]
         self.dropped += excess
         self._row = max(0, self._row - excess)
+        if self._over:
+            self._over = {i - excess: n for i, n in self._over.items() if i >= excess}
         self._unfinished = {
             stream: (row - excess, col)
             for stream, (row, col) in self._unfinished.items()
             if row >= excess
         }
+
+
+def _count(params: str) -> int:
+    """A CSI sequence's count: 0 when absent or not a plain number; a number of any
+    length is read without parsing more digits than a count can need."""
+    if not params.isdigit():
+        return 0
+    digits = params.lstrip("0")
+    return int(digits or "0") if len(digits) <= 9 else _MAX_COUNT

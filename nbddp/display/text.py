@@ -9,7 +9,10 @@ per redraw; while a bar is still running, its current state is printed
 at most every ``progress_interval`` seconds so a long loop shows progress.
 ANSI cursor movement (tqdm's nested bars) is removed: on a shared terminal
 it would move over other ranks' lines. ``close()`` writes what is left of
-unfinished lines. Nothing a rank writes is dropped.
+unfinished lines. Nothing a rank writes is dropped, but a line is cut at
+``width`` characters (default ``TEXT_WIDTH``) and ends with ``… N more
+characters in <its log>``: so however long a line grows without a newline,
+what is held and written stays bounded and taking it in is linear.
 
 Metric rows print as ``[rank N] step 10 loss=0.123``: immediately, or if
 the rank's last metric line is younger than ``metric_interval`` seconds,
@@ -24,6 +27,7 @@ rank it holds only an unfinished line per stream and a held metric row.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +37,11 @@ from typing import Any, TextIO
 from nbddp.display.chart import metric_summary
 from nbddp.display.ratelimit import RateLimiter
 from nbddp.display.screen import strip_cursor_codes
+from nbddp.launcher.logs import rank_log
+
+TEXT_WIDTH = 10_000
+"""Characters of one line the text display writes; the rest is in the rank's log."""
+_TRAILING_ESCAPE = re.compile(r"\x1b[^A-Za-z\x07]*\Z")
 
 
 def apply_carriage_returns(line: str) -> str:
@@ -47,23 +56,79 @@ def apply_carriage_returns(line: str) -> str:
 
 
 class LineAssembler:
-    """Turns chunks into complete lines, per (rank, stream)."""
+    """Turns chunks into complete lines, per (rank, stream), each at most ``width``
+    characters plus a mark saying how many more the rank's log has (``where``)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, width: int = TEXT_WIDTH, where: Callable[[int], str] = lambda _rank: "the log"
+    ) -> None:
+        self.width = width
+        self.where = where
         self._partial: dict[tuple[int, str], str] = {}
+        # Of the unfinished line: characters past the width before its last \r
+        # (settled), and in what is being written since (only counted, not kept).
+        self._over: dict[tuple[int, str], tuple[int, int]] = {}
 
     def feed(self, rank: int, stream: str, text: str) -> list[str]:
         """Complete lines (without their newline) now available for this stream."""
         key = (rank, stream)
+        settled = writing = 0
+        if self._over and key in self._over:
+            settled, writing = self._over.pop(key)
+            if writing:
+                # What is being written is already past the width: what continues
+                # it is only counted, so a line without end costs each chunk its
+                # own length.
+                stop = _first_control(text)
+                writing += stop
+                text = text[stop:]
+                if text:  # a \r or \n ended the part being written
+                    settled, writing = max(settled, writing), 0
         buf = self._partial.get(key, "") + text
         *lines, rest = buf.split("\n")
+        if len(buf) <= self.width and not settled:  # the common case: nothing to cut
+            done = [apply_carriage_returns(line) for line in lines]
+        else:
+            done = [
+                self._finish(rank, apply_carriage_returns(line), settled if i == 0 else 0)
+                for i, line in enumerate(lines)
+            ]
+            if lines:
+                settled = 0
         cut = rest.rfind("\r")
         if cut > 0:
             # A bar redrawn for an hour without a newline must not grow without
             # bound: settle what is before the last \r (the cursor is then at 0).
-            rest = apply_carriage_returns(rest[:cut]) + rest[cut:]
-        self._partial[key] = rest
-        return [apply_carriage_returns(line) for line in lines]
+            head = apply_carriage_returns(rest[:cut])
+            rest, cut = head + rest[cut:], len(head)
+        if len(rest) > self.width or settled or writing:
+            self._keep(key, rest, cut, settled, writing)
+        else:
+            self._partial[key] = rest
+        return done
+
+    def _keep(self, key: tuple[int, str], rest: str, cut: int, settled: int, writing: int) -> None:
+        """Hold the unfinished line ``rest`` (its last ``\\r`` at ``cut``, -1: none) cut
+        to the width, and what was cut from it (see ``_over``)."""
+        width = self.width
+        head, part = (rest[:cut], rest[cut:]) if cut >= 0 else ("", rest)
+        if len(head) > width:
+            settled = max(settled, len(head) - width)
+            head = _cut(head, width)
+        limit = width + 1 if cut >= 0 else width  # the part's own \r is not a character
+        if len(part) > limit:
+            writing = len(part) - limit
+            part = _cut(part, limit)
+        self._partial[key] = head + part
+        if settled or writing:
+            self._over[key] = (settled, writing)
+
+    def _finish(self, rank: int, line: str, over: int) -> str:
+        """``line`` cut to the width, with its mark if anything was cut."""
+        over = max(over, len(line) - self.width)
+        if over <= 0:
+            return line
+        return f"{_cut(line, self.width)} … {over:,} more characters in {self.where(rank)}"
 
     def has_progress(self) -> bool:
         """True if an unfinished line is being redrawn (holds a ``\\r``): a progress bar."""
@@ -72,7 +137,7 @@ class LineAssembler:
     def progress(self) -> list[tuple[int, str, str]]:
         """The unfinished lines being redrawn, as (rank, stream, what a terminal shows)."""
         return [
-            (rank, stream, apply_carriage_returns(rest).rstrip())
+            (rank, stream, self._shown(rank, stream).rstrip())
             for (rank, stream), rest in sorted(self._partial.items())
             if "\r" in rest
         ]
@@ -80,12 +145,19 @@ class LineAssembler:
     def drain(self) -> list[tuple[int, str, str]]:
         """Every unfinished line, as (rank, stream, line); the buffers are emptied."""
         out = [
-            (rank, stream, apply_carriage_returns(rest))
-            for (rank, stream), rest in sorted(self._partial.items())
-            if apply_carriage_returns(rest)
+            (rank, stream, shown)
+            for rank, stream in sorted(self._partial)
+            if (shown := self._shown(rank, stream))
         ]
         self._partial.clear()
+        self._over.clear()
         return out
+
+    def _shown(self, rank: int, stream: str) -> str:
+        """The unfinished line as a terminal shows it, cut and marked."""
+        key = (rank, stream)
+        over = max(self._over.get(key, (0, 0)))
+        return self._finish(rank, apply_carriage_returns(self._partial[key]), over)
 
 
 class TextDisplay:
@@ -99,11 +171,13 @@ class TextDisplay:
         metric_interval: float = 1.0,
         progress_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        width: int = TEXT_WIDTH,
     ) -> None:
         self._out = out
         self._err = err
         self._ranks = ranks  # None: every rank
-        self._lines = LineAssembler()
+        self._log_dir: Path | None = None
+        self._lines = LineAssembler(width, self._where)
         self._clock = clock
         self._metric_interval = metric_interval
         self._metric_limiters: dict[int, RateLimiter] = {}
@@ -127,7 +201,11 @@ class TextDisplay:
             self._write(stream, "".join(f"[rank {rank}] {line}\n" for line in lines))
 
     def attach(self, log_dir: Path, world_size: int) -> None:
-        """Nothing to prepare: lines are written as they come."""
+        """Note where the logs are (a cut line names its log); lines are written as they come."""
+        self._log_dir = log_dir
+
+    def _where(self, rank: int) -> str:
+        return str(rank_log(self._log_dir, rank)) if self._log_dir is not None else "the log"
 
     def notice(self, text: str) -> None:
         """A one-line message from nbddp itself."""
@@ -183,3 +261,17 @@ class TextDisplay:
         target = self._stream(stream)
         target.write(text)
         target.flush()
+
+
+def _cut(text: str, width: int) -> str:
+    """``text``'s first ``width`` characters, without an escape sequence cut in two."""
+    if len(text) <= width:
+        return text
+    text = text[:width]
+    return _TRAILING_ESCAPE.sub("", text) if "\x1b" in text else text
+
+
+def _first_control(text: str) -> int:
+    """Where the first ``\\r`` or ``\\n`` of ``text`` is; its length if it has none."""
+    found = [i for i in (text.find("\r"), text.find("\n")) if i >= 0]
+    return min(found) if found else len(text)

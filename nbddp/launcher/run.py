@@ -26,6 +26,14 @@ says when it next needs a call, and the queue wait ends then. So however
 fast ranks write, drawing stays bounded, and nothing queued before
 ``wait`` (``block=False``) is skipped. ``close()`` draws the final state
 once every rank's output is complete.
+
+Display errors: nothing a display raises reaches the caller or stops the
+pump. The first error is reported once, on stderr, and the rest of the run
+(starting with the event it failed on) is shown by a ``TextDisplay`` of the
+same ranks; if that fails too, the run goes on with no display (every rank's
+log keeps all its output either way). Metric rows reach ``Run.metrics``
+whatever the display does. Should anything else escape the pump, every rank
+is stopped before it is raised: a broken ``wait`` never leaves ranks running.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nbddp.display.protocol import Display
+from nbddp.display.text import TextDisplay
 from nbddp.errors import ResultError
 from nbddp.launcher import events as ev
 from nbddp.launcher.config import LaunchConfig
@@ -54,6 +63,8 @@ STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_gr
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
 BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
 BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
+_MAX_ERROR_TEXT = 200  # characters of a display error's message in its one-line report
+_SHOWN = {"all": None, "rank0": {0}, "none": set()}  # config.output -> ranks shown
 
 
 @dataclass
@@ -153,8 +164,14 @@ class Run:
         """Rows sent with ``nbddp.log`` so far, in arrival order (``metrics.to_pandas()``)."""
         self._result: RunResult | None = None
         self._refresh_at: float | None = None  # when the display next wants a refresh
+        self._done = False  # the job's last event (``Done``) was taken from its queue
+        self._text_fallback = False  # the display failed and was replaced by text
+        self._world_size = len(job.outcomes())
         if display is not None:
-            display.attach(job.log_dir, len(job.outcomes()))
+            try:
+                display.attach(job.log_dir, self._world_size)
+            except Exception as exc:
+                self._display_failed(exc)
         _LATEST = weakref.ref(self)
 
     @property
@@ -233,6 +250,13 @@ class Run:
             except KeyboardInterrupt:
                 self._interrupt()
                 raise
+            except TimeoutError:
+                raise  # the run goes on, as documented
+            except BaseException:
+                # Nothing should get here (display errors are handled in the pump);
+                # whatever does, the ranks must not outlive it.
+                self._stop_and_drain(RunStatus.STOPPED)
+                raise
             self._result = self._build_result()
         if self._result.failure is not None:
             raise self._result.failure
@@ -251,7 +275,7 @@ class Run:
     def _pump(self, deadline: float | None) -> None:
         """Feed events to the display until the run is done (see module contract)."""
         events = self.job.events
-        while True:
+        while not self._done:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 self._refresh()
@@ -288,8 +312,12 @@ class Run:
         events = self.job.events
         until = time.monotonic() + BATCH_SECONDS
         while True:
-            if self._dispatch(event):
-                return None
+            try:
+                if self._dispatch(event):
+                    return None
+            except Exception as exc:
+                self._display_failed(exc)
+                continue  # the event it failed on goes to the display that replaced it
             if time.monotonic() >= until:
                 return False
             try:
@@ -298,51 +326,94 @@ class Run:
                 return True
 
     def _dispatch(self, event: RunEvent) -> bool:
-        """Hand one event to the display; True if it was the last (``Done``)."""
+        """Hand one event to the display; True if it was the last (``Done``).
+
+        What the display raises propagates (``_dispatch_batch`` handles it) after
+        nothing but the display has seen the event: it may be dispatched again."""
+        display = self.display
         if isinstance(event, ev.Done):
-            if self.display is not None:
-                self.display.close()
+            if display is not None:
+                display.close()
+            self._done = True
             return True
+        if display is not None:
+            if isinstance(event, ev.Output):
+                display.output(event.rank, event.stream, event.text)
+            elif isinstance(event, ev.StateChanged):
+                display.state(event.rank, event.state)
+            elif isinstance(event, ev.Metrics):
+                rank, metric = event.rank, display.metric
+                for row in event.rows:
+                    metric(rank, row)
+            elif isinstance(event, ev.Notice):
+                display.notice(event.text)
         if isinstance(event, ev.Metrics):
             self.metrics.extend(event.rows)
-        display = self.display
-        if display is None:
-            return False
-        if isinstance(event, ev.Output):
-            display.output(event.rank, event.stream, event.text)
-        elif isinstance(event, ev.StateChanged):
-            display.state(event.rank, event.state)
-        elif isinstance(event, ev.Metrics):
-            rank, metric = event.rank, display.metric
-            for row in event.rows:
-                metric(rank, row)
-        elif isinstance(event, ev.Notice):
-            display.notice(event.text)
         return False
 
     def _refresh(self) -> None:
-        if self.display is None:
+        display = self.display
+        if display is None:
+            self._refresh_at = None
             return
-        delay = self.display.refresh()
+        try:
+            delay = display.refresh()
+        except Exception as exc:
+            self._display_failed(exc)
+            delay = 0.0  # the text display that replaced it may have something to show
         self._refresh_at = None if delay is None else time.monotonic() + delay
+
+    def _display_failed(self, exc: Exception) -> None:
+        """Report the display's error once and go on with text, or with no display
+        when the text display was what failed (see module contract)."""
+        self.display = None
+        if self._text_fallback:
+            _report(
+                f"the text display failed too ({_describe(exc)}); the rest of this run "
+                f"is only in its logs, in {self.log_dir}"
+            )
+            return
+        self._text_fallback = True
+        text = TextDisplay(ranks=_SHOWN.get(getattr(self.job.config, "output", "all")))
+        try:
+            text.attach(self.log_dir, self._world_size)
+            text.notice(
+                f"the display failed ({_describe(exc)}); showing the rest of this run as "
+                f"text (each rank's log keeps all its output, in {self.log_dir})"
+            )
+        except Exception as text_exc:
+            _report(
+                f"the display failed ({_describe(exc)}), and so did the text display "
+                f"({_describe(text_exc)}); the run's output is only in {self.log_dir}"
+            )
+            return
+        self.display = text
 
     def _interrupt(self) -> None:
         # Why ignore SIGINT here: a second Ctrl-C while ranks are being
         # stopped must not leave them running.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            self._stop_and_drain(RunStatus.INTERRUPTED)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _stop_and_drain(self, reason: RunStatus) -> None:
+        """Stop every rank and take the job's events until it is done (or it is too late)."""
         # The display is left out while stopping: whatever it raises (it may
         # be what was interrupted) must not cut the stop short. The logs keep
         # everything the ranks write meanwhile.
         display, self.display = self.display, None
         try:
-            self.job.stop(RunStatus.INTERRUPTED)
+            self.job.stop(reason)
             self._pump(time.monotonic() + self.job.config.kill_grace + STOP_WAIT)
         except TimeoutError:
             print("nbddp: some ranks did not stop in time", file=sys.__stderr__)
+        except Exception as exc:
+            print(f"nbddp: stopping the ranks failed ({_describe(exc)})", file=sys.__stderr__)
         finally:
             self.display = display
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
 
     def _build_result(self) -> RunResult:
         job = self.job
@@ -386,6 +457,29 @@ def _load_values(
                 )
                 error.__cause__ = exc
     return values, error
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` (cut short), or the type alone."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:  # its __str__ is broken too: the type still says something
+        message = ""
+    message = message.strip().split("\n", 1)[0]
+    if len(message) > _MAX_ERROR_TEXT:
+        message = message[: _MAX_ERROR_TEXT - 1] + "…"
+    return f"{name}: {message}" if message else name
+
+
+def _report(text: str) -> None:
+    """One line on stderr, wherever it still works."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            print(f"nbddp: {text}", file=stream, flush=True)
+        except Exception:
+            continue
+        return
 
 
 def _main_thread() -> bool:

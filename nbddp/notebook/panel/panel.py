@@ -10,6 +10,11 @@ stays reachable as ``panel.run``. Stop (the button, or ``stop()``) stops every r
 then shows ``stopped``. Launch is disabled while the form is invalid or a
 run goes on; launching again after a run ends starts a fresh run.
 
+Whatever goes wrong while a run is shown (its display, its result's
+``repr``, ``Run.wait`` itself), the panel ends in a final state with Launch
+and Stop set to match, and Stop and ``close()`` stop every rank of a run that
+has not ended, whether or not its pump thread is still alive.
+
 No processes are left behind: ``close()`` stops the run and closes the
 widgets; in a kernel, running the panel's cell again or deleting the cell
 (JupyterLab reports deleted cells with the next execution) closes it;
@@ -83,9 +88,11 @@ class Panel:
 
     @property
     def running(self) -> bool:
-        """True while a run launched from this panel goes on."""
+        """True while a run launched from this panel goes on (shown, or not ended)."""
         thread = self._thread
-        return thread is not None and thread.is_alive()
+        if thread is not None and thread.is_alive():
+            return True
+        return self.run is not None and not self.run.ended()
 
     def settings(self) -> PanelSettings:
         """What the form holds now."""
@@ -168,7 +175,7 @@ class Panel:
     def stop(self) -> None:
         """Stop the run (every rank gets SIGTERM, then SIGKILL); returns at once."""
         run = self.run
-        if run is not None and self.running:
+        if run is not None and not run.ended():
             self.view.show_run_state("stopping", "stopping…")
             run.stop()
 
@@ -191,9 +198,11 @@ class Panel:
         with self._lock:
             self._closed = True
         self.stop()
-        thread = self._thread
+        thread, run = self._thread, self.run
         if wait and thread is not None:
             thread.join(CLOSE_WAIT)
+        if wait and run is not None:
+            run.ended(CLOSE_WAIT)  # its ranks are gone even if nothing pumps it any more
         self.view.close()
 
     # -- internals ----------------------------------------------------------------
@@ -209,25 +218,40 @@ class Panel:
 
     def _pump(self, run: Run) -> None:
         try:
-            result = run.wait()
-        except BaseException as exc:
-            self._show_failure(run, exc)
-        else:
-            value = result.values.get(0)
-            text = repr(value)
-            if len(text) > _MAX_VALUE_REPR:
-                text = text[:_MAX_VALUE_REPR] + "…"
-            self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
-            self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
+            try:
+                result = run.wait()
+            except BaseException as exc:
+                self._show_failure(run, exc)
+            else:
+                self._show_done(result)
+        except Exception as exc:  # showing the outcome failed: say so, never stay "running"
+            self.view.show_run_state("error", "error")
+            self.view.show_result(f"nbddp could not show the run's outcome: {_safe_repr(exc)}")
         finally:
-            can_launch = not self._closed and not self._validated(self.settings()).errors
-            self.view.set_running(False, can_launch=can_launch)
+            running = not run.ended()  # only if wait itself broke: Stop must stay usable
+            can_launch = not running and not self._closed
+            self.view.set_running(
+                running, can_launch=can_launch and not self._validated(self.settings()).errors
+            )
+
+    def _show_done(self, result: RunResult) -> None:
+        text = _safe_repr(result.values.get(0))
+        self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
+        self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
 
     def _show_failure(self, run: Run, exc: BaseException) -> None:
         status = run.status
         if status in (RunStatus.STOPPED, RunStatus.INTERRUPTED):
             self.view.show_run_state(RunStatus.STOPPED)
             self.view.show_result(f"stopped; each rank's output is in {run.log_dir}")
+            return
+        if not run.ended():
+            # Not the run's failure: showing it broke. The run goes on until stopped.
+            self.view.show_run_state("error", "display error")
+            self.view.show_result(
+                f"the run could not be shown ({_safe_repr(exc)}); Stop ends it, and each "
+                f"rank's output is in {run.log_dir}"
+            )
             return
         self.view.show_run_state(RunStatus.FAILED if status is RunStatus.DONE else status)
         self.view.show_result(*summary(exc, run.root_cause))
@@ -246,6 +270,15 @@ class Panel:
 
     def _ipython_display_(self) -> None:
         self.show()
+
+
+def _safe_repr(value: object) -> str:
+    """``repr(value)`` cut to ``_MAX_VALUE_REPR`` characters; never raises."""
+    try:
+        text = repr(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
+    return text if len(text) <= _MAX_VALUE_REPR else text[:_MAX_VALUE_REPR] + "…"
 
 
 def _describe(errors: Mapping[str, str]) -> str:
