@@ -17,6 +17,9 @@ print("ready", flush=True)
 threading.Event().wait()
 """
 
+# Each rank runs under its keeper (nbddp/rank/keeper.py), which goes with it.
+RANKS_AND_KEEPERS = ["nbddp-keeper", "nbddp-keeper", "nbddp-rank0", "nbddp-rank1"]
+
 
 def test_interrupt_stops_every_rank_and_the_next_cell_runs() -> None:
     with Kernel() as kernel:
@@ -24,7 +27,7 @@ def test_interrupt_stops_every_rank_and_the_next_cell_runs() -> None:
         msg_id = kernel.kc.execute(BLOCKING_CELL)
         kernel.wait_for_output(msg_id, "ready")
         ranks = ours(pids=kernel.descendants())
-        assert len(ranks) == 2
+        assert sorted(p.name() for p in ranks) == RANKS_AND_KEEPERS
 
         interrupted_at = time.monotonic()
         kernel.interrupt()
@@ -59,6 +62,6 @@ def test_no_worker_or_forkserver_left_when_the_kernel_is_killed() -> None:
         msg_id = kernel.kc.execute(BLOCKING_CELL)
         kernel.wait_for_output(msg_id, "ready")
         started = kernel.descendants()
-        assert len(ours(pids=started)) == 2
+        assert sorted(p.name() for p in ours(pids=started)) == RANKS_AND_KEEPERS
         kernel.kill()
         assert wait_gone(roles=("worker", "forkserver", "idle"), pids=started) == []
