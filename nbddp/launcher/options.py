@@ -178,6 +178,7 @@ class LaunchOptions(TypedDict, total=False):
             0,
             "after a failure, stop every rank and restart them all, up to N times",
             Magic("N", int),
+            panel=True,
         ),
     ]
     output: Annotated[

@@ -145,6 +145,7 @@ PANEL = Spelling(
         "port": "Master port",
         "mixed_precision": "Mixed precision",
         "timeout": "Timeout (s)",
+        "max_restarts": "Max restarts",
         "env": "Environment",
     },
 )

@@ -39,6 +39,7 @@ def test_valid_settings_build_the_launch_they_show() -> None:
         start_method="spawn",
         port=" 29511 ",
         timeout="90",
+        max_restarts=" 2 ",
         mixed_precision="bf16",
         env="A=1\n\n# a comment\nB = x=y\n",
     )
@@ -49,11 +50,13 @@ def test_valid_settings_build_the_launch_they_show() -> None:
         "start_method": "spawn",
         "port": 29511,
         "timeout": 90.0,
+        "max_restarts": 2,
         "env": {"A": "1", "B": " x=y"},
         "mixed_precision": "bf16",
     }
     config = LaunchConfig.build(**options)
     assert (config.world_size, config.start_method, config.timeout) == (3, "spawn", 90.0)
+    assert config.max_restarts == 2
     assert config.env["A"] == "1"
 
 
@@ -67,6 +70,8 @@ def test_valid_settings_build_the_launch_they_show() -> None:
         ({"timeout": "soon"}, "timeout", "seconds"),
         ({"timeout": "-1"}, "timeout", "positive"),
         ({"timeout": "inf"}, "timeout", "positive"),
+        ({"max_restarts": "twice"}, "max_restarts", "a whole number of restarts"),
+        ({"max_restarts": "-1"}, "max_restarts", "a whole number of restarts"),
         ({"env": "JUSTANAME"}, "env", "line 1: NAME=VALUE"),
         ({"env": "OK=1\n1BAD=2"}, "env", "line 2"),
         ({"start_method": "thread"}, "start_method", "forkserver, spawn, fork"),
@@ -99,6 +104,8 @@ def test_initial_from_session_options() -> None:
         "30",
         "X=1",
     )
+    assert PanelSettings.initial(0, {"max_restarts": 3}).max_restarts == "3"
+    assert PanelSettings.initial(0, {}).max_restarts == ""
     assert PanelSettings.initial(4, {"gpus": [0, 2]}).gpus == (0, 2)
     assert PanelSettings.initial(4, {"gpus": 2}).gpus == (0, 1)
 

@@ -33,7 +33,17 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LITERAL_TYPES = (bool, int, float, str, bytes, type(None))
 _MAX_ARG_REPR = 60
 
-FIELDS = ("device", "gpus", "procs", "start_method", "port", "mixed_precision", "timeout", "env")
+FIELDS = (
+    "device",
+    "gpus",
+    "procs",
+    "start_method",
+    "port",
+    "mixed_precision",
+    "timeout",
+    "max_restarts",
+    "env",
+)
 """The form's fields, in display order (``errors()`` keys are among these, or ``launch``).
 ``gpus``, ``procs`` and the fields after them are the launch options of their names."""
 
@@ -65,6 +75,8 @@ class PanelSettings:
     mixed_precision: str = cast(str, OPTIONS["mixed_precision"].default)
     timeout: str = ""
     """Seconds as typed; empty: no timeout."""
+    max_restarts: str = ""
+    """Restarts after a failure, as typed; empty: none."""
     env: str = ""
     """Extra environment variables, one ``NAME=VALUE`` per line."""
     visible_gpus: int = field(default=0, compare=False)
@@ -85,6 +97,7 @@ class PanelSettings:
             port="" if port is None else str(port),
             mixed_precision=options.get("mixed_precision", cls.mixed_precision),
             timeout="" if timeout is None else f"{timeout:g}",
+            max_restarts=str(options.get("max_restarts") or ""),
             env="\n".join(f"{k}={v}" for k, v in (env or {}).items()),
             visible_gpus=visible_gpus,
         )
@@ -252,6 +265,15 @@ def _timeout(text: str) -> float | None:
     return seconds
 
 
+def _max_restarts(text: str) -> int:
+    text = text.strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"a whole number of restarts (0 or more), or empty for none; got {text!r}")
+    return int(text)
+
+
 def _env(text: str) -> dict[str, str] | None:
     env: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -270,6 +292,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "start_method": _text,
     "port": _port,
     "timeout": _timeout,
+    "max_restarts": _max_restarts,
     "env": _env,
     "mixed_precision": _text,
 }

@@ -73,6 +73,7 @@ class PanelView:
             "port": self.port,
             "mixed_precision": self.mixed_precision,
             "timeout": self.timeout,
+            "max_restarts": self.max_restarts,
             "env": self.env,
         }
         self.errors = {name: _error_label(name) for name in [*self.fields, "launch"]}
@@ -115,7 +116,8 @@ class PanelView:
     def _build_run_fields(
         self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
     ) -> None:
-        """How the ranks are started and run: start method, port, precision, timeout, env."""
+        """How the ranks are started and run: start method, port, precision, timeout,
+        restarts, env."""
         self.start_method = W.Dropdown(
             options=OPTIONS["start_method"].choices,
             value=settings.start_method,
@@ -141,6 +143,13 @@ class PanelView:
             value=settings.timeout,
             placeholder="none (seconds)",
             description="Timeout (s)",
+            style=style,
+            layout=layout,
+        )
+        self.max_restarts = W.Text(
+            value=settings.max_restarts,
+            placeholder="none (restarts after a failure)",
+            description="Max restarts",
             style=style,
             layout=layout,
         )
@@ -194,6 +203,7 @@ class PanelView:
             port=self.port.value,
             mixed_precision=self.mixed_precision.value,
             timeout=self.timeout.value,
+            max_restarts=self.max_restarts.value,
             env=self.env.value,
             visible_gpus=self._visible_gpus,
         )
