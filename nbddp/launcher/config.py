@@ -135,14 +135,9 @@ class LaunchConfig:
         under ``env``) gives the pool settings. ``spelling``: how the caller spells
         the options; every message names them so. ``env`` may not set a variable
         that nbddp sets itself (``rank_env``), except those users may tune, nor
-        hold a NUL byte. Every rank starts in the notebook's working directory,
-        which must exist; spawned ranks get their environment through ``execve``,
-        which must be able to take it (``execenv``).
+        hold a NUL byte. The start must be possible (``_start_method``).
         """
-        if unknown := sorted(set(options) - set(OPTIONS)):
-            raise TypeError(
-                f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"
-            )
+        _no_unknown(options)
         spell = spelling
         values = _Values.check({**DEFAULTS, **options}, spell)
         vis = visible if visible is not None else visible_gpus()
@@ -150,13 +145,12 @@ class LaunchConfig:
         backend = _backend(values.backend, place.device, spell)
         rank_environ = {**(os.environ if environ is None else environ), **values.env}
         pool_max, pool_idle = _pool(rank_environ)
-        _check_start(values.start_method, rank_environ, spell)
         config = cls(
             world_size=place.world_size,
             device=place.device,
             gpu_tokens=place.tokens,
             backend=backend,
-            start_method=_start_method(values.start_method, place.device, spell),
+            start_method=_start_method(values.start_method, place.device, rank_environ, spell),
             master_addr=values.master_addr,
             port=values.port,
             port_fallback=port_fallback,
@@ -236,10 +230,21 @@ def _backend(chosen: Backend | None, device: DeviceKind, spell: Spelling) -> Bac
     return backend
 
 
-def _start_method(method: StartMethod, device: DeviceKind, spell: Spelling) -> StartMethod:
-    """The start method; fork cannot start ranks that use GPUs once this process
+def _no_unknown(options: Mapping[str, object]) -> None:
+    if unknown := sorted(set(options) - set(OPTIONS)):
+        raise TypeError(f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def _start_method(
+    method: StartMethod, device: DeviceKind, environ: Mapping[str, str], spell: Spelling
+) -> StartMethod:
+    """The start method, once the ranks can be started with it: every rank starts
+    in the notebook's working directory, which must exist; spawned ranks get
+    their environment through ``execve``, which must be able to take it
+    (``execenv``); and fork cannot start ranks that use GPUs once this process
     has initialised CUDA (a forked child cannot use it: the rank would fail at
     its first CUDA call, far from the cause)."""
+    _check_start(method, environ, spell)
     if method == "fork" and device != "cpu" and cuda_initialised():
         raise ConfigError(
             f"{spell.given('start_method', 'fork')} cannot start GPU ranks after this "
