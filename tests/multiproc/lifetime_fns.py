@@ -43,3 +43,11 @@ def raise_bad_batch(mib: int) -> None:
     if os.environ["RANK"] == "0":
         batch = torch.arange((mib << 20) // 4, dtype=torch.float32)
         raise BadBatch("loss became nan on this batch", batch)
+
+
+def every_rank_raises_bad_batch(mib: int) -> None:
+    """Each rank raises ``BadBatch`` holding a ``mib`` MiB tensor of its rank number."""
+    import torch
+
+    rank = int(os.environ["RANK"])
+    raise BadBatch(f"rank {rank} broke", torch.full(((mib << 20) // 4,), float(rank)))

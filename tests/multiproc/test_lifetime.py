@@ -22,6 +22,7 @@ import nbddp
 from nbddp.launcher import entry
 from nbddp.launcher.job import Job
 from nbddp.launcher.relay import loop
+from nbddp.wire import protocol
 from tests.multiproc import lifetime_fns
 
 MIB = 1 << 20
@@ -162,3 +163,55 @@ def test_twenty_launches_grow_neither_fds_nor_memory() -> None:
     assert me.num_fds() - fds <= 1  # the last run's store may still be closing its socket
     assert me.memory_info().rss - rss < 96 * MIB
 
+
+def test_an_exception_holding_a_large_tensor_arrives_intact_through_shared_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nbddp.launch(lifetime_fns.total, torch.ones(4), procs=2, output="none")  # warm
+    _loop_idle()
+    gc.collect()
+    threads, fds = _resources()
+    read = [0]
+    feed = protocol.FrameReader.feed
+
+    def counted(self: protocol.FrameReader, data: bytes, fds: Any = ()) -> Any:
+        read[0] += len(data)
+        return feed(self, data, fds)
+
+    monkeypatch.setattr(protocol.FrameReader, "feed", counted)
+    with pytest.raises(lifetime_fns.BadBatch) as caught:
+        nbddp.launch(lifetime_fns.raise_bad_batch, 64, procs=2, output="none")
+    batch = caught.value.batch
+    assert str(caught.value.args[0]) == "loss became nan on this batch"
+    assert torch.equal(batch, torch.arange(64 * MIB // 4, dtype=torch.float32))
+    shared = batch.untyped_storage().is_shared()
+    assert shared  # mapped, not unpickled from bytes
+    assert read[0] < MIB  # the control channel carried small messages only
+    del caught, batch
+    gc.collect()
+    _loop_idle()
+    threads_after, fds_after = _resources()
+    assert abs(threads_after - threads) <= 1 and abs(fds_after - fds) <= 1
+
+
+def test_the_shared_memory_of_exceptions_other_ranks_raised_is_closed_with_the_result() -> None:
+    nbddp.launch(lifetime_fns.total, torch.ones(4), procs=2, output="none")  # warm
+    _loop_idle()
+    gc.collect()
+    before = _memfds()
+    run = nbddp.launch(
+        lifetime_fns.every_rank_raises_bad_batch, 8, procs=2, output="none", block=False
+    )
+    with pytest.raises(lifetime_fns.BadBatch) as caught:
+        run.wait()
+    rank = caught.value.batch[0].item()
+    assert caught.value.args[0] == f"rank {rank:g} broke"
+    assert {o.error.type_name for o in run.outcomes() if o.error} == {
+        "tests.multiproc.lifetime_fns.BadBatch"
+    }
+    _loop_idle()
+    # The run is kept: only the exception raised holds its batch, not the other rank's.
+    assert _memfds() == before + 1
+    del caught, run
+    gc.collect()
+    assert _memfds() == before
