@@ -76,15 +76,21 @@ def _loop_idle() -> None:
         assert done.wait(10.0)
 
 
-def _memfds() -> int:
-    count = 0
+def _shared_memory() -> list[int]:
+    """The size of each shared-memory file this process holds a descriptor of."""
+    sizes = []
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith(("/memfd:", "/dev/shm/")):
+                sizes.append(os.fstat(int(name)).st_size)
         except OSError:
             continue
-        count += target.startswith("/memfd:") or target.startswith("/dev/shm/")
-    return count
+    return sizes
+
+
+def _memfds() -> int:
+    return len(_shared_memory())
 
 
 def _resources() -> tuple[int, int]:
@@ -153,7 +159,7 @@ def test_twenty_launches_grow_neither_fds_nor_memory() -> None:
     _loop_idle()
     gc.collect()
     me = psutil.Process()
-    fds, rss = me.num_fds(), me.memory_info().rss
+    fds, rss, shared = me.num_fds(), me.memory_info().rss, sum(_shared_memory())
     for _ in range(20):
         value = nbddp.launch(lifetime_fns.tensor_of, 16, procs=2, output="none")
         assert nbddp.launch(lifetime_fns.total, array, procs=2, output="none") == array.size
@@ -162,6 +168,7 @@ def test_twenty_launches_grow_neither_fds_nor_memory() -> None:
     # Held, each launch would keep 16 MiB of value and 16 MiB of payload: 640 MiB.
     assert me.num_fds() - fds <= 1  # the last run's store may still be closing its socket
     assert me.memory_info().rss - rss < 96 * MIB
+    assert sum(_shared_memory()) - shared < 16 * MIB
 
 
 def test_an_exception_holding_a_large_tensor_arrives_intact_through_shared_memory(
