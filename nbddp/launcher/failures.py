@@ -5,7 +5,10 @@ run among those the job saw. ``run_error(cause, status, outcomes, log_dir,
 timeout)`` is the
 exception a finished run raises (None if it succeeded), built from the
 job's typed values only: for a rank that raised, its own exception with its
-original type when it can be rebuilt here, else ``WorkerError``; for a rank
+original type when it can be rebuilt here (once: its large tensors are
+mapped from the shared memory they came in, whose descriptors the rebuilt
+exception takes; ``release(outcomes)`` closes those of the errors never rebuilt),
+else ``WorkerError``; for a rank
 that exited or died, ``RankExitedError`` (a signal named by name); for a
 run past its timeout, ``LaunchTimeout``; for a stopped run, ``RankError``.
 What Python shows is carried by the exception: the rank's traceback as its
@@ -27,7 +30,6 @@ Non-goal: ``nbddp.launch`` in a kernel keeps IPython's usual formatting
 from __future__ import annotations
 
 import builtins
-import pickle
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +45,7 @@ from nbddp.errors import (
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.values import unpack
 
 # IPython shows these its own way, ignoring ``_render_traceback_``.
 NOT_RENDERED: tuple[type[BaseException], ...] = (
@@ -238,14 +241,23 @@ class _Lines:
 
 
 def _rebuilt(info: ErrorInfo) -> BaseException | None:
-    """The rank's exception itself, when it unpickles here."""
-    if info.exc_bytes is None:
+    """The rank's exception itself, when it rebuilds here (on the shared memory it
+    came with: ``values.unpack``, which takes the descriptors, so at most once)."""
+    if info.exc is None:
         return None
     try:
-        exc = pickle.loads(info.exc_bytes)
+        exc = unpack(info.exc)
     except Exception:
         return None
     return exc if isinstance(exc, BaseException) else None
+
+
+def release(outcomes: Sequence[RankOutcome]) -> None:
+    """Close the shared memory of the ranks' exceptions not rebuilt: once a run's
+    error is built, no other will be (see module contract)."""
+    for outcome in outcomes:
+        if outcome.error is not None and outcome.error.exc is not None:
+            outcome.error.exc.fds.close()
 
 
 def _traceback_text(rank: int, info: ErrorInfo) -> str:

@@ -17,10 +17,18 @@ DataLoader workers too), then SIGKILL after ``kill_grace``. ``timeout``
 dumps every rank's stacks into its output, then stops the run. The run
 has ended (``wait`` returns True) once every rank has exited and all its
 output has been read.
+
+Lifetime: once the run has ended the job holds nothing of it but typed
+values. Its payload is dropped (the shared memory of the arguments is
+freed, even while the user keeps the ``Run``), its pending timers are
+cancelled and the relay forgets it, so nothing but the user's references
+keeps a finished job alive, and reference counting alone frees it (no
+cycle waits for the garbage collector).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -29,6 +37,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from threading import Event
@@ -106,7 +115,8 @@ class Job:
 
     def __init__(self, config: LaunchConfig, payload: Payload) -> None:
         self.config = config
-        self.payload = payload
+        self.payload: Payload | None = payload
+        """The call the ranks run; None once the run has ended (see module contract)."""
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self._run_dir = new_run_dir(self.run_id)  # locked until the run ends; old runs pruned
         self.log_dir = self._run_dir.path
@@ -124,11 +134,15 @@ class Job:
         self._signal_waited = False  # the timeout's stop has waited for signalled dumps
         self._pipes: dict[int, RankPipes] = {}
         self._store: object | None = None  # the rendezvous store, while the run lasts
+        self._timers: list[asyncio.TimerHandle] = []  # cancelled when the run ends
 
     # -- starting ---------------------------------------------------------
 
     def start(self) -> None:
         """Start every rank (caller thread). Raises if a worker cannot be started."""
+        payload = self.payload
+        if payload is None:
+            raise RuntimeError("this job has already run; start a new one")
         port, notice = self._rendezvous()
         self.port = port
         if notice:
@@ -147,8 +161,8 @@ class Job:
             try:
                 # Blocking send: the worker reads its order as soon as it runs.
                 protocol.send(sock, "run", order)
-                if self.payload.fds:
-                    socket.send_fds(sock, [b"\0"], list(self.payload.fds))
+                if payload.fds:
+                    socket.send_fds(sock, [b"\0"], list(payload.fds))
             except OSError:
                 pass  # it already died; the relay reports how
             self._relay.attach(state.rank, self._pipes[state.rank])
@@ -218,7 +232,8 @@ class Job:
         self._done.wait(self.config.kill_grace + 2 * ORPHAN_GRACE + 1.0)
 
     def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
-        cfg = self.config
+        cfg, payload = self.config, self.payload
+        assert payload is not None  # start() checked: a run's payload goes only at its end
         place = Placement(
             rank=rank,
             local_rank=rank,  # one node: local == global
@@ -230,8 +245,8 @@ class Job:
         return RunOrder(
             place=place,
             env=env,
-            payload=self.payload.data,
-            fd_count=len(self.payload.fds),
+            payload=payload.data,
+            fd_count=len(payload.fds),
             sys_path=list(sys.path),
             cwd=os.getcwd(),
             backend=cfg.backend,
@@ -343,7 +358,7 @@ class Job:
         self.events.put(StateChanged(rank, record.state))
         if not record.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.
-            self._loop.call_later(ORPHAN_GRACE, self._reap_orphans, rank)
+            self._later(ORPHAN_GRACE, self._reap_orphans, rank)
 
     def on_closed(self, rank: int) -> None:
         """A rank's output is complete; the run has ended when all are."""
@@ -357,12 +372,31 @@ class Job:
             self._ended_at = time.monotonic()
             self._store = None  # shuts the store's server down
             self._run_dir.release()  # its logs are complete: prunable from now on
+            self._release()
             # The end first: a reader that takes ``Done`` at once may ask for
             # ``status``, which reads it.
             self._done.set()
             self.events.put(Done())
 
+    def _release(self) -> None:
+        """Let go of what only a running job needs (see module contract: lifetime)."""
+        self.payload = None
+        timers, self._timers = self._timers, []
+        for timer in timers:
+            # A cancelled handle drops its callback at once, though the loop
+            # keeps the handle itself until it would have fired.
+            timer.cancel()
+        self._relay.close()
+
     # -- loop-thread internals ---------------------------------------------
+
+    def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
+
+        Why not ``loop.call_later`` directly: a pending timer holds the job,
+        and would keep a finished run's memory for its whole delay."""
+        if not self._done.is_set():  # bounded: a handful per rank, a few dozen stacks polls
+            self._timers.append(self._loop.call_later(delay, fn, *args))
 
     def _has_failed(self, rank: int) -> bool:
         return any(f.rank == rank for _, f in self._failures)
@@ -372,14 +406,14 @@ class Job:
             self._failures.append((time.monotonic(), failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
-            self._loop.call_later(self.config.failure_grace, self._stop, RunStatus.FAILED)
+            self._later(self.config.failure_grace, self._stop, RunStatus.FAILED)
 
     def _stop(self, reason: RunStatus) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop_scheduled = True
         if self._signal_all(signal.SIGTERM, True):
-            self._loop.call_later(self.config.kill_grace, self._signal_all, signal.SIGKILL, True)
+            self._later(self.config.kill_grace, self._signal_all, signal.SIGKILL, True)
 
     def _signal_all(self, sig: int, include_orphans: bool) -> bool:
         """Signal each rank's process group; True if any process was still there.
@@ -406,7 +440,7 @@ class Job:
             if running and self._relay.ask(record.rank, "stacks"):
                 record.stacks = "asked"
                 asked.append(record.rank)
-        self._loop.call_later(STACKS_WAIT, self._signal_for_stacks, asked)
+        self._later(STACKS_WAIT, self._signal_for_stacks, asked)
 
     def _signal_for_stacks(self, asked: list[int]) -> None:
         # A rank that did not answer has a thread holding the GIL (C code that
@@ -433,30 +467,30 @@ class Job:
         if record.closed or record.pid is None:
             return
         _signal_group(record.pid, signal.SIGKILL, tree=False)
-        self._loop.call_later(ORPHAN_GRACE, self._relay.force_close, rank)
+        self._later(ORPHAN_GRACE, self._relay.force_close, rank)
 
     def _arm_timeout(self, seconds: float) -> None:
-        def expire() -> None:
-            if self._done.is_set():
-                return
-            self.events.put(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
-            self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
-            self._dump_stacks()
-            stop_at = time.monotonic() + STACKS_WAIT + STACKS_SIGNAL_WAIT
-            stop_when_dumped(stop_at)
+        self._later(seconds, self._expire, seconds)
 
-        def stop_when_dumped(stop_at: float) -> None:
-            # The stop waits for the ranks' answers (or the C-level dumps of
-            # those that could not answer), never longer than stop_at.
-            if self._stacks_pending() and time.monotonic() < stop_at:
-                self._loop.call_later(STACKS_POLL, stop_when_dumped, stop_at)
-            elif any(r.stacks == "signalled" for r in self._ranks) and not self._signal_waited:
-                self._signal_waited = True
-                self._loop.call_later(STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
-            else:
-                self._stop(RunStatus.TIMEOUT)
+    def _expire(self, seconds: float) -> None:
+        """The run's timeout has passed: dump every rank's stacks, then stop."""
+        if self._done.is_set():
+            return
+        self.events.put(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+        self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
+        self._dump_stacks()
+        self._stop_when_dumped(time.monotonic() + STACKS_WAIT + STACKS_SIGNAL_WAIT)
 
-        self._loop.call_later(seconds, expire)
+    def _stop_when_dumped(self, stop_at: float) -> None:
+        # The stop waits for the ranks' answers (or the C-level dumps of
+        # those that could not answer), never longer than stop_at.
+        if self._stacks_pending() and time.monotonic() < stop_at:
+            self._later(STACKS_POLL, self._stop_when_dumped, stop_at)
+        elif any(r.stacks == "signalled" for r in self._ranks) and not self._signal_waited:
+            self._signal_waited = True
+            self._later(STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
+        else:
+            self._stop(RunStatus.TIMEOUT)
 
 
 def _signal_group(pid: int, sig: int, *, tree: bool) -> bool:

@@ -25,6 +25,10 @@ full speed, and a control socket never rests in the middle of a message.
 Once a rank has exited its fds no longer rest: what is left is read at
 once. Descriptors a rank sends beside its messages (shared memory of its
 return value) are received with them (``protocol.FrameReader``).
+
+Lifetime: the sink's owner calls ``close()`` once the run has ended; the
+relay then forgets the sink and every rank's state, so that neither keeps
+the other alive (the pending loop callbacks are gone with the fds).
 """
 
 from __future__ import annotations
@@ -142,6 +146,25 @@ class _RankStreams:
     idle: set[int] = field(default_factory=set)  # resting fds the last tick found empty
 
 
+class _Ended:
+    """The sink of a closed relay: a finished run hears nothing more."""
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        """Ignored."""
+
+    def on_message(self, rank: int, kind: str, body: Any) -> None:
+        """Ignored."""
+
+    def on_link_closed(self, rank: int) -> None:
+        """Ignored."""
+
+    def on_exit(self, rank: int, code: int | None) -> None:
+        """Ignored."""
+
+    def on_closed(self, rank: int) -> None:
+        """Ignored."""
+
+
 class Relay:
     """One run's reader (see module contract)."""
 
@@ -160,6 +183,16 @@ class Relay:
         """Start relaying ``rank`` (any thread). The relay now owns ``pipes``."""
         NOTEBOOK_FDS.keep(*pipes.fds())
         self.loop.call(self._attach, rank, pipes)
+
+    def close(self) -> None:
+        """The run has ended (loop thread): forget its sink and ranks (see module contract)."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        for streams in self._ranks.values():
+            streams.readers.clear()  # the partials refer back to this relay
+        self._ranks.clear()
+        self.sink = _Ended()
 
     def force_close(self, rank: int) -> None:
         """Stop reading ``rank`` now (loop thread): used when orphans hold its pipes."""

@@ -6,6 +6,9 @@ output has been read, and raises the root-cause failure otherwise: the
 earliest failing rank's exception with its original type when it can be
 rebuilt here (the rank's traceback attached as the ``__cause__`` and in a
 note), else ``WorkerError``/``RankExitedError`` (``failures.run_error``).
+Its large tensors are mapped from the shared memory they came in; that of
+the other ranks' exceptions, never rebuilt, is closed once the result is
+built (``failures.release``).
 ``KeyboardInterrupt`` during ``wait`` stops every rank, waits for them to
 be gone, and re-raises.
 
@@ -53,7 +56,7 @@ from nbddp.errors import ResultError
 from nbddp.launcher import events as ev
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
-from nbddp.launcher.failures import run_error
+from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.metrics import Metrics
 from nbddp.wire.payload import short_error
@@ -420,6 +423,7 @@ class Run:
         outcomes = job.outcomes()
         values, unloaded = _load_values(outcomes, self.log_dir)
         failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, job.config.timeout)
+        release(outcomes)  # the other ranks' exceptions' shared memory: never rebuilt
         return RunResult(
             values=values,
             exit_codes={o.rank: o.exit_code for o in outcomes},

@@ -26,7 +26,6 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -39,7 +38,7 @@ from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
 from nbddp.rank.stacks import format_stacks
-from nbddp.wire import mpobjects, protocol, tocpu, values
+from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import ErrorInfo, RunOrder
 
@@ -197,14 +196,15 @@ def _type_name(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
-def _rebuildable(exc: BaseException) -> bytes | None:
-    """``exc`` pickled, when it unpickles as an exception of its own type; else None."""
+def _rebuildable(exc: BaseException) -> values.Packed | None:
+    """``exc`` packed as a return value is (its tensors on the CPU, large ones in
+    shared memory), when it rebuilds as an exception of its own type; else None."""
     try:
-        data = tocpu.dumps(exc)
-        rebuilt = pickle.loads(data)  # only ship what the notebook will be able to rebuild
+        packed = values.pack(exc)
+        rebuilt = values.trial(packed)  # only ship what the notebook will be able to rebuild
     except Exception:
         return None
-    return data if type(rebuilt) is type(exc) else None
+    return packed if type(rebuilt) is type(exc) else None
 
 
 def _call(order: RunOrder, fds: list[int]) -> object:

@@ -29,7 +29,10 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from nbddp.wire.values import Packed
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40
@@ -91,7 +94,9 @@ class ErrorInfo:
     type_name: str
     message: str
     traceback: str
-    exc_bytes: bytes | None  # the exception itself, when it survives a pickle round trip
+    exc: Packed | None
+    """The exception itself, packed as a return value is (``values.pack``: its large
+    tensors in shared memory), when it rebuilds as its own type; else None."""
 
 
 class Descriptors:

@@ -16,7 +16,13 @@ double it (the rank has finished with them). Its tensors are torch
 shared-memory storages, as torch.multiprocessing's are, each keeping one
 descriptor open while it lives; one that goes into another launch is
 shared again without a copy. ``unpack`` closes the received descriptors,
-whether the value could be rebuilt or not.
+whether the value could be rebuilt or not. ``trial(packed)`` (in the rank)
+rebuilds it there, to learn whether it will rebuild at all, without taking
+the descriptors from the message.
+
+A rank's exception travels the same way (``protocol.ErrorInfo.exc``): a
+large tensor it carries (the batch that broke a step) crosses in shared
+memory too, never through the control socket.
 
 Non-goals: large ``bytes`` or Python containers of many small objects go in
 the bytes, at the speed of the socket.
@@ -92,6 +98,11 @@ def unpack(packed: Packed) -> Any:
         return shm.loads(packed.data, packed.fds.fds, shared=True)
     finally:
         packed.fds.close()
+
+
+def trial(packed: Packed) -> Any:
+    """``packed`` rebuilt where it was packed, on private mappings (see module contract)."""
+    return shm.loads(packed.data, packed.fds.fds)
 
 
 def type_name(value: object) -> str:

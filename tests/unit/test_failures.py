@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import signal
 import traceback
 from pathlib import Path
@@ -13,14 +12,15 @@ import nbddp
 from nbddp.errors import RemoteTraceback
 from nbddp.launcher import failures
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
-from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire import values
+from nbddp.wire.protocol import Descriptors, ErrorInfo
 
 TB = 'Traceback (most recent call last):\n  File "<ddp cell [3]>", line 4\nValueError: bad\n'
 
 
 def info(exc: BaseException | None = None, message: str = "bad") -> ErrorInfo:
-    data = pickle.dumps(exc) if exc is not None else None
-    return ErrorInfo("builtins.ValueError", message, TB, data)
+    packed = values.pack(exc) if exc is not None else None
+    return ErrorInfo("builtins.ValueError", message, TB, packed)
 
 
 def outcome(
@@ -62,11 +62,13 @@ def test_a_rebuilt_exception_carries_the_ranks_traceback_and_a_note(tmp_path: Pa
     assert not hasattr(exc, "_render_traceback_")  # launch() keeps IPython's usual formatting
 
 
-@pytest.mark.parametrize("exc_bytes", [None, b"not a pickle"])
+@pytest.mark.parametrize(
+    "exc", [None, values.Packed(b"not a pickle", "mymod.Custom", Descriptors())]
+)
 def test_an_exception_that_cannot_be_rebuilt_falls_back_to_worker_error(
-    tmp_path: Path, exc_bytes: bytes | None
+    tmp_path: Path, exc: values.Packed | None
 ) -> None:
-    error = ErrorInfo("mymod.Custom", "it broke", TB, exc_bytes)
+    error = ErrorInfo("mymod.Custom", "it broke", TB, exc)
     exc = failures.rank_error(Failure(0, "raised", error), 1, tmp_path)
     assert isinstance(exc, nbddp.WorkerError)
     assert str(exc) == "rank 0 raised mymod.Custom: it broke"

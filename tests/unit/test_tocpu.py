@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nbddp.rank.worker import error_info
-from nbddp.wire import tocpu
+from nbddp.wire import tocpu, values
 
 CUDA0 = torch.device("cuda", 0)
 ON_FAKE_CUDA: set[int] = set()  # ids of the tensors that report cuda:0 (tests keep them alive)
@@ -259,8 +259,8 @@ def test_exceptions_travel_with_their_tensors_on_the_cpu() -> None:
     except ValueError as exc:
         info = error_info(exc)
     assert info.type_name == "builtins.ValueError"
-    assert info.exc_bytes is not None
-    rebuilt = pickle.loads(info.exc_bytes)
+    assert info.exc is not None
+    rebuilt = values.unpack(info.exc)
     assert type(rebuilt) is ValueError and rebuilt.args[0] == "bad batch"
     assert rebuilt.args[1].device.type == "cpu"
     assert torch.equal(rebuilt.args[1], torch.full((2,), 3.0))
