@@ -15,11 +15,16 @@ Idle pool workers are expected while their forkserver lives: ``stray_idle``
 finds the ones that are not (an orphan, or more than a pool may hold). Each
 idle worker is the child of an idle keeper, the forkserver's child; both are
 named ``nbddp-idle``. The pool's workers are the keepers' children.
+
+What a process holds is told by identity, not count: ``fd_identities`` names
+each open fd by the (device, inode) of what it refers to, which is the same in
+every process that holds the same pipe, socket end or file.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections import defaultdict
 from collections.abc import Collection
@@ -80,6 +85,41 @@ def ours(
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+Identity = tuple[int, int]
+"""(device, inode) of what an fd refers to: equal in every process that holds it."""
+
+
+def fd_identities(pid: int) -> dict[int, Identity]:
+    """fd -> identity of what it refers to, for every fd ``pid`` has open (Linux)."""
+    found = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            info = os.stat(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:  # closed while listed
+            continue
+        found[int(name)] = (info.st_dev, info.st_ino)
+    return found
+
+
+def _pipes_and_sockets(pid: int, first: int = 0) -> set[Identity]:
+    found = set()
+    for fd, ident in fd_identities(pid).items():
+        try:
+            mode = os.stat(f"/proc/{pid}/fd/{fd}").st_mode
+        except FileNotFoundError:
+            continue
+        if fd >= first and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            found.add(ident)
+    return found
+
+
+def rank_and_keeper_pipes() -> list[Identity]:
+    """Run in a rank: the pipes and sockets it and its keeper hold (its link, its
+    stdout/stderr pipes, its exit-status pipe; not the keeper's stdio, which is the
+    forkserver's)."""
+    return sorted(_pipes_and_sockets(os.getpid()) | _pipes_and_sockets(os.getppid(), first=3))
 
 
 def _alive(proc: psutil.Process) -> bool:

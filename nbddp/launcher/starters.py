@@ -4,17 +4,19 @@ Contract: ``starter(config).start(fds, env)`` starts a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
 ``worker.serve`` on ``fds.ctrl``; it returns a ``Child`` whose
 ``status_fd`` becomes readable once, with the 8-byte exit code (negative:
-killed by that signal), when the process has exited. From the forkserver
-and by fork, the rank's parent is its keeper (``nbddp.rank.keeper``): the
-code arrives once the rank's whole tree is gone, and the keeper, not the
-forkserver, reports it, so a rank outlives its forkserver. The caller keeps
+killed by that signal), when the process has exited. Whatever the start
+method, the rank's parent is its keeper (``nbddp.rank.keeper``): the code
+arrives once the rank's whole tree is gone (a ``setsid`` daemon too), and
+the keeper, not the forkserver, reports it, so a rank outlives its
+forkserver. A spawned keeper is a fresh interpreter; a forked one is the
+notebook's or the forkserver's child. The caller keeps
 ownership of ``fds`` and closes its copies after ``start`` returns. From the
 forkserver, each start also tells it the pool to keep (``pool_request``: the
 config's world size and pool settings, validated when it was built).
 
-Every start method runs the same worker and none re-imports ``__main__``:
-spawn execs ``python -c`` (never the user's script), and fork/forkserver
-children go straight to ``worker.serve``.
+Every start method runs the same worker (``worker.run_forked``) and none
+re-imports ``__main__``: spawn execs ``python -c`` (never the user's script),
+and fork/forkserver children go straight to the worker.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
@@ -93,36 +95,44 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _report_exit(status_w: int, code: int) -> None:
-    os.write(status_w, STATUS.pack(code))
-    os.close(status_w)
+SPAWN_BOOT = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("nbddp_spawned_keeper", sys.argv[1])
+keeper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(keeper)
+keeper.spawned_main()
+"""
+"""A spawned keeper's program: it loads ``nbddp.rank.keeper`` from its file alone,
+because importing the ``nbddp`` package (tenths of a second) would delay every rank's
+pid, which ``start`` waits for rank by rank; the rank imports nbddp after its fork."""
 
 
 class SpawnStarter:
-    """A fresh interpreter per rank: slowest (imports torch each time), always safe."""
+    """A fresh interpreter per rank: slowest (imports torch each time), always safe.
+
+    The interpreter is the rank's keeper (``keeper.spawned_main``): it forks the
+    rank and reports its pid and exit code on a status pipe given on its command line.
+    """
 
     def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
         child_env = dict(env, PYTHONPATH=package_pythonpath(env))
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import nbddp.rank.worker as w; w.spawned_main()",
-                str(fds.ctrl),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=fds.out,
-            stderr=fds.err,
-            pass_fds=(fds.ctrl,),
-            env=child_env,
-            start_new_session=True,
-        )
-        status_r, status_w = os.pipe()
-        # Why a thread: the notebook is the parent and must reap; Popen.wait blocks.
-        threading.Thread(
-            target=lambda: _report_exit(status_w, proc.wait()), name="nbddp-reap", daemon=True
-        ).start()
-        return Child(proc.pid, status_r)
+        keeper_r, keeper_w = os.pipe()
+        NOTEBOOK_FDS.keep(keeper_r)
+        passed = (fds.ctrl, fds.out, fds.err, keeper_w)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SPAWN_BOOT, keeper.__file__, *map(str, passed)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=passed,
+                env=child_env,
+                start_new_session=True,
+            )
+        except BaseException:
+            _close(keeper_r)
+            raise
+        finally:
+            os.close(keeper_w)
+        return kept_child(proc.wait, keeper_r, "spawn a worker", "forkserver")
 
 
 def detach(close: Iterable[int]) -> None:
@@ -139,19 +149,7 @@ def detach(close: Iterable[int]) -> None:
 
 def run_detached_worker(fds: ChildFds) -> NoReturn:
     """Serve one rank in a forked child that has already ``detach``-ed: never returns."""
-    code = 1
-    try:
-        worker.redirect_stdio(fds.out, fds.err)
-        code = worker.serve(socket.socket(fileno=fds.ctrl))
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+    worker.run_forked(fds.ctrl, fds.out, fds.err)
 
 
 def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
@@ -172,6 +170,55 @@ def read_pid(status_r: int, timeout: float) -> int | None:
     return int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
 
 
+def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: str) -> Child:
+    """The rank whose keeper is the notebook's child and reports on ``keeper_r``.
+
+    A thread reaps the keeper (``reap``) and only then passes the rank's exit
+    code on to the returned ``status_fd``: when the notebook sees a rank end,
+    its keeper is gone too, and so is the thread a moment later. If no pid
+    comes (the keeper failed, or an interrupt), it raises, and the keeper is
+    still reaped. Every fd here is the notebook's own (``NOTEBOOK_FDS``): a
+    rank forked meanwhile must not hold another's status.
+    """
+    try:
+        rank = read_pid(keeper_r, FORKSERVER_REPLY_TIMEOUT)
+    except BaseException:  # an interrupt: the rank will find its link closed and end
+        _abandon(reap, keeper_r)
+        raise
+    if rank is None:
+        _abandon(reap, keeper_r)
+        raise RuntimeError(
+            f"nbddp could not {what} (its error is on this process's stderr: the kernel's log); "
+            f"use start_method={instead!r}"
+        )
+    status_r, status_w = os.pipe()
+    NOTEBOOK_FDS.keep(status_r, status_w)
+    args = (reap, keeper_r, status_w)
+    threading.Thread(target=_reap_then_report, args=args, name="nbddp-reap", daemon=True).start()
+    return Child(rank, status_r)
+
+
+def _close(fd: int) -> None:
+    NOTEBOOK_FDS.release(fd)
+    os.close(fd)
+
+
+def _abandon(reap: Callable[[], object], keeper_r: int) -> None:
+    _close(keeper_r)
+    threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
+
+
+def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) -> None:
+    reap()
+    try:
+        code = os.read(keeper_r, STATUS.size)  # written before the keeper exited
+        if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
+            os.write(status_w, code)
+    finally:
+        _close(keeper_r)
+        _close(status_w)
+
+
 class ForkStarter:
     """Fork the notebook itself, as accelerate does: breaks if the notebook used CUDA."""
 
@@ -181,19 +228,9 @@ class ForkStarter:
             pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             run_kept_worker(fds, status_w, {*kept, status_r})
+        NOTEBOOK_FDS.keep(status_r)
         os.close(status_w)
-        # Why a thread: the notebook is the keeper's parent and must reap it; the
-        # keeper itself reports the rank's pid and exit code.
-        threading.Thread(target=os.waitpid, args=(pid, 0), name="nbddp-reap", daemon=True).start()
-        try:
-            rank = read_pid(status_r, FORKSERVER_REPLY_TIMEOUT)
-        except BaseException:
-            os.close(status_r)
-            raise
-        if rank is None:
-            os.close(status_r)
-            raise RuntimeError("nbddp could not fork a worker; use start_method='spawn'")
-        return Child(rank, status_r)
+        return kept_child(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")
 
 
 @dataclass(frozen=True)

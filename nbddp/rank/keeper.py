@@ -18,6 +18,12 @@ only this module's code (no user code, no threads) and holds none of the
 rank's fds but ``status_w``; it is never in the rank's process group, so
 stopping the rank does not stop it, and it ends right after the rank.
 
+A spawned rank's keeper is the interpreter the notebook spawns
+(``spawned_main``); it forks the rank before anything imports nbddp, so the
+notebook, which waits for each rank's pid in turn, waits for an interpreter's
+start only (tenths of a second less per rank). So this module imports only the
+standard library at its top, and can run loaded from its file alone.
+
 Non-Linux: without ``PR_SET_CHILD_SUBREAPER``, orphans go to init as before;
 the keeper still kills every descendant it can find while their parents live.
 """
@@ -29,16 +35,24 @@ import ctypes
 import os
 import signal
 import struct
+import sys
 from collections.abc import Callable, Collection
 from typing import NoReturn
 
-import psutil
-
-from nbddp.rank.worker import set_process_name
-
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NAME = 15
 STATUS = struct.Struct("!q")  # the same 8-byte frame as ``launcher.starters.STATUS``
 KEEPER_NAME = "nbddp-keeper"
+
+
+def set_process_name(name: str) -> None:
+    """Name this process (``ps``, ``top``, psutil ``name()``) so that users and tests
+    can tell ranks apart; DataLoader workers inherit the name. Linux only; best effort."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def become_subreaper() -> bool:
@@ -65,6 +79,22 @@ def keep(run_rank: Callable[[], NoReturn], status_w: int, rank_fds: Collection[i
         supervise(rank, status_w)
     finally:
         os._exit(0)
+
+
+def spawned_main() -> NoReturn:
+    """Entry of a spawned rank's keeper: ``python -c BOOT KEEPER_FILE CTRL OUT ERR STATUS_W``
+    (``launcher.starters.SpawnStarter``), in a new session; its stdio is the notebook's.
+
+    It keeps the rank, which points fd 1/2 at ``OUT``/``ERR`` and serves ``CTRL``.
+    """
+    ctrl, out, err, status_w = (int(arg) for arg in sys.argv[-4:])
+    keep(lambda: _spawned_rank(ctrl, out, err), status_w, (ctrl, out, err))
+
+
+def _spawned_rank(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
+    from nbddp.rank import worker  # only here: the rank needs it, its keeper never does
+
+    worker.run_forked(ctrl, out, err)
 
 
 def supervise(rank: int, status_w: int) -> None:
@@ -95,6 +125,8 @@ def end_descendants() -> None:
     A killed process's own children are re-parented here (subreaper), so each
     round finds what the last one orphaned; the loop ends when ``waitpid``
     says no child is left."""
+    import psutil  # here, not at the top: a spawned keeper forks its rank first
+
     while True:
         with contextlib.suppress(psutil.Error):
             for proc in psutil.Process().children(recursive=True):

@@ -33,10 +33,12 @@ import threading
 import traceback
 import types
 from datetime import timedelta
+from typing import NoReturn
 
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
+from nbddp.rank.keeper import set_process_name as set_process_name  # re-exported
 from nbddp.rank.stacks import format_stacks
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
@@ -83,18 +85,6 @@ def reset_signals() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
-
-
-def set_process_name(name: str) -> None:
-    """Name this process (``ps``, ``top``, psutil ``name()``) so that users and tests
-    can tell ranks apart; DataLoader workers inherit the name. Linux only; best effort."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 def _watch_link(sock: socket.socket, channel: Channel, rank: int) -> None:
@@ -361,16 +351,23 @@ def _flush() -> None:
             pass
 
 
-def spawned_main() -> None:
-    """Entry of a spawned worker: ``python -c "...spawned_main()" CTRL_FD``.
+def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
+    """Serve one rank in a process its keeper forked (``nbddp.rank.keeper``), already
+    the leader of its own session: point fd 1/2 at ``out``/``err``, serve ``ctrl``,
+    exit with the rank's code. Never returns.
 
-    The spawn starter already set the session, stdio and environment. This
-    runs as ``nbddp.rank.worker`` (not ``__main__``), so that the channel it installs
-    is the one ``nbddp.log`` finds (``nbddp.rank.channel``).
+    Every start method ends here; it runs as ``nbddp.rank.worker`` (never
+    ``__main__``), so that the channel it installs is the one ``nbddp.log`` finds
+    (``nbddp.rank.channel``).
     """
-    ctrl = socket.socket(fileno=int(sys.argv[1]))
-    code = serve(ctrl)
-    _flush()
-    # Why os._exit: like multiprocessing's children, a rank does not wait for
-    # non-daemon threads the user's code left behind, nor run their atexit hooks.
-    os._exit(code)
+    code = 1
+    try:
+        redirect_stdio(out, err)
+        code = serve(socket.socket(fileno=ctrl))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _flush()
+        # Why os._exit: like multiprocessing's children, a rank does not wait for
+        # non-daemon threads the user's code left behind, nor run their atexit hooks.
+        os._exit(code)

@@ -233,9 +233,10 @@ LEFT_BEHIND: str | None = None
 """Set by ``leave_state``; a fresh process imports this module with it None."""
 
 
-def leave_state() -> int:
+def leave_state() -> tuple[int, int]:
     """Leave state in this process every way a run can: a module global, the
-    environment, ``sys.modules``, a process group (not destroyed). Returns the pid."""
+    environment, ``sys.modules``, a process group (not destroyed). Returns the pid
+    and its parent's (the rank's keeper)."""
     import types
 
     import torch.distributed as dist
@@ -245,7 +246,7 @@ def leave_state() -> int:
     os.environ["NBDDP_TEST_LEFT"] = "left"
     sys.modules["nbddp_test_left"] = types.ModuleType("nbddp_test_left")
     dist.init_process_group("gloo")
-    return os.getpid()
+    return os.getpid(), os.getppid()
 
 
 def find_state() -> dict[str, Any]:

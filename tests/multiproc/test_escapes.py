@@ -1,4 +1,5 @@
-"""Nothing a rank starts outlives it, whatever it does with sessions; ranks outlive
+"""Nothing a rank starts outlives it, whatever it does with sessions and whichever
+start method started it (every rank runs under a keeper); ranks outlive
 their forkserver and still report how they ended; an interrupt while the first
 launch waits for the forkserver leaves no process and no fd behind.
 
@@ -20,14 +21,21 @@ import psutil
 import pytest
 
 import nbddp
+from nbddp.launcher import starters
 from nbddp.launcher.starters import FORKSERVER
 from tests.multiproc import escape_fns
 from tests.procs import wait_procs_gone
 
 REPO = Path(__file__).resolve().parents[2]
+METHODS = ("forkserver", "spawn", "fork")
 
 
 def _resources() -> tuple[int, int, int]:
+    # A spawned or forked rank's keeper is the notebook's child, reaped by a
+    # thread that ends just after the keeper reported the rank's exit code.
+    for thread in threading.enumerate():
+        if thread.name == "nbddp-reap":
+            thread.join(timeout=5)
     me = psutil.Process()
     return threading.active_count(), me.num_fds(), len(me.children(recursive=True))
 
@@ -45,18 +53,20 @@ def _gone(pids: list[int], timeout: float = 5.0) -> list[int]:
     return [p.pid for p in survivors]
 
 
-def _warm() -> None:
+def _warm(method: str = "forkserver") -> None:
     """The relay loop and the forkserver's pool exist before resources are counted."""
-    assert nbddp.launch(escape_fns.noop, procs=2, output="none") == 0
+    assert nbddp.launch(escape_fns.noop, procs=2, output="none", start_method=method) == 0
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(
     "fn", [escape_fns.setsid_child_holding_pipes, escape_fns.double_fork_with_pipes_closed]
 )
-def test_a_process_that_left_the_ranks_session_ends_with_the_rank(fn: object) -> None:
-    _warm()
+def test_a_process_that_left_the_ranks_session_ends_with_the_rank(fn: object, method: str) -> None:
+    _warm(method)
     before = _resources()
-    result = nbddp.launch(fn, procs=2, block=False, output="none").wait()  # type: ignore[call-overload]
+    run = nbddp.launch(fn, procs=2, block=False, output="none", start_method=method)  # type: ignore[call-overload]
+    result = run.wait()
     escaped = list(result.values.values())
     assert len(escaped) == 2
     # Gone when the launch returns (a zombie nobody reaped counts as gone).
@@ -65,13 +75,14 @@ def test_a_process_that_left_the_ranks_session_ends_with_the_rank(fn: object) ->
     assert (threads, fds) == before[:2]
 
 
+@pytest.mark.parametrize("method", METHODS)
 def test_killing_the_notebook_takes_down_what_ranks_started_in_other_sessions(
-    tmp_path: Path,
+    tmp_path: Path, method: str
 ) -> None:
     script = tmp_path / "escape.py"
     script.write_text(
         "import nbddp\nfrom tests.multiproc import escape_fns\n"
-        "nbddp.launch(escape_fns.escape_then_hang, procs=2)\n"
+        f"nbddp.launch(escape_fns.escape_then_hang, procs=2, start_method={method!r})\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
@@ -188,3 +199,14 @@ def test_an_interrupt_while_the_forkserver_starts_leaks_no_process_or_fd(tmp_pat
     )
     assert "interrupted" in proc.stdout, proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_spawned_keeper_that_fails_before_its_rank_raises_and_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _warm("spawn")
+    before = _resources()
+    monkeypatch.setattr(starters, "SPAWN_BOOT", "raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match=r"could not spawn a worker.*start_method='forkserver'"):
+        nbddp.launch(escape_fns.noop, procs=2, output="none", start_method="spawn")
+    assert _resources() == before

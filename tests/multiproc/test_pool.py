@@ -17,7 +17,7 @@ import pytest
 import nbddp
 from nbddp.launcher.starters import FORKSERVER
 from tests.multiproc import fns
-from tests.procs import wait_pool, wait_procs_gone
+from tests.procs import fd_identities, rank_and_keeper_pipes, wait_pool, wait_procs_gone
 
 
 def forkserver_with_pool(size: int, **launch: object) -> tuple[int, list[psutil.Process]]:
@@ -28,32 +28,60 @@ def forkserver_with_pool(size: int, **launch: object) -> tuple[int, list[psutil.
     return forkserver, wait_pool(forkserver, size)
 
 
+def _procs(pids: set[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def test_a_run_leaves_nothing_for_the_next_which_runs_in_fresh_pool_workers() -> None:
     first = nbddp.launch(fns.leave_state, procs=2, block=False, output="none")
-    first_pids = set(first.wait().values.values())
+    first_pids = {pid for pids in first.wait().values.values() for pid in pids}  # ranks, keepers
+    assert len(first_pids) == 4
+    # One-shot: the first run's ranks and keepers are gone, none kept for another run.
+    assert wait_procs_gone(_procs(first_pids), timeout=5) == []
     forkserver = FORKSERVER.pid
     assert forkserver is not None
-    idle = {p.pid for p in wait_pool(forkserver, 2)}
+    workers = wait_pool(forkserver, 2)
+    idle = {p.pid for p in workers}
+    pool = idle | {p.ppid() for p in workers}  # the idle workers and their keepers
 
     second = nbddp.launch(fns.find_state, procs=2, block=False, output="none").wait()
 
     seen = second.values
     assert {s["pid"] for s in seen.values()} == idle  # the pool served it...
-    assert not idle & first_pids  # ...with processes that had run nothing
+    assert not pool & first_pids  # ...with processes (and keepers) that had run nothing
     for state in seen.values():
         assert state["global"] is None and state["env"] is None
         assert not state["module"] and not state["group"]
         assert state["cuda_initialized"] is False
-    assert first_pids.isdisjoint(p.pid for p in psutil.Process(forkserver).children())
 
 
 def test_the_pool_refills_to_the_last_launch_size_capped_by_nbddp_pool(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    forkserver, idle = forkserver_with_pool(3)
+    run = nbddp.launch(rank_and_keeper_pipes, procs=3, block=False, output="none").wait()
+    finished = {tuple(ident) for idents in run.values.values() for ident in idents}
+    forkserver = FORKSERVER.pid
+    assert forkserver is not None
+    idle = wait_pool(forkserver, 3)
     for proc in idle:
-        # Its stdio and its link to the forkserver: no pipe of a run, no other worker's link.
-        assert proc.num_fds() == 4, proc.open_files()
+        assert proc.num_fds() == 4, proc.open_files()  # its stdio and its link to its keeper
+    pool = [*idle, *(proc.parent() for proc in idle)]  # the idle workers and their keepers
+    held = {proc.pid: fd_identities(proc.pid) for proc in pool}
+    others = {forkserver: fd_identities(forkserver)}
+    stdio = [others[forkserver][fd] for fd in (0, 1, 2)]
+    for pid, fds in held.items():
+        # Each holds the forkserver's stdio, and its own link ends that no other
+        # process holds: no pipe of the finished run, no other idle worker's link.
+        assert [fds[fd] for fd in (0, 1, 2)] == stdio
+        assert not set(fds.values()) & finished, (pid, fds)
+        elsewhere = {i for p, f in {**held, **others}.items() if p != pid for i in f.values()}
+        assert not {i for fd, i in fds.items() if fd > 2} & elsewhere, (pid, fds)
     assert nbddp.launch(fns.all_reduce_sum, 0.0, procs=1, output="none") == 0.0
     assert len(wait_pool(forkserver, 1)) == 1
     monkeypatch.setenv("NBDDP_POOL", "1")
