@@ -37,7 +37,7 @@ class Restarting:
     def __init__(self, config: LaunchConfig, payload: Payload, first: Job) -> None:
         self.config = config
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
-        self._payload = payload
+        self._payload: Payload | None = payload  # dropped at the end: its shared memory goes
         self._job = first
         self.log_dir: Path = first.log_dir
         """The current attempt's log directory."""
@@ -101,6 +101,7 @@ class Restarting:
                 elif not self._restart():
                     break
         finally:
+            self._payload = None  # a kept run must not hold its arguments' memory
             self._done.set()
             self.events.put(Done())
 
@@ -109,7 +110,7 @@ class Restarting:
         job = self._job
         count = job.config.restart_count
         with self._lock:
-            if self._stopped or job.status is not RunStatus.FAILED:
+            if self._stopped or job.status is not RunStatus.FAILED or self._payload is None:
                 return False
             if count >= self.config.max_restarts:
                 return False

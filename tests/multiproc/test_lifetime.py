@@ -139,6 +139,20 @@ def test_a_kept_runs_payload_array_memory_is_closed_when_the_run_ends() -> None:
     assert run.status == "done"
 
 
+def test_a_kept_run_with_restarts_lets_its_arguments_memory_go_at_its_end() -> None:
+    nbddp.launch(lifetime_fns.total, np.ones(4), procs=2, output="none")  # warm
+    _loop_idle()
+    gc.collect()
+    before = _memfds()
+    array = np.ones(100 * MIB // 8)
+    run = nbddp.launch(
+        lifetime_fns.total, array, procs=2, output="none", block=False, max_restarts=1
+    )
+    assert run.wait().values[0] == array.size
+    _loop_idle()
+    assert _memfds() == before  # no restart can come: the payload went with the run's end
+
+
 def test_a_values_shared_memory_is_closed_when_the_user_drops_it() -> None:
     nbddp.launch(lifetime_fns.tensor_of, 1, procs=2, output="none")  # warm
     _loop_idle()
