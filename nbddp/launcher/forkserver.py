@@ -37,7 +37,7 @@ import socket
 import sys
 import time
 
-from nbddp.launcher.pool import Pool, refill_wait
+from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait
 from nbddp.launcher.starters import REQUEST, ChildFds, run_kept_worker
 from nbddp.rank.keeper import become_subreaper
 
@@ -73,6 +73,7 @@ class Forkserver:
         self.children: set[int] = set()  # the keepers of running ranks
         self.pool = Pool()
         self.cores = _cores()
+        self.stall_at_request = cpu_stall_us()  # the CPU's stall total at the last request
         self.listening = True
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -113,7 +114,15 @@ class Forkserver:
             cores=self.cores,
             since_request=now - self.pool.last_request,
             since_active=now - self.pool.last_used,
+            stalled=self._stalled(now - self.pool.last_request),
         )
+
+    def _stalled(self, since: float) -> float:
+        """The share of the last ``since`` seconds in which some task waited for CPU."""
+        before, after = self.stall_at_request, cpu_stall_us()
+        if before is None or after is None or since <= 0.0:
+            return 0.0
+        return (after - before) / (since * 1e6)
 
     def _timeout(self) -> float | None:
         waits = [t for t in (self._refill_in(), self.pool.wind_down_in()) if t is not None]
@@ -149,6 +158,7 @@ class Forkserver:
             return True
         _, size, idle_timeout = REQUEST.unpack(msg)
         self.pool.resize(size, idle_timeout)
+        self.stall_at_request = cpu_stall_us()
         status_w, ctrl, out, err = fds
         pid = self.pool.hand_over((ctrl, out, err, status_w))
         if pid is None:

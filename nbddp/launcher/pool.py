@@ -56,17 +56,27 @@ REFILL_DELAY = 0.1
 SETTLE = 0.02
 """Seconds without a request before a refill while ranks run: a launch sends its
 requests one right after another, and a fork between two delays the next rank."""
+STALLED = 0.1
+"""The share of time tasks may have waited for CPU for a core to count as spare."""
 
 
 def refill_wait(
-    *, short: bool, running: int, cores: int, since_request: float, since_active: float
+    *,
+    short: bool,
+    running: int,
+    cores: int,
+    since_request: float,
+    since_active: float,
+    stalled: float = 0.0,
 ) -> float | None:
     """Seconds until the next refill fork is due (0: now); None while none will be.
 
     ``short``: the pool holds fewer idle workers than the last launch asked for;
     ``running``: ranks of this forkserver running now; ``cores``: the cores it may
     use; ``since_request``/``since_active``: seconds since the last request, and
-    since the last request or rank exit.
+    since the last request or rank exit; ``stalled``: the share of the time since
+    the last request in which some task on the machine waited for a CPU (0 where
+    the kernel does not say: ``cpu_stall_us``).
 
     A refill costs CPU: a fork of the forkserver (milliseconds: the page tables
     of a process with torch imported), the keeper's fork of its worker, and the
@@ -74,6 +84,8 @@ def refill_wait(
     with 16 cores and 8 ranks), that CPU is not the run's, so the pool refills
     as soon as the launch's ranks have all been started (``SETTLE``): a launch
     that follows the run at once, as in a sweep's loop, then finds it full.
+    A core is not spare if tasks have been waiting for CPU (``stalled`` over
+    ``STALLED``: other work, a rank's DataLoader workers), whatever the count.
     Where the ranks take every core (2 ranks on 2 cores), a refill during the
     run would take CPU from the training job, and right after it would compete
     with a launch that follows at once: it waits until no rank has run for
@@ -86,9 +98,21 @@ def refill_wait(
         return None
     if running == 0:
         return max(0.0, REFILL_DELAY - since_active)
-    if running < cores:
+    if running < cores and stalled <= STALLED:
         return max(0.0, SETTLE - since_request)
     return None
+
+
+def cpu_stall_us(path: str = "/proc/pressure/cpu") -> int | None:
+    """Microseconds some task has waited for a CPU since boot (Linux PSI), or None
+    where the kernel does not say."""
+    try:
+        with open(path) as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    totals = [field[6:] for field in some if field.startswith("total=")]
+    return int(totals[0]) if some[:1] == ["some"] and totals and totals[0].isdigit() else None
 
 
 class Pool:
