@@ -1,9 +1,9 @@
 """Warm launch latency, nbddp side by side with the alternatives, in one run.
 
     .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 1 0] [--rounds 1]
-        [--only NAME ...] [--first-reps 3] [--think 3]
+        [--only NAME ...] [--procs 2] [--first-reps 3] [--think 3]
 
-The task on each of 2 CPU ranks: initialise a gloo process group, one
+The task on each of ``--procs`` CPU ranks (2 by default): initialise a gloo process group, one
 all_reduce, return. Every launcher runs it in series of ``--reps`` launches
 after one warm-up launch, for each ``--pause``: seconds between launches
 (not timed), as a notebook user launches (time in which nbddp's forkserver
@@ -67,8 +67,8 @@ def task_in_group() -> float:
     return float(t.item())
 
 
-def launchers() -> dict[str, Callable[[], object]]:
-    """Name -> a call that runs the task once on 2 ranks and returns when done."""
+def launchers(procs: int) -> dict[str, Callable[[], object]]:
+    """Name -> a call that runs the task once on ``procs`` ranks and returns when done."""
     import nbddp
     from nbddp.launcher.ports import free_port
 
@@ -78,7 +78,7 @@ def launchers() -> dict[str, Callable[[], object]]:
             if pool is not None:
                 os.environ["NBDDP_POOL"] = pool  # read at each launch (starters.pool_request)
             try:
-                return nbddp.launch(task, procs=2, output="none")
+                return nbddp.launch(task, procs=procs, output="none")
             finally:
                 os.environ.pop("NBDDP_POOL", None)
                 if before is not None:
@@ -89,23 +89,25 @@ def launchers() -> dict[str, Callable[[], object]]:
     out: dict[str, Callable[[], object]] = {
         "nbddp (forkserver, pool)": forkserver(None),
         "nbddp (forkserver, no pool)": forkserver("0"),
-        "nbddp (fork)": lambda: nbddp.launch(task, procs=2, start_method="fork", output="none"),
-        "nbddp (spawn)": lambda: nbddp.launch(task, procs=2, start_method="spawn", output="none"),
+        "nbddp (fork)": lambda: nbddp.launch(task, procs=procs, start_method="fork", output="none"),
+        "nbddp (spawn)": lambda: nbddp.launch(
+            task, procs=procs, start_method="spawn", output="none"
+        ),
     }
     from accelerate import debug_launcher
 
-    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(task, num_processes=2)
+    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(task, num_processes=procs)
     from torch.multiprocessing import start_processes
 
     out["torch.multiprocessing (spawn)"] = lambda: start_processes(
-        task_with_rank, args=(2, free_port("127.0.0.1")), nprocs=2, start_method="spawn"
+        task_with_rank, args=(procs, free_port("127.0.0.1")), nprocs=procs, start_method="spawn"
     )
     import logging
 
     import torchrunx
 
     logging.getLogger("torchrunx").setLevel(logging.ERROR)
-    trx = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=2, backend="gloo")
+    trx = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=procs, backend="gloo")
     trx.set_logging_handlers(None)
     out["torchrunx"] = lambda: trx.run(task_in_group)
     return out
@@ -205,6 +207,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="series per launcher and pause")
     parser.add_argument("--only", nargs="+", help="launchers whose names contain one of these")
+    parser.add_argument("--procs", type=int, default=2, help="ranks per launch")
     parser.add_argument("--first-reps", type=int, default=3, help="first launches after import")
     parser.add_argument("--think", type=float, default=3.0, help="seconds from import to launch")
     parser.add_argument("--first-child", type=float, help=argparse.SUPPRESS)
@@ -215,12 +218,12 @@ def main() -> None:
     first = first_launches(args.first_reps, args.think)
     calls = {
         name: call
-        for name, call in launchers().items()
+        for name, call in launchers(args.procs).items()
         if not args.only or any(word in name for word in args.only)
     }
     results = series(calls, args.reps, args.pause, args.rounds)
     print(
-        f"\nwarm launch, 2 CPU ranks, gloo init + all_reduce; {args.rounds} round(s) of "
+        f"\nwarm launch, {args.procs} CPU ranks, gloo init + all_reduce; {args.rounds} round(s) of "
         f"{args.reps} reps per launcher and pause, {os.cpu_count()} cores"
     )
     for pause in args.pause:
