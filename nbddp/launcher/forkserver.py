@@ -13,10 +13,11 @@ the notebook's end of the socket closes (the notebook exited, was killed,
 or closed it on purpose), after ending its idle workers and waiting for
 its ranks.
 
-The pool (``nbddp.pool``): each request says how many idle workers to keep
-(the launch's size, capped) and for how long without a launch. The forkserver
-refills it once no rank of its own has run for ``REFILL_DELAY``, one fork at
-a time with requests served first, and ends the idle workers when that
+The pool (``nbddp.launcher.pool``): each request says how many idle workers
+to keep (the launch's size, capped) and for how long without a launch. The
+forkserver refills it when ``pool.refill_wait`` says (during a run where a
+core is spare, else once no rank of its own has run for a moment), one fork
+at a time with requests served first, and ends the idle workers when that
 time passes.
 
 It must stay CUDA-clean: it imports torch but never calls anything that
@@ -36,11 +37,10 @@ import socket
 import sys
 import time
 
-from nbddp.launcher.pool import Pool
+from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait
 from nbddp.launcher.starters import REQUEST, ChildFds, run_kept_worker
 from nbddp.rank.keeper import become_subreaper
 
-REFILL_DELAY = 0.1  # seconds without a request or a rank exit before the pool refills
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -72,6 +72,8 @@ class Forkserver:
         self.sock = sock
         self.children: set[int] = set()  # the keepers of running ranks
         self.pool = Pool()
+        self.cores = _cores()
+        self.stall_at_request = cpu_stall_us()  # the CPU's stall total at the last request
         self.listening = True
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -101,20 +103,26 @@ class Forkserver:
             self._tend_pool()
 
     def _refill_in(self) -> float | None:
-        """Seconds until a refill is due (0: now); None while none will be.
-
-        Why only once no rank has run for ``REFILL_DELAY``: a refill fork
-        takes milliseconds of the forkserver (the page tables of a process with
-        torch imported) and each new worker's warm-up takes CPU. Between a
-        launch's requests that would delay the next rank; while ranks run it
-        would take CPU from them; right after a run it would compete with a
-        launch that follows at once (a loop of launches), which is then
-        served by plain forks, as with the pool off. A notebook's next launch
-        comes seconds later, and finds the pool full.
-        """
-        if not (self.listening and not self.children and self.pool.short()):
+        """Seconds until a refill is due (0: now); None while none will be (the
+        policy and its reasons: ``pool.refill_wait``)."""
+        if not self.listening:
             return None
-        return max(0.0, self.pool.last_used + REFILL_DELAY - time.monotonic())
+        now = time.monotonic()
+        return refill_wait(
+            short=self.pool.short(),
+            running=len(self.children),
+            cores=self.cores,
+            since_request=now - self.pool.last_request,
+            since_active=now - self.pool.last_used,
+            stalled=self._stalled(now - self.pool.last_request),
+        )
+
+    def _stalled(self, since: float) -> float:
+        """The share of the last ``since`` seconds in which some task waited for CPU."""
+        before, after = self.stall_at_request, cpu_stall_us()
+        if before is None or after is None or since <= 0.0:
+            return 0.0
+        return (after - before) / (since * 1e6)
 
     def _timeout(self) -> float | None:
         waits = [t for t in (self._refill_in(), self.pool.wind_down_in()) if t is not None]
@@ -150,6 +158,7 @@ class Forkserver:
             return True
         _, size, idle_timeout = REQUEST.unpack(msg)
         self.pool.resize(size, idle_timeout)
+        self.stall_at_request = cpu_stall_us()
         status_w, ctrl, out, err = fds
         pid = self.pool.hand_over((ctrl, out, err, status_w))
         if pid is None:
@@ -177,6 +186,14 @@ class Forkserver:
                 self.children.discard(pid)
                 self.pool.touch()
             # Anything else: an orphan a killed keeper left, re-parented here.
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _readable(sock: socket.socket) -> bool:

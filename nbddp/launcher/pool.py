@@ -17,10 +17,15 @@ run to the next.
 
 Sizing is the forkserver's call (``resize`` on each request, ``spawn_one``
 when a refill is due, ``wind_down`` after ``idle_timeout`` seconds without
-a launch). An idle child exits on its own when its link closes (the forkserver
-ended it, exited, or died) and the kernel kills it if the forkserver dies
-first (``PR_SET_PDEATHSIG``), as it kills the worker if its keeper dies:
-idle workers never outlive the forkserver.
+a launch); when a refill is due is ``refill_wait``'s (a pure function):
+during a run only where the machine has a core its ranks leave spare, and
+otherwise once no rank has run for a moment. A refill never forks more than
+the last launch's size: at most what one more launch needs.
+
+An idle child exits on its own when its link closes (the forkserver ended it,
+exited, or died) and the kernel kills it if the forkserver dies first
+(``PR_SET_PDEATHSIG``), as it kills the worker if its keeper dies: idle
+workers never outlive the forkserver.
 
 CUDA: an idle child runs only nbddp's code and ``_warm_up``, neither of
 which initialises CUDA; the rank's environment (``CUDA_VISIBLE_DEVICES``
@@ -46,6 +51,68 @@ from nbddp.rank.worker import set_process_name
 
 IDLE_NAME = "nbddp-idle"
 PR_SET_PDEATHSIG = 1
+REFILL_DELAY = 0.1
+"""Seconds without a request or a rank exit before a refill, where the ranks take every core."""
+SETTLE = 0.02
+"""Seconds without a request before a refill while ranks run: a launch sends its
+requests one right after another, and a fork between two delays the next rank."""
+STALLED = 0.1
+"""The share of time tasks may have waited for CPU for a core to count as spare."""
+
+
+def refill_wait(
+    *,
+    short: bool,
+    running: int,
+    cores: int,
+    since_request: float,
+    since_active: float,
+    stalled: float = 0.0,
+) -> float | None:
+    """Seconds until the next refill fork is due (0: now); None while none will be.
+
+    ``short``: the pool holds fewer idle workers than the last launch asked for;
+    ``running``: ranks of this forkserver running now; ``cores``: the cores it may
+    use; ``since_request``/``since_active``: seconds since the last request, and
+    since the last request or rank exit; ``stalled``: the share of the time since
+    the last request in which some task on the machine waited for a CPU (0 where
+    the kernel does not say: ``cpu_stall_us``).
+
+    A refill costs CPU: a fork of the forkserver (milliseconds: the page tables
+    of a process with torch imported), the keeper's fork of its worker, and the
+    worker's warm-up. Where a core is spare (``running < cores``: a GPU machine
+    with 16 cores and 8 ranks), that CPU is not the run's, so the pool refills
+    as soon as the launch's ranks have all been started (``SETTLE``): a launch
+    that follows the run at once, as in a sweep's loop, then finds it full.
+    A core is not spare if tasks have been waiting for CPU (``stalled`` over
+    ``STALLED``: other work, a rank's DataLoader workers), whatever the count.
+    Where the ranks take every core (2 ranks on 2 cores), a refill during the
+    run would take CPU from the training job, and right after it would compete
+    with a launch that follows at once: it waits until no rank has run for
+    ``REFILL_DELAY`` (a notebook user's next launch comes seconds later and finds
+    the pool full; a loop's is served by plain forks, as with the pool off).
+    ``running`` counts ranks, not what they start (DataLoader workers): the
+    refill is bounded anyway, to one launch's worth of workers.
+    """
+    if not short:
+        return None
+    if running == 0:
+        return max(0.0, REFILL_DELAY - since_active)
+    if running < cores and stalled <= STALLED:
+        return max(0.0, SETTLE - since_request)
+    return None
+
+
+def cpu_stall_us(path: str = "/proc/pressure/cpu") -> int | None:
+    """Microseconds some task has waited for a CPU since boot (Linux PSI), or None
+    where the kernel does not say."""
+    try:
+        with open(path) as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    totals = [field[6:] for field in some if field.startswith("total=")]
+    return int(totals[0]) if some[:1] == ["some"] and totals and totals[0].isdigit() else None
 
 
 class Pool:
@@ -58,7 +125,8 @@ class Pool:
             int, socket.socket
         ] = {}  # pid -> forkserver's end of its link, oldest first
         self.ending: set[int] = set()  # pids told to end, not yet reaped
-        self.last_used = time.monotonic()
+        self.last_used = time.monotonic()  # the last request or rank exit
+        self.last_request = self.last_used
 
     def fds(self) -> set[int]:
         """The forkserver's ends of the idle links: every child it forks must close them,
@@ -68,7 +136,7 @@ class Pool:
     def resize(self, size: int, idle_timeout: float) -> None:
         """A launch asked for ``size`` idle workers from now on; end any beyond that."""
         self.size, self.idle_timeout = size, idle_timeout
-        self.last_used = time.monotonic()
+        self.last_used = self.last_request = time.monotonic()
         while len(self.idle) > size:
             self._end(next(reversed(self.idle)))  # the youngest: the others are warmer
 

@@ -1,18 +1,23 @@
 """Warm launch latency, nbddp side by side with the alternatives, in one run.
 
-    .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 0.5] [--first-reps 3] [--think 3]
+    .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 1 0] [--rounds 1]
+        [--only NAME ...] [--procs 2] [--first-reps 3] [--think 3]
 
-The task on each of 2 CPU ranks: initialise a gloo process group, one
-all_reduce, return. Every launcher runs it ``--reps`` times after one
-warm-up launch, ``--pause`` seconds apart (not timed), as a notebook user
-launches: seconds apart, time in which nbddp's forkserver refills its pool of
-idle workers (``--pause 0``: back to back, the refill then competes with the
-next launch). The table shows the median and best wall time from the call
-to its return, and each launcher's median as a ratio of nbddp's default
-(forkserver with its pool) and of accelerate's ``debug_launcher``. First,
-``--first-reps`` fresh interpreters each import nbddp, wait ``--think``
-seconds (the background prewarm's head start) and time their first
-launch. Not a test: nothing here asserts a time.
+The task on each of ``--procs`` CPU ranks (2 by default): initialise a gloo process group, one
+all_reduce, return. Every launcher runs it in series of ``--reps`` launches
+after one warm-up launch, for each ``--pause``: seconds between launches
+(not timed), as a notebook user launches (time in which nbddp's forkserver
+refills its pool of idle workers), and 0: back to back, as a sweep's loop
+does. ``--rounds`` repeats every series, launchers and pauses in turn (the
+order reversed each round), so that a noisy machine's slow spells fall on
+all of them alike. The table shows, per pause, the median and best wall time
+from the call to its return over all rounds, the spread of the rounds'
+medians, and each launcher's median as a ratio of nbddp's default
+(forkserver with its pool) and of accelerate's ``debug_launcher``, both
+measured in the same run. ``--only`` keeps the launchers whose names contain
+one of the words given. First, ``--first-reps`` fresh interpreters (0: none)
+each import nbddp, wait ``--think`` seconds (the background prewarm's head
+start) and time their first launch. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ def task_in_group() -> float:
     return float(t.item())
 
 
-def launchers() -> dict[str, Callable[[], object]]:
-    """Name -> a call that runs the task once on 2 ranks and returns when done."""
+def launchers(procs: int) -> dict[str, Callable[[], object]]:
+    """Name -> a call that runs the task once on ``procs`` ranks and returns when done."""
     import nbddp
     from nbddp.launcher.ports import free_port
 
@@ -73,7 +78,7 @@ def launchers() -> dict[str, Callable[[], object]]:
             if pool is not None:
                 os.environ["NBDDP_POOL"] = pool  # read at each launch (starters.pool_request)
             try:
-                return nbddp.launch(task, procs=2, output="none")
+                return nbddp.launch(task, procs=procs, output="none")
             finally:
                 os.environ.pop("NBDDP_POOL", None)
                 if before is not None:
@@ -84,23 +89,25 @@ def launchers() -> dict[str, Callable[[], object]]:
     out: dict[str, Callable[[], object]] = {
         "nbddp (forkserver, pool)": forkserver(None),
         "nbddp (forkserver, no pool)": forkserver("0"),
-        "nbddp (fork)": lambda: nbddp.launch(task, procs=2, start_method="fork", output="none"),
-        "nbddp (spawn)": lambda: nbddp.launch(task, procs=2, start_method="spawn", output="none"),
+        "nbddp (fork)": lambda: nbddp.launch(task, procs=procs, start_method="fork", output="none"),
+        "nbddp (spawn)": lambda: nbddp.launch(
+            task, procs=procs, start_method="spawn", output="none"
+        ),
     }
     from accelerate import debug_launcher
 
-    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(task, num_processes=2)
+    out["accelerate debug_launcher (fork)"] = lambda: debug_launcher(task, num_processes=procs)
     from torch.multiprocessing import start_processes
 
     out["torch.multiprocessing (spawn)"] = lambda: start_processes(
-        task_with_rank, args=(2, free_port("127.0.0.1")), nprocs=2, start_method="spawn"
+        task_with_rank, args=(procs, free_port("127.0.0.1")), nprocs=procs, start_method="spawn"
     )
     import logging
 
     import torchrunx
 
     logging.getLogger("torchrunx").setLevel(logging.ERROR)
-    trx = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=2, backend="gloo")
+    trx = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=procs, backend="gloo")
     trx.set_logging_handlers(None)
     out["torchrunx"] = lambda: trx.run(task_in_group)
     return out
@@ -146,11 +153,61 @@ def first_launches(reps: int, think: float) -> list[float]:
     return times
 
 
+def series(
+    calls: dict[str, Callable[[], object]], reps: int, pauses: list[float], rounds: int
+) -> dict[tuple[str, float], list[list[float]]]:
+    """(launcher, pause) -> each round's wall times; a launcher that fails is left out."""
+    out: dict[tuple[str, float], list[list[float]]] = {}
+    failed: set[str] = set()
+    plan = [(name, pause) for pause in pauses for name in calls]
+    for round_ in range(rounds):
+        for name, pause in plan if round_ % 2 == 0 else reversed(plan):
+            if name in failed:
+                continue
+            try:
+                out.setdefault((name, pause), []).append(measure(calls[name], reps, pause))
+            except Exception as exc:  # keep the other rows when one launcher fails here
+                print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                failed.add(name)
+                out.pop((name, pause), None)
+    return {key: times for key, times in out.items() if key[0] not in failed}
+
+
+def table(results: dict[tuple[str, float], list[list[float]]], pause: float) -> None:
+    """Print the rows of one pause: medians over all rounds, spread of the rounds' medians."""
+    rows = []
+    for (name, row_pause), rounds in results.items():
+        if row_pause != pause:
+            continue
+        flat = [t for times in rounds for t in times]
+        per_round = [statistics.median(times) for times in rounds]
+        rows.append((name, statistics.median(flat), min(flat), min(per_round), max(per_round)))
+    if not rows:
+        return
+    base = rows[0][1]
+    anchor = next((med for name, med, *_ in rows if name.startswith("accelerate")), float("nan"))
+    print(f"\n{'back to back' if pause == 0 else f'{pause:g} s apart'}:")
+    print(
+        "| launcher | median (s) | best (s) | rounds' medians (s) "
+        "| median / nbddp | median / accelerate |\n|---|---|---|---|---|---|"
+    )
+    for name, med, best, lo, hi in rows:
+        print(
+            f"| {name} | {med:.3f} | {best:.3f} | {lo:.3f}-{hi:.3f} "
+            f"| {med / base:.2f}x | {med / anchor:.2f}x |"
+        )
+
+
 def main() -> None:
-    """Run every launcher and print the side-by-side table."""
+    """Run every launcher and print the side-by-side tables."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--pause", type=float, default=0.5, help="seconds between launches")
+    parser.add_argument(
+        "--pause", type=float, nargs="+", default=[1.0, 0.0], help="seconds between launches"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="series per launcher and pause")
+    parser.add_argument("--only", nargs="+", help="launchers whose names contain one of these")
+    parser.add_argument("--procs", type=int, default=2, help="ranks per launch")
     parser.add_argument("--first-reps", type=int, default=3, help="first launches after import")
     parser.add_argument("--think", type=float, default=3.0, help="seconds from import to launch")
     parser.add_argument("--first-child", type=float, help=argparse.SUPPRESS)
@@ -159,31 +216,24 @@ def main() -> None:
         first_launch_child(args.first_child)
         return
     first = first_launches(args.first_reps, args.think)
-    rows = []
-    for name, fn in launchers().items():
-        try:
-            times = measure(fn, args.reps, args.pause)
-        except Exception as exc:  # keep the other rows when one launcher fails here
-            print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            continue
-        rows.append((name, statistics.median(times), min(times)))
-    base = rows[0][1]
-    anchor = next((med for name, med, _ in rows if name.startswith("accelerate")), float("nan"))
+    calls = {
+        name: call
+        for name, call in launchers(args.procs).items()
+        if not args.only or any(word in name for word in args.only)
+    }
+    results = series(calls, args.reps, args.pause, args.rounds)
     print(
-        "\nwarm launch, 2 CPU ranks, gloo init + all_reduce; "
-        f"{args.reps} reps {args.pause:g} s apart, {os.cpu_count()} cores"
+        f"\nwarm launch, {args.procs} CPU ranks, gloo init + all_reduce; {args.rounds} round(s) of "
+        f"{args.reps} reps per launcher and pause, {os.cpu_count()} cores"
     )
-    print(
-        "| launcher | median (s) | best (s) | median / nbddp | median / accelerate |\n"
-        "|---|---|---|---|---|"
-    )
-    for name, med, best in rows:
-        print(f"| {name} | {med:.3f} | {best:.3f} | {med / base:.2f}x | {med / anchor:.2f}x |")
-    print(
-        f"\nfirst launch {args.think:g} s after `import nbddp` (fresh interpreter each): "
-        + ", ".join(f"{t:.3f}" for t in first)
-        + f" s; median {statistics.median(first):.3f} s"
-    )
+    for pause in args.pause:
+        table(results, pause)
+    if first:
+        print(
+            f"\nfirst launch {args.think:g} s after `import nbddp` (fresh interpreter each): "
+            + ", ".join(f"{t:.3f}" for t in first)
+            + f" s; median {statistics.median(first):.3f} s"
+        )
 
 
 if __name__ == "__main__":
