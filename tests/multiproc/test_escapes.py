@@ -128,9 +128,12 @@ def _kill_forkserver_when_ready(run: nbddp.Run, fifo: Path) -> None:
 
         def output(self, rank: int, stream: str, chunk: str) -> None:
             ready[rank] += chunk
-            if all("ready" in t for t in ready.values()) and FORKSERVER.pid is not None:
-                os.kill(FORKSERVER.pid, signal.SIGKILL)
-                psutil.Process(FORKSERVER.pid).wait(5)  # type: ignore[arg-type]
+            # The pid is read once: once killed, FORKSERVER.pid may reap it and say None.
+            pid = FORKSERVER.pid
+            if all("ready" in t for t in ready.values()) and pid is not None:
+                server = psutil.Process(pid)
+                os.kill(pid, signal.SIGKILL)
+                server.wait(5)
                 _release(fifo)
 
     run.display = KillWhenReady()  # type: ignore[assignment]

@@ -9,11 +9,29 @@ import pytest
 import torch
 
 import nbddp
+from nbddp.wire.payload import Payload
 from tests.multiproc import fns
 
 
+@pytest.fixture
+def payloads(monkeypatch: pytest.MonkeyPatch) -> list[Payload]:
+    """Every payload serialised from now on (a run lets its own go when it ends)."""
+    made: list[Payload] = []
+    real = Payload.serialize
+
+    def recording(*args: Any, **kwargs: Any) -> Payload:
+        payload = real(*args, **kwargs)
+        made.append(payload)
+        return payload
+
+    monkeypatch.setattr(Payload, "serialize", recording)
+    return made
+
+
 @pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
-def test_large_tensors_arrive_intact_and_rank_writes_stay_private(method: str) -> None:
+def test_large_tensors_arrive_intact_and_rank_writes_stay_private(
+    method: str, payloads: list[Payload]
+) -> None:
     data = torch.randn(8 << 20)  # 32 MiB
     model = torch.nn.Linear(512, 1024)  # 2 MiB of weights
     expected = {"data": fns.digest(data), "weight": fns.digest(model.weight)}
@@ -30,8 +48,9 @@ def test_large_tensors_arrive_intact_and_rank_writes_stay_private(method: str) -
     assert result.values == {0: expected, 1: expected}
     # the ranks' writes did not reach the notebook
     assert (fns.digest(data), fns.digest(model.weight)) == (expected["data"], expected["weight"])
-    assert len(run.job.payload.data) < 1 << 20  # the tensors were not pickled into bytes
-    assert len(run.job.payload.fds) == 2
+    (payload,) = payloads
+    assert len(payload.data) < 1 << 20  # the tensors were not pickled into bytes
+    assert len(payload.fds) == 2
 
 
 def array_checksum_and_scribble(array: Any) -> tuple[float, bool]:
@@ -41,7 +60,9 @@ def array_checksum_and_scribble(array: Any) -> tuple[float, bool]:
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
-def test_large_numpy_arrays_arrive_through_one_shared_copy(method: str) -> None:
+def test_large_numpy_arrays_arrive_through_one_shared_copy(
+    method: str, payloads: list[Payload]
+) -> None:
     import numpy as np
 
     array = np.ones(4 << 20)  # 32 MiB
@@ -56,4 +77,5 @@ def test_large_numpy_arrays_arrive_through_one_shared_copy(method: str) -> None:
     expected = (float(4 << 20), True)
     assert run.wait().values == {0: expected, 1: expected}
     assert array[0] == 1.0
-    assert len(run.job.payload.data) < 1 << 20 and len(run.job.payload.fds) == 1
+    (payload,) = payloads
+    assert len(payload.data) < 1 << 20 and len(payload.fds) == 1
