@@ -29,6 +29,7 @@ makes fork safe here.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import selectors
@@ -37,7 +38,7 @@ import socket
 import sys
 import time
 
-from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait
+from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait, stall_limit
 from nbddp.launcher.starters import REQUEST, ChildFds, run_kept_worker
 from nbddp.rank.keeper import become_subreaper
 
@@ -73,6 +74,7 @@ class Forkserver:
         self.children: set[int] = set()  # the keepers of running ranks
         self.pool = Pool()
         self.cores = _cores()
+        self.stall_limit = stall_limit(os.environ)
         self.stall_at_request = cpu_stall_us()  # the CPU's stall total at the last request
         self.listening = True
         self.wake_r, self.wake_w = os.pipe()
@@ -115,6 +117,7 @@ class Forkserver:
             since_request=now - self.pool.last_request,
             since_active=now - self.pool.last_used,
             stalled=self._stalled(now - self.pool.last_request),
+            stall_limit=self.stall_limit,
         )
 
     def _stalled(self, since: float) -> float:
@@ -208,4 +211,10 @@ def main() -> None:
 
     set_process_name("nbddp-forksrv")
     _preload()
+    # Why freeze: every object the preload made (torch's, hundreds of thousands)
+    # is shared copy-on-write with each forked rank. A collection in a rank would
+    # walk them all, writing their GC headers, and so copy most of those pages:
+    # milliseconds of page faults at a random point of the rank's start. Frozen
+    # objects are never walked (the pre-fork server pattern gc.freeze exists for).
+    gc.freeze()
     Forkserver(sock).serve()

@@ -36,12 +36,13 @@ before any user code runs, exactly as in a rank forked on demand.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import socket
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import NoReturn
 
@@ -57,7 +58,17 @@ SETTLE = 0.02
 """Seconds without a request before a refill while ranks run: a launch sends its
 requests one right after another, and a fork between two delays the next rank."""
 STALLED = 0.1
-"""The share of time tasks may have waited for CPU for a core to count as spare."""
+"""The share of time tasks may have waited for CPU for a core to count as spare
+(``NBDDP_POOL_STALL`` in the forkserver's environment; 1 counts cores alone)."""
+
+
+def stall_limit(environ: Mapping[str, str]) -> float:
+    """``NBDDP_POOL_STALL`` when it is a share from 0 to 1, else ``STALLED``."""
+    try:
+        value = float(environ.get("NBDDP_POOL_STALL", STALLED))
+    except ValueError:
+        return STALLED
+    return value if 0.0 <= value <= 1.0 else STALLED
 
 
 def refill_wait(
@@ -68,6 +79,7 @@ def refill_wait(
     since_request: float,
     since_active: float,
     stalled: float = 0.0,
+    stall_limit: float = STALLED,
 ) -> float | None:
     """Seconds until the next refill fork is due (0: now); None while none will be.
 
@@ -85,7 +97,7 @@ def refill_wait(
     as soon as the launch's ranks have all been started (``SETTLE``): a launch
     that follows the run at once, as in a sweep's loop, then finds it full.
     A core is not spare if tasks have been waiting for CPU (``stalled`` over
-    ``STALLED``: other work, a rank's DataLoader workers), whatever the count.
+    ``stall_limit``: other work, a rank's DataLoader workers), whatever the count.
     Where the ranks take every core (2 ranks on 2 cores), a refill during the
     run would take CPU from the training job, and right after it would compete
     with a launch that follows at once: it waits until no rank has run for
@@ -98,7 +110,7 @@ def refill_wait(
         return None
     if running == 0:
         return max(0.0, REFILL_DELAY - since_active)
-    if running < cores and stalled <= STALLED:
+    if running < cores and stalled <= stall_limit:
         return max(0.0, SETTLE - since_request)
     return None
 
@@ -260,6 +272,7 @@ def _idle_worker(link: socket.socket, keeper_pid: int) -> NoReturn:
             _warm_up()
         except Exception:  # only ever a head start: the rank does the same work itself
             traceback.print_exc()
+        gc.freeze()  # what the warm-up made too: see forkserver.main
         # Named only now, so that the name says "ready and waiting" (tests wait on it).
         set_process_name(IDLE_NAME)
         fds = _wait_for_fds(link, 3)

@@ -119,12 +119,25 @@ def wait_for(pid: int) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
+def _has_children() -> bool:
+    """Whether any child (adopted orphans too) is left, reaping those that ended."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True  # one is still running
+
+
 def end_descendants() -> None:
     """SIGKILL every descendant and reap them, until this process has no child left.
 
     A killed process's own children are re-parented here (subreaper), so each
     round finds what the last one orphaned; the loop ends when ``waitpid``
     says no child is left."""
+    if not _has_children():
+        return  # the usual case, and psutil's walk of /proc costs milliseconds
     import psutil  # here, not at the top: a spawned keeper forks its rank first
 
     while True:
