@@ -77,3 +77,17 @@ def test_the_cpu_stall_total_is_read_from_psi_and_none_where_there_is_none(
     psi.write_text("garbage\n")
     assert cpu_stall_us(str(psi)) is None
     assert cpu_stall_us(str(tmp_path / "absent")) is None
+
+
+def test_the_stall_limit_comes_from_the_environment_when_it_is_a_share() -> None:
+    from nbddp.launcher.pool import STALLED, stall_limit
+
+    assert stall_limit({}) == STALLED
+    assert stall_limit({"NBDDP_POOL_STALL": "1"}) == 1.0
+    assert stall_limit({"NBDDP_POOL_STALL": "0.25"}) == 0.25
+    assert stall_limit({"NBDDP_POOL_STALL": "lots"}) == STALLED
+    assert stall_limit({"NBDDP_POOL_STALL": "-1"}) == STALLED
+    # At 1, a stalled machine still has its spare core refilled.
+    kw = {"short": True, "running": 1, "cores": 2, "since_request": 1.0, "since_active": 1.0}
+    assert refill_wait(**kw, stalled=0.9) is None
+    assert refill_wait(**kw, stalled=0.9, stall_limit=1.0) == 0.0
