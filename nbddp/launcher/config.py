@@ -450,6 +450,18 @@ def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
+    """(idle workers, seconds they wait) for a new forkserver to keep before any
+    launch has said: as many as a launch with no options starts (every visible
+    GPU, else ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the
+    settings are not numbers (the launch then says what is wrong)."""
+    try:
+        most, idle = _pool(environ)
+    except ConfigError:
+        return 0, 0.0
+    return min(most, len(visible_gpus(environ)) or DEFAULT_CPU_PROCS), idle
+
+
 def _pool(environ: Mapping[str, str]) -> tuple[int, float]:
     """(``NBDDP_POOL``, ``NBDDP_POOL_IDLE``) of ``environ``, or their defaults."""
     return (

@@ -205,7 +205,9 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def main() -> None:
-    """Entry point: ``python -c "import nbddp.launcher.forkserver as z; z.main()" FD``."""
+    """Entry point: ``python -c "import nbddp.launcher.forkserver as z; z.main()" FD
+    [SIZE IDLE]``: with SIZE and IDLE, the pool to fill before the first request
+    says (``config.first_pool``), so that the first launch finds it full too."""
     sock = socket.socket(fileno=int(sys.argv[1]))
     from nbddp.rank.worker import set_process_name
 
@@ -217,4 +219,7 @@ def main() -> None:
     # milliseconds of page faults at a random point of the rank's start. Frozen
     # objects are never walked (the pre-fork server pattern gc.freeze exists for).
     gc.freeze()
-    Forkserver(sock).serve()
+    server = Forkserver(sock)
+    if len(sys.argv) > 3:
+        server.pool.resize(int(sys.argv[2]), float(sys.argv[3]))
+    server.serve()

@@ -286,6 +286,10 @@ class ForkserverStarter:
             return self._sock
         self._close_locked()
         env = forkserver_env(os.environ)
+        # Only here, on the notebook's side: the forkserver imports this module too.
+        from nbddp.launcher.config import first_pool
+
+        size, idle = first_pool(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with theirs:
@@ -295,6 +299,8 @@ class ForkserverStarter:
                         "-c",
                         "import nbddp.launcher.forkserver as z; z.main()",
                         str(theirs.fileno()),
+                        str(size),
+                        str(idle),
                     ],
                     stdin=subprocess.DEVNULL,
                     pass_fds=(theirs.fileno(),),
