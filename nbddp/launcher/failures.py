@@ -55,9 +55,11 @@ NOT_RENDERED: tuple[type[BaseException], ...] = (
 
 
 def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failure | None:
-    """The run's root cause among ``(when, failure)`` in arrival order: the earliest,
-    except that a rank that died or exited wins over ranks that raised within
-    ``grace`` seconds of the first.
+    """The run's root cause among ``(when, failure)``: the earliest, except that a
+    rank that died or exited wins over ranks that raised within ``grace`` seconds
+    of the first. A raised failure's ``when`` is the rank's own time of it, so a
+    rank whose collective broke because another rank raised comes second even when
+    the notebook reads its message first.
 
     Why: a rank that crashes breaks the others' collectives, and their
     "connection reset" errors can reach the notebook in the same instant
@@ -65,8 +67,9 @@ def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failu
     """
     if not failures:
         return None
-    first = failures[0][0]
-    window = [f for when, f in failures if when - first <= grace]
+    ordered = sorted(failures, key=lambda entry: entry[0])  # stable: ties keep arrival order
+    first = ordered[0][0]
+    window = [f for when, f in ordered if when - first <= grace]
     return next((f for f in window if f.kind != "raised"), window[0])
 
 

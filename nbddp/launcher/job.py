@@ -315,7 +315,7 @@ class Job:
             # The worker does not print its traceback (it is raised here once);
             # the rank's log keeps it after everything the rank wrote.
             self._relay.log_at_end(rank, body.traceback)
-            self._fail(Failure(rank, "raised", error=body))
+            self._fail(Failure(rank, "raised", error=body), _monotonic(body.raised_at))
         elif kind == "exit":
             record.exit_request = int(body)
             self._fail(Failure(rank, "exited"))
@@ -401,9 +401,11 @@ class Job:
     def _has_failed(self, rank: int) -> bool:
         return any(f.rank == rank for _, f in self._failures)
 
-    def _fail(self, failure: Failure) -> None:
+    def _fail(self, failure: Failure, when: float | None = None) -> None:
+        """Record ``failure`` (``when``: the rank's own time of it, on the notebook's
+        monotonic clock; default now) and stop the others after the grace."""
         if not self._has_failed(failure.rank):
-            self._failures.append((time.monotonic(), failure))
+            self._failures.append((time.monotonic() if when is None else when, failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
             self._later(self.config.failure_grace, self._stop, RunStatus.FAILED)
@@ -491,6 +493,15 @@ class Job:
             self._later(STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
         else:
             self._stop(RunStatus.TIMEOUT)
+
+
+def _monotonic(wall: float | None) -> float | None:
+    """A rank's ``time.time()`` stamp on this process's monotonic clock (one machine,
+    one wall clock), never later than now; None stays None."""
+    if wall is None:
+        return None
+    now = time.monotonic()
+    return min(now, now - (time.time() - wall))
 
 
 def _signal_group(pid: int, sig: int, *, tree: bool) -> bool:

@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from datetime import timedelta
@@ -167,6 +168,7 @@ def _is_ours(filename: str) -> bool:
 
 def error_info(exc: BaseException) -> ErrorInfo:
     """Describe ``exc`` so that the notebook can re-raise it (see ``protocol.ErrorInfo``)."""
+    raised_at = time.time()
     tb = exc.__traceback__
     # Drop nbddp's own outer frames (serve, _call, the %%ddp cell program):
     # the user wants to see their code, starting where it was called.
@@ -178,8 +180,8 @@ def error_info(exc: BaseException) -> ErrorInfo:
     except Exception as failure:
         # Such an exception cannot be shown in the notebook either: it travels as text.
         message = f"<its str() raised {type(failure).__name__}>"
-        return ErrorInfo(_type_name(exc), message, text, None)
-    return ErrorInfo(_type_name(exc), message, text, _rebuildable(exc))
+        return ErrorInfo(_type_name(exc), message, text, None, raised_at)
+    return ErrorInfo(_type_name(exc), message, text, _rebuildable(exc), raised_at)
 
 
 def _type_name(exc: BaseException) -> str:

@@ -97,6 +97,9 @@ class ErrorInfo:
     exc: Packed | None
     """The exception itself, packed as a return value is (``values.pack``: its large
     tensors in shared memory), when it rebuilds as its own type; else None."""
+    raised_at: float | None = None
+    """``time.time()`` in the rank when the exception reached nbddp's worker: which
+    rank failed first, whatever order the notebook reads their messages in."""
 
 
 class Descriptors:

@@ -204,3 +204,26 @@ def test_a_timeout_says_where_each_ranks_stacks_are_or_why_there_are_none(
     assert "rank 1 did not answer (a thread held the GIL); a C-level dump was asked for" in text
     assert "no stacks could be taken from rank 2" in text
     assert text.endswith(f"(logs in {tmp_path})")
+
+
+def test_the_rank_that_raised_first_is_the_root_cause_whatever_order_its_news_arrives_in() -> None:
+    # Rank 1 raised; rank 0's collective broke because of it a moment later, but the
+    # notebook read rank 0's message first (both came in one read of the relay).
+    collateral, cause = Failure(0, "raised", info()), Failure(1, "raised", info())
+    assert failures.root_cause([(10.02, collateral), (10.01, cause)], grace=3.0) == cause
+    assert failures.root_cause([(10.0, collateral), (10.0, cause)], grace=3.0) == collateral
+
+
+def test_a_ranks_error_carries_when_it_reached_the_worker() -> None:
+    import time
+
+    from nbddp.launcher.job import _monotonic
+    from nbddp.rank.worker import error_info
+
+    before = time.time()
+    stamp = error_info(ValueError("boom")).raised_at
+    assert stamp is not None and before <= stamp <= time.time()
+    # On the notebook's monotonic clock: a second ago is a second ago, never in the future.
+    assert abs(_monotonic(time.time() - 1.0) - (time.monotonic() - 1.0)) < 0.05  # type: ignore[operator]
+    assert _monotonic(time.time() + 5.0) <= time.monotonic()  # type: ignore[operator]
+    assert _monotonic(None) is None
