@@ -32,6 +32,7 @@ from typing import Any
 from nbddp.errors import PayloadError
 from nbddp.wire import mpobjects, shm
 from nbddp.wire.cloud import CloudPickler
+from nbddp.wire.values import type_name
 
 LARGE_PAYLOAD_BYTES = 256 << 20
 
@@ -146,12 +147,6 @@ class _ProbePickler(CloudPickler):
         return reduced if reduced is not None else super().reducer_override(obj)
 
 
-def _describe(obj: object) -> str:
-    cls = type(obj)
-    mod = cls.__module__
-    return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
-
-
 def find_unpicklable(obj: object, path: list[str], seen: set[int], depth: int) -> list[str] | None:
     """The path (labels from ``path`` on, ending with the culprit's type in parentheses)
     to the innermost object inside ``obj`` that fails to pickle; None if ``obj`` pickles."""
@@ -163,7 +158,7 @@ def find_unpicklable(obj: object, path: list[str], seen: set[int], depth: int) -
         if found is not None:
             return found
     # Nothing inside fails on its own: this object is the culprit.
-    return [*path, f"({_describe(obj)})"]
+    return [*path, f"({type_name(obj)})"]
 
 
 def _children(obj: object) -> Iterator[tuple[str, object]]:
