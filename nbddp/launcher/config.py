@@ -207,6 +207,11 @@ class LaunchConfig:
         return env
 
     @property
+    def shown_ranks(self) -> set[int] | None:
+        """The ranks whose output ``output`` shows: all (None), rank 0, or none."""
+        return {"all": None, "rank0": {0}, "none": set()}[self.output]
+
+    @property
     def threads(self) -> int | None:
         """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``,
         else the notebook's, when it is a whole number; with neither, as torchrun,

@@ -79,7 +79,7 @@ def make_display(config: LaunchConfig) -> Display | None:
     ``config.tail`` lines, and a metrics chart (``KernelDisplay``); elsewhere
     rank-prefixed lines (``TextDisplay``). Ranks not shown are still logged in full.
     """
-    ranks: set[int] | None = {"all": None, "rank0": {0}, "none": set()}[config.output]
+    ranks = config.shown_ranks
     if in_kernel():
         return KernelDisplay(live=ranks, tail=config.tail)
     return TextDisplay(ranks=ranks)

@@ -67,7 +67,6 @@ POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked be
 BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
 BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
 _MAX_ERROR_TEXT = 200  # characters of a display error's message in its one-line report
-_SHOWN = {"all": None, "rank0": {0}, "none": set()}  # config.output -> ranks shown
 
 
 @dataclass
@@ -377,7 +376,7 @@ class Run:
             )
             return
         self._text_fallback = True
-        text = TextDisplay(ranks=_SHOWN.get(getattr(self.job.config, "output", "all")))
+        text = TextDisplay(ranks=self.job.config.shown_ranks)
         try:
             text.attach(self.log_dir, self._world_size)
             text.notice(

@@ -62,7 +62,7 @@ class FakeSource:
     def __init__(self, log_dir: Path) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.log_dir = log_dir
-        self.config = SimpleNamespace(kill_grace=1.0, timeout=None)
+        self.config = SimpleNamespace(kill_grace=1.0, timeout=None, shown_ranks=None)
         self.ended = threading.Event()
         self.root_cause: Failure | None = None
         self.status = RunStatus.DONE
