@@ -146,7 +146,7 @@ class Job:
         port, notice = self._rendezvous()
         self.port = port
         if notice:
-            self.events.put(Notice(notice))
+            self._emit(Notice(notice))
         start = starter(self.config)
         base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
         links: list[tuple[socket.socket, RunOrder]] = []
@@ -300,14 +300,14 @@ class Job:
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         """Forward output to the event queue."""
-        self.events.put(Output(rank, stream, text))
+        self._emit(Output(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Any) -> None:
         """Handle a worker message (``protocol``: its body's type depends on ``kind``)."""
         record = self._ranks[rank]
         if kind == "started":
             record.state = RankState.RUNNING
-            self.events.put(StateChanged(rank, RankState.RUNNING))
+            self._emit(StateChanged(rank, RankState.RUNNING))
         elif kind == "result" and isinstance(body, Packed):
             record.value = body
         elif kind == "error":
@@ -320,12 +320,12 @@ class Job:
             record.exit_request = int(body)
             self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
-            self.events.put(Metrics(rank, tuple(body)))
+            self._emit(Metrics(rank, tuple(body)))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.
             record.stacks = "written"
-            self.events.put(Output(rank, "stderr", body))
+            self._emit(Output(rank, "stderr", body))
             self._relay.log_now(rank, body)
 
     def on_link_closed(self, rank: int) -> None:
@@ -355,7 +355,7 @@ class Job:
         else:
             record.state = RankState.FAILED
             self._fail(Failure(rank, "died"))
-        self.events.put(StateChanged(rank, record.state))
+        self._emit(StateChanged(rank, record.state))
         if not record.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.
             self._later(ORPHAN_GRACE, self._reap_orphans, rank)
@@ -376,7 +376,7 @@ class Job:
             # The end first: a reader that takes ``Done`` at once may ask for
             # ``status``, which reads it.
             self._done.set()
-            self.events.put(Done())
+            self._emit(Done())
 
     def _release(self) -> None:
         """Let go of what only a running job needs (see module contract: lifetime)."""
@@ -389,6 +389,10 @@ class Job:
         self._relay.close()
 
     # -- loop-thread internals ---------------------------------------------
+
+    def _emit(self, event: RunEvent) -> None:
+        """Hand ``event`` to the run's reader (a session routes it to the running cell)."""
+        self.events.put(event)
 
     def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
         """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
@@ -452,7 +456,7 @@ class Job:
             if record.stacks != "asked" or record.exited or record.pid is None:
                 continue
             record.stacks = "signalled"
-            self.events.put(
+            self._emit(
                 Notice(
                     f"rank {rank} did not answer for its stacks within {STACKS_WAIT:g}s "
                     "(a thread holds the GIL): its C-level dump follows in its output"
@@ -478,7 +482,7 @@ class Job:
         """The run's timeout has passed: dump every rank's stacks, then stop."""
         if self._done.is_set():
             return
-        self.events.put(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+        self._emit(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
         self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
         self._dump_stacks()
         self._stop_when_dumped(time.monotonic() + STACKS_WAIT + STACKS_SIGNAL_WAIT)

@@ -49,7 +49,14 @@ from typing import Any, Protocol
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.starters import STATUS
-from nbddp.wire.protocol import FD_SPACE, FrameReader, encode, received_fds
+from nbddp.wire.protocol import (
+    FD_SPACE,
+    FrameReader,
+    encode,
+    encode_with_fds,
+    received_fds,
+    send_with_fds,
+)
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20
@@ -174,6 +181,9 @@ class Relay:
         self.loop = loop()
         self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
+        self.ctrl_rests = True
+        """False: control messages are read as soon as they come (a session's cell
+        replies), at the cost of a wakeup per message."""
 
     def log_path(self, rank: int) -> Path:
         """Where ``rank``'s full output is kept."""
@@ -221,6 +231,33 @@ class Relay:
             return streams.pipes.ctrl.send(data) == len(data)
         except OSError:
             return False
+
+    def send(self, rank: int, kind: str, body: object) -> bool:
+        """Send the small message ``(kind, body)`` to ``rank``'s worker, with the
+        descriptors of any ``Descriptors`` in it (loop thread); False if it cannot
+        take it now (see ``ask``)."""
+        streams = self._ranks.get(rank)
+        if streams is None or streams.ctrl_fd not in streams.open_fds:
+            return False
+        data, fds = encode_with_fds(kind, body)
+        try:
+            send_with_fds(streams.pipes.ctrl, data, fds)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def drain(self, rank: int) -> None:
+        """Read ``rank``'s stdout and stderr now until they are empty (loop thread).
+
+        A session rank flushes its output before it says a cell is done; draining
+        when that message arrives makes the cell's output complete, though the
+        pipes may have been resting (see module docstring: batching)."""
+        streams = self._ranks.get(rank)
+        if streams is None:
+            return
+        for fd in (streams.pipes.out, streams.pipes.err):
+            while fd in streams.open_fds and streams.readers[fd]() == FULL:
+                pass
 
     def log_now(self, rank: int, text: str) -> None:
         """Append ``text`` to ``rank``'s log at once (loop thread)."""
@@ -285,8 +322,9 @@ class Relay:
         return SHORT if len(data) < CTRL_READ_SIZE and not streams.frames.pending else FULL
 
     def _on_readable(self, streams: _RankStreams, fd: int) -> None:
-        """A watched fd is readable: read it; once drained, it rests."""
-        if streams.readers[fd]() == SHORT:
+        """A watched fd is readable: read it; once drained, it rests (a control
+        socket only where ``ctrl_rests``)."""
+        if streams.readers[fd]() == SHORT and (self.ctrl_rests or fd != streams.ctrl_fd):
             self._rest(streams, fd)
         # FULL: stays watched, read again at once; EMPTY: spurious; CLOSED: gone.
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from nbddp.errors import CellError
 from nbddp.rank import context
+from nbddp.rank import session as rank_session
 from nbddp.wire.values import Packed, pack, unpack
 
 # Names IPython keeps in the user namespace for itself: input/output history
@@ -73,6 +74,15 @@ def names_read(source: str) -> frozenset[str]:
             if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
         }
     return frozenset(read & _read_before_bound(tree.body))
+
+
+def names_bound(source: str) -> frozenset[str]:
+    """The global names ``source``'s top level binds (assigns, imports, defines), even
+    conditionally: in a session, these become the ranks' own."""
+    table = symtable.symtable(source, "<ddp cell>", "exec")
+    return frozenset(
+        sym.get_name() for sym in table.get_symbols() if sym.is_assigned() or sym.is_imported()
+    )
 
 
 def _nested_scopes(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:
@@ -269,6 +279,8 @@ class CellProgram:
     """Names rank 0 sends back."""
     quiet: bool = False
     """The cell ends with ``;``: its last expression is not shown."""
+    session: bool = False
+    """Run in the rank's session namespace (``nbddp.rank.session``), not a fresh one."""
 
     @classmethod
     def build(
@@ -280,34 +292,64 @@ class CellProgram:
         user_ns: Mapping[str, Any],
         hidden: Iterable[str] = (),
         out: Iterable[str] = (),
+        session: bool = False,
     ) -> CellProgram:
-        """Check and analyse the cell here, in the notebook (see module contract)."""
+        """Check and analyse the cell here, in the notebook (see module contract).
+
+        ``hidden``: names never sent (IPython's own; a session's ranks' names)."""
         register_source(filename, header + "\n" + source)
         quiet = is_quiet(source)
         compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
         names = select_names(user_ns, names_read(source), hidden)
-        return cls(source, header, filename, names, tuple(out), quiet)
+        return cls(source, header, filename, names, tuple(out), quiet, session)
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank (see module contract)."""
         place = context.require()
         register_source(self.filename, self.header + "\n" + self.source)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
-        # One dict as the globals: functions and classes the cell defines see
-        # each other and the shipped names, as they would in the notebook.
-        ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        ns.update(self.names)
+        ns = self._namespace()
         ns.update(
             rank=place.rank,
             local_rank=place.local_rank,
             world_size=place.world_size,
             device=context.device(place),
         )
-        exec(body, ns)
-        value = eval(expr, ns) if expr is not None else None
+        try:
+            exec(body, ns)
+            value = eval(expr, ns) if expr is not None else None
+        finally:
+            if self.session:
+                self._claim(ns)
         if place.rank != 0:
             return None
         return _collect(ns, self.out, value)
+
+    def _namespace(self) -> dict[str, Any]:
+        """The globals the cell runs in, seeded with the names sent from the notebook.
+
+        One dict as the globals: functions and classes the cell defines see
+        each other and the sent names, as they would in the notebook. In a
+        session it is the rank's own, kept from cell to cell, and a name the
+        ranks own is never replaced by the notebook's."""
+        if not self.session:
+            return {"__name__": "__main__", "__builtins__": builtins, **self.names}
+        state = rank_session.state()
+        ns = state.namespace
+        ns.setdefault("__name__", "__main__")
+        ns.setdefault("__builtins__", builtins)
+        ns.update({k: v for k, v in self.names.items() if k not in state.owned})
+        return ns
+
+    def _claim(self, ns: dict[str, Any]) -> None:
+        """The names this cell bound (and did not just keep as sent) become the ranks'."""
+        state = rank_session.state()
+        sent = self.names
+        state.owned |= {
+            name
+            for name in names_bound(self.source)
+            if name in ns and (name not in sent or ns[name] is not sent[name])
+        }
 
 
 def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellValues:

@@ -36,6 +36,7 @@ import types
 from datetime import timedelta
 from typing import NoReturn
 
+from nbddp.rank import session
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
@@ -90,17 +91,13 @@ def reset_signals() -> None:
 
 def _watch_link(sock: socket.socket, channel: Channel, rank: int) -> None:
     """Block on the link and answer the notebook's requests (``stacks``: this
-    process's Python stacks, see ``stacks``); when the notebook is gone, take
-    the whole group down."""
-    while True:
-        try:
-            msg = protocol.recv(sock)
-        except OSError:
-            msg = None
-        if msg is None:
-            break
-        if msg[0] == "stacks":
+    process's Python stacks, see ``stacks``; a session's cells, see
+    ``nbddp.rank.session``); when the notebook is gone, take the whole group down."""
+    for kind, body in protocol.messages(sock):
+        if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
+        else:
+            session.deliver(kind, body)
     # Why SIGKILL to the group: the notebook that would collect our output and
     # stop our children no longer exists; nothing of this rank may outlive it.
     if os.getpgrp() == os.getpid():

@@ -8,8 +8,11 @@ no address anyone else could connect to (see DESIGN.md, Safety).
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
 ``values.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
-``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for).
-Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time.
+``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for),
+``cell_done`` (``CellReply``: a session rank back to idle).
+Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time;
+to a session rank (``nbddp.rank.session``) also ``cell`` (``CellOrder``),
+``interrupt`` (the cell number) and ``end`` (None).
 
 File descriptors (shared memory) travel beside a message's bytes: a
 ``Descriptors`` in a body is pickled as a count (``encode_with_fds``), its
@@ -27,7 +30,7 @@ import pickle
 import signal
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -100,6 +103,35 @@ class ErrorInfo:
     raised_at: float | None = None
     """``time.time()`` in the rank when the exception reached nbddp's worker: which
     rank failed first, whatever order the notebook reads their messages in."""
+
+
+@dataclass(frozen=True)
+class CellOrder:
+    """One call for a session's ranks to make (``nbddp.rank.session``).
+
+    Why the pickled call travels in a memory file (``fds[0]``, ``size`` bytes),
+    not in the message: the notebook's end of the link is non-blocking (the
+    relay's loop reads it), so only a small message can be sent whole; the
+    call's own shared memory follows as ``fds[1:]``."""
+
+    cell: int
+    """The cell's number in its session, from 1."""
+    size: int
+    fds: Descriptors
+
+
+@dataclass(frozen=True)
+class CellReply:
+    """A session rank's answer to a ``CellOrder``: it is idle again."""
+
+    cell: int
+    value: Packed | None
+    """What the call returned, packed; None when it raised."""
+    error: ErrorInfo | None
+    names: tuple[str, ...]
+    """The names that belong to the rank (bound by session cells), sorted."""
+    device_bytes: int | None = None
+    """GPU memory the rank's torch held after the cell; None without CUDA."""
 
 
 class Descriptors:
@@ -215,6 +247,23 @@ def recv(sock: socket.socket) -> tuple[str, Any] | None:
         return None
     kind, body = pickle.loads(data)
     return str(kind), body
+
+
+def messages(sock: socket.socket) -> Iterator[tuple[str, Any]]:
+    """Each message arriving on the blocking ``sock``, with its ``Descriptors``;
+    ends when the peer closes (or the socket fails)."""
+    reader = FrameReader()
+    try:
+        while True:
+            try:
+                data, ancdata, _, _ = sock.recvmsg(1 << 16, FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+            except OSError:
+                return
+            if not data:
+                return
+            yield from reader.feed(data, received_fds(ancdata))
+    finally:
+        reader.close()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

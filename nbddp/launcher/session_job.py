@@ -1,0 +1,417 @@
+"""A session's job: ranks that stay up and run one cell after another.
+
+Contract: ``SessionJob(config, payload)`` is a ``Job`` whose function is the
+rank's session loop (``nbddp.rank.session.serve``), so starting, output,
+logs, stack dumps, stopping and the link watchdog are the one-shot job's.
+On top, it runs cells: ``cell(payload)`` sends one call to every rank and
+returns a ``CellSource``, the ``RunSource`` a ``Run`` reads for that cell
+alone (its output, states, metrics and its end), so each cell gets its own
+display, value and error exactly as a one-shot run does. Cell 0 is the
+start itself: it ends once every rank has its process group and is idle
+(``ready``). One cell at a time (``SessionBusy`` otherwise).
+
+Ending a cell: it is done once every rank has replied (``CellReply``);
+the rank's output up to its reply is drained first, so the cell's output
+is complete. When a rank fails, the others get ``failure_grace`` seconds to
+return, then they are interrupted, then, after ``INTERRUPT_GRACE``, the
+session is ended (a rank blocked in a collective its failed peer never
+entered cannot return: its state cannot be kept). Interrupting a cell
+(``CellSource.stop``) and its ``timeout`` (stacks first) take the same path.
+A rank that dies ends the session (the one-shot job's own policy stops the
+others); ``lost`` then says why, and the cell fails with the dead rank's
+error. Between cells the job's events wait (bounded) for the next cell.
+
+Threads: all bookkeeping runs on the relay loop (as the job's); other
+threads read frozen values, and ask for changes through the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbddp.errors import NbddpError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.events import (
+    Done,
+    Failure,
+    Notice,
+    RankOutcome,
+    RankState,
+    RunEvent,
+    RunStatus,
+    StateChanged,
+)
+from nbddp.launcher.failures import describe_exit, root_cause
+from nbddp.launcher.job import STACKS_WAIT, Job, _monotonic
+from nbddp.wire.payload import Payload
+from nbddp.wire.protocol import CellOrder, CellReply, Descriptors
+
+INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
+BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
+_KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
+
+
+class SessionBusy(NbddpError):
+    """A cell was given to a session while another of its cells still runs."""
+
+
+@dataclass
+class _Cell:
+    """One cell's bookkeeping (loop thread), and its reader."""
+
+    number: int
+    source: CellSource
+    timeout: float | None
+    busy: set[int]
+    replies: dict[int, CellReply] = field(default_factory=dict)
+    failures: list[tuple[float, Failure]] = field(default_factory=list)
+    reason: RunStatus | None = None  # INTERRUPTED, STOPPED or TIMEOUT once asked
+    escalated: bool = False  # the busy ranks were interrupted after a failure
+    stacks: dict[int, str] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+
+
+class SessionJob(Job):
+    """A session's ranks (see module contract)."""
+
+    def __init__(self, config: LaunchConfig, payload: Payload) -> None:
+        super().__init__(config, payload)
+        # A cell ends when its replies are read: they must not wait for the next tick.
+        self._relay.ctrl_rests = False
+        self.names: tuple[str, ...] = ()
+        """The names that belong to the ranks (rank 0's, after its last cell)."""
+        self.device_bytes: dict[int, int | None] = {}
+        """Each rank's GPU memory after its last cell (None without CUDA)."""
+        self.lost: str | None = None
+        """Why the session ended, once it has (a rank died, a rank could not return)."""
+        self.cells_run = 0
+        self._ending = False  # end() was asked for
+        self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
+        self._lock = threading.Lock()  # one cell at a time
+        first = CellSource(self, 0, config)
+        self._cell: _Cell | None = _Cell(0, first, None, set(range(config.world_size)))
+        self.ready = first
+        """Cell 0: ends once every rank is idle with its process group."""
+
+    @property
+    def alive(self) -> bool:
+        """True until the session's ranks are gone (or going)."""
+        return not (self._done.is_set() or self._ending or self._stop_reason is not None)
+
+    def cell(self, payload: Payload, config: LaunchConfig) -> CellSource:
+        """Run ``payload`` on every rank as the next cell (any thread, one at a time).
+
+        ``config``: the session's, with this cell's own timeout and output."""
+        if not self.alive:
+            raise SessionBusy(f"the session has ended ({self.lost or 'stopped'})")
+        if not self._lock.acquire(blocking=False):
+            raise SessionBusy(
+                "another cell of this session is still running; wait for it (or "
+                "interrupt it) before running the next"
+            )
+        self.cells_run += 1
+        source = CellSource(self, self.cells_run, config)
+        memfd = os.memfd_create("nbddp-cell", os.MFD_CLOEXEC)
+        try:
+            os.write(memfd, payload.data)  # a memory file takes a write whole
+        except BaseException:
+            os.close(memfd)
+            self._lock.release()
+            raise
+        order = CellOrder(
+            self.cells_run,
+            len(payload.data),
+            Descriptors([memfd, *payload.fds], keep=[payload]),
+        )
+        self._loop.call(self._begin, source, order, memfd)
+        return source
+
+    def busy_ranks(self) -> frozenset[int]:
+        """The ranks still in the running cell (any thread: a copy)."""
+        cell = self._cell
+        return frozenset(cell.busy) if cell is not None else frozenset()
+
+    def end(self) -> None:
+        """Ask every rank to leave its session loop (it then exits as a finished run)."""
+        self._ending = True
+        self._loop.call(self._send_all, "end", None)
+
+    # -- loop thread --------------------------------------------------------
+
+    def _emit(self, event: RunEvent) -> None:
+        cell = self._cell
+        if isinstance(event, Done):
+            # Every rank is gone: the session is over (its reader learns why first).
+            self.lost = self.lost or self._why_over()
+            if cell is not None:
+                self._session_over(cell)
+                cell.source.events.put(event)
+        elif cell is not None:
+            cell.source.events.put(event)
+        elif not isinstance(event, StateChanged):
+            self._between.append(event)  # shown with the next cell
+
+    def _why_over(self) -> str:
+        if self._ending:
+            return "it was stopped"
+        cause = self.root_cause
+        if cause is None:
+            return f"its ranks were {self._stop_reason or 'stopped'}"
+        if cause.kind == "raised" and cause.error is not None:
+            return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
+        code = self._ranks[cause.rank].exit_code
+        verb = "was killed by" if code is not None and code < 0 else "ended with"
+        return f"rank {cause.rank} {verb} {describe_exit(code)}"
+
+    def _begin(self, source: CellSource, order: CellOrder, memfd: int) -> None:
+        try:
+            if not self.alive:
+                source.events.put(Notice(f"the session has ended ({self.lost or 'stopped'})"))
+                source._finish(RunStatus.STOPPED, None)
+                self._lock.release()
+                return
+            ranks = set(range(self.config.world_size))
+            cell = _Cell(order.cell, source, source.config.timeout, ranks)
+            self._cell = cell
+            while self._between:
+                source.events.put(self._between.popleft())
+            for rank in sorted(ranks):
+                self._relay.log_now(rank, f"---- nbddp session: cell {order.cell} ----\n")
+                source.events.put(StateChanged(rank, RankState.RUNNING))
+                self._relay.send(rank, "cell", order)  # a closed link ends the session
+            if cell.timeout is not None:
+                self._later(cell.timeout, self._cell_timeout, cell)
+        finally:
+            os.close(memfd)  # every rank has its own copy of the descriptor now
+            order.fds.close()
+
+    def on_message(self, rank: int, kind: str, body: Any) -> None:
+        """Cell replies and stacks here; the rest as in any run."""
+        if kind == "cell_done" and isinstance(body, CellReply):
+            self._replied(rank, body)
+        elif kind == "stacks" and self._cell is not None:
+            self._cell.stacks[rank] = "written"
+            super().on_message(rank, kind, body)
+        else:
+            super().on_message(rank, kind, body)
+
+    def _replied(self, rank: int, reply: CellReply) -> None:
+        cell = self._cell
+        if cell is None or reply.cell != cell.number or rank not in cell.busy:
+            return  # a reply to a cell already given up on: the session is ending
+        self._relay.drain(rank)  # everything it printed before replying, first
+        cell.busy.discard(rank)
+        cell.replies[rank] = reply
+        if rank == 0:
+            self.names = reply.names
+        self.device_bytes[rank] = reply.device_bytes
+        error = reply.error
+        failed = error is not None
+        if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
+            when = _monotonic(error.raised_at) or time.monotonic()
+            cell.failures.append((when, Failure(rank, "raised", error=error)))
+            if len(cell.failures) == 1 and cell.busy:
+                self._later(self.config.failure_grace, self._not_returned, cell)
+        cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
+        if not cell.busy:
+            self._close_cell(cell)
+
+    def _close_cell(self, cell: _Cell) -> None:
+        self._cell = None
+        status = cell.reason
+        if status is None:
+            status = RunStatus.FAILED if cell.failures else RunStatus.DONE
+        cell.ended_at = time.monotonic()
+        cell.source._finish(status, cell)
+        cell.source.events.put(Done())
+        if cell.number > 0:
+            self._lock.release()
+
+    def _not_returned(self, cell: _Cell) -> None:
+        """A rank failed ``failure_grace`` ago and others are still busy: interrupt them."""
+        if self._cell is not cell or not cell.busy or cell.escalated:
+            return
+        cell.escalated = True
+        busy = ", ".join(map(str, sorted(cell.busy)))
+        failed = cell.failures[0][1].rank
+        cell.source.events.put(
+            Notice(
+                f"rank {failed} failed and rank(s) {busy} did not return within "
+                f"{self.config.failure_grace:g}s: interrupting them"
+            )
+        )
+        self._interrupt_busy(cell)
+
+    def _interrupt_busy(self, cell: _Cell) -> None:
+        for rank in sorted(cell.busy):
+            self._relay.send(rank, "interrupt", cell.number)
+        self._later(INTERRUPT_GRACE, self._give_up, cell)
+
+    def _give_up(self, cell: _Cell) -> None:
+        """Interrupted ranks did not return: end the session (see module contract)."""
+        if self._cell is not cell or not cell.busy:
+            return
+        busy = ", ".join(map(str, sorted(cell.busy)))
+        self.lost = (
+            f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of being "
+            "interrupted: blocked in a collective, or in C code"
+        )
+        cell.source.events.put(Notice(f"{self.lost}; ending the session"))
+        self._stop(RunStatus.FAILED)
+
+    def interrupt(self, cell: CellSource, reason: RunStatus) -> None:
+        """Interrupt ``cell``'s busy ranks (loop thread): ``stop`` of its reader."""
+        current = self._cell
+        if current is None or current.source is not cell or current.reason is not None:
+            return
+        current.reason = reason
+        if current.number == 0:
+            self._stop(reason)  # no state to keep yet
+            return
+        self._interrupt_busy(current)
+
+    def _cell_timeout(self, cell: _Cell) -> None:
+        if self._cell is not cell or cell.reason is not None:
+            return
+        cell.reason = RunStatus.TIMEOUT
+        cell.source.events.put(
+            Notice(f"timeout of {cell.timeout:g}s reached: dumping stacks, interrupting")
+        )
+        self._ask_stacks(cell)
+        self._later(STACKS_WAIT, self._interrupt_busy, cell)
+
+    def ask_stacks(self, cell: CellSource) -> None:
+        """Ask ``cell``'s busy ranks for their stacks (loop thread)."""
+        current = self._cell
+        if current is not None and current.source is cell:
+            self._ask_stacks(current)
+
+    def _ask_stacks(self, cell: _Cell) -> None:
+        for rank in sorted(cell.busy):
+            if self._relay.ask(rank, "stacks"):
+                cell.stacks[rank] = "asked"
+
+    def _send_all(self, kind: str, body: object) -> None:
+        for rank in range(self.config.world_size):
+            self._relay.send(rank, kind, body)
+
+    def _session_over(self, cell: _Cell) -> None:
+        """Every rank is gone while ``cell`` ran: it ends with the session."""
+        self._cell = None
+        cell.failures.extend(self._failures)
+        cell.ended_at = time.monotonic()
+        status = cell.reason or (RunStatus.FAILED if cell.failures else RunStatus.STOPPED)
+        cell.source._finish(status, cell)
+        if cell.number > 0:
+            self._lock.release()
+
+    def cell_outcomes(self, cell: _Cell | None, number: int) -> tuple[RankOutcome, ...]:
+        """Each rank as ``cell`` left it (any thread: built from frozen values)."""
+        records = self.outcomes()
+        out = []
+        for record in records:
+            reply = cell.replies.get(record.rank) if cell is not None else None
+            if reply is not None:
+                state = RankState.FAILED if reply.error is not None else RankState.DONE
+            elif record.exited:
+                state = record.state
+            else:
+                state = RankState.RUNNING if cell is None else RankState.STOPPED
+            out.append(
+                RankOutcome(
+                    rank=record.rank,
+                    state=state,
+                    pid=record.pid,
+                    exit_code=record.exit_code,
+                    exited=record.exited,
+                    value=reply.value if reply is not None else None,
+                    error=reply.error if reply is not None else record.error,
+                    started_at=cell.started_at if cell is not None else record.started_at,
+                    ended_at=cell.ended_at if cell is not None else None,
+                    stacks=_stacks(cell, record.rank) if cell is not None else None,
+                )
+            )
+        return tuple(out)
+
+
+def _stacks(cell: _Cell, rank: int) -> Any:
+    return cell.stacks.get(rank)
+
+
+class CellSource:
+    """One cell of a session, as a ``Run`` reads it (``run.RunSource``)."""
+
+    def __init__(self, job: SessionJob, number: int, config: LaunchConfig) -> None:
+        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
+        self.config = config
+        self.number = number
+        self.log_dir: Path = job.log_dir
+        """The session's log directory (one log per rank, a marker line per cell)."""
+        self.run_id = f"{job.run_id}.{number}"
+        """The session's run id and the cell's number."""
+        self._job = job
+        self._done = threading.Event()
+        self._status: RunStatus | None = None
+        self._cell: _Cell | None = None
+        self._started_at = time.monotonic()
+
+    @property
+    def session(self) -> SessionJob:
+        """The session this cell runs in."""
+        return self._job
+
+    def _finish(self, status: RunStatus, cell: _Cell | None) -> None:
+        """The cell has ended (loop thread)."""
+        self._cell = cell
+        self._status = status
+        self._done.set()
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The cell's root-cause failure: the earliest rank that raised, or died."""
+        cell = self._cell
+        if cell is None:
+            return self._job.root_cause if self._done.is_set() else None
+        return root_cause(cell.failures, self.config.failure_grace)
+
+    @property
+    def status(self) -> RunStatus:
+        """Running until every rank replied; then done, failed, interrupted, timeout."""
+        if not self._done.is_set():
+            return RunStatus.RUNNING
+        assert self._status is not None
+        return self._status
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """Each rank's part in this cell (its value and error)."""
+        return self._job.cell_outcomes(self._cell, self.number)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every rank has replied (or the session is gone)."""
+        return self._done.wait(timeout)
+
+    def elapsed(self) -> float:
+        """Seconds since the cell was sent."""
+        cell = self._cell
+        end = cell.ended_at if cell is not None and cell.ended_at else time.monotonic()
+        return end - self._started_at
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid (the session's)."""
+        return self._job.pids()
+
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
+        """Interrupt the cell on every rank (the session lives on if they return)."""
+        self._job._loop.call(self._job.interrupt, self, reason)
+
+    def dump_stacks(self) -> None:
+        """Have the ranks still in this cell write their stacks."""
+        self._job._loop.call(self._job.ask_stacks, self)

@@ -1,0 +1,273 @@
+"""Sessions: ranks that live across calls and ``%%ddp`` cells, keeping their state.
+
+Contract: ``Session(options)`` validates the launch options as ``launch()``
+does (the default process group is always initialised: a session's ranks
+are ready for collectives); ``start()`` starts the ranks and returns once
+every one is idle with its process group (a failure to start raises as a
+launch does, and leaves nothing). Then, one at a time:
+
+- ``run(fn, *args, **kwargs)`` calls ``fn`` on every rank, returns rank 0's value;
+- ``exec(source, names)`` runs ``source`` as a ``%%ddp`` cell does, in each
+  rank's session namespace, and returns rank 0's trailing expression;
+- ``run_program(program, config)`` (the ``%%ddp`` back end) returns the cell's ``Run``.
+
+Each call has its own display, value and error, as a one-shot run does
+(``launcher.session_job``). A call that fails keeps the session when every
+rank returned to idle; when the session had to end (a rank died, or could
+not return), the error says so in a note and the session is gone (``alive``
+is False): ``restart()`` starts fresh ranks with the same options.
+``stop()`` ends the ranks (asks, then stops them after ``kill_grace``).
+A ``Session`` is a context manager that stops on exit.
+
+Names (``exec`` and ``%%ddp``): a name a session cell bound on the ranks is
+theirs: it is never sent from the notebook again (``names``), so what the
+ranks built is never overwritten; every other name the cell reads is sent
+each time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from nbddp.errors import ConfigError
+from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.entry import make_display
+from nbddp.launcher.failures import describe_exit
+from nbddp.launcher.options import LaunchOptions, format_options
+from nbddp.launcher.run import Run
+from nbddp.launcher.session_job import SessionBusy, SessionJob
+from nbddp.notebook.cell import CellProgram, CellValues
+from nbddp.rank import session as rank_session
+from nbddp.wire.payload import Payload
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+PER_CELL = frozenset({"timeout", "output", "tail"})
+"""Options a session's cell may set for itself; the others are the session's."""
+END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
+
+
+class Session:
+    """Ranks that keep their state (see module contract)."""
+
+    def __init__(self, options: LaunchOptions, config: LaunchConfig | None = None) -> None:
+        if options.get("max_restarts"):
+            raise ConfigError(
+                "max_restarts does not apply to a session (its state would be lost at "
+                "each restart); use it with one-shot runs"
+            )
+        self.options: LaunchOptions = options
+        """The options the session was started with."""
+        built = config or LaunchConfig.build(**options)
+        self.config = dataclasses.replace(built, init_process_group=True, timeout=None)
+        """Its validated config (a cell's timeout is the cell's own)."""
+        self._cell_config = built
+        self._job: SessionJob | None = None
+        self._started_at = 0.0
+
+    # -- life ---------------------------------------------------------------
+
+    def start(self) -> Session:
+        """Start the ranks; return once each is idle (see module contract)."""
+        if self.alive:
+            raise SessionBusy("the session is already running; stop() or restart() it")
+        job = SessionJob(self.config, Payload.serialize(rank_session.serve, (), {}))
+        job.start()
+        self._job, self._started_at = job, time.monotonic()
+        try:
+            Run(job.ready, None).wait()
+        except BaseException:
+            self._abandon()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """End the ranks (no-op if the session has ended)."""
+        job = self._job
+        if job is None:
+            return
+        if not job.wait(0):
+            job.end()
+            if not job.wait(END_WAIT):
+                job.stop()
+                job.wait(job.config.kill_grace + 5.0)
+        self._job = None
+
+    def restart(self) -> Session:
+        """Stop, then start fresh ranks with the same options."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Session:
+        if not self.alive:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        """True while the ranks run (idle or in a cell)."""
+        return self._job is not None and self._job.alive
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names that belong to the ranks (bound by session cells, on rank 0)."""
+        return self._job.names if self._job is not None else ()
+
+    @property
+    def log_dir(self) -> Any:
+        """The session's log directory (a log per rank, a marker line per cell)."""
+        return self._job.log_dir if self._job is not None else None
+
+    def _abandon(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            job.stop()
+            job.wait(job.config.kill_grace + 5.0)
+
+    # -- calls ---------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` on every rank; rank 0's value."""
+        run = self.run_call(fn, args, kwargs, self._cell_config)
+        return self.finish(run).values.get(0)
+
+    def exec(
+        self, source: str, names: Mapping[str, Any] | None = None, *, out: Iterable[str] = ()
+    ) -> Any:
+        """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
+
+        ``names``: values the cell may read (the ranks' own names win)."""
+        self._job_or_raise()
+        program = CellProgram.build(
+            source,
+            header="# nbddp session",
+            filename=f"<ddp session cell {self._next_number()}>",
+            user_ns=names or {},
+            hidden=self.names,
+            out=out,
+            session=True,
+        )
+        values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
+        if not isinstance(values, CellValues):
+            return None
+        return values.restore()[1]
+
+    def run_program(self, program: CellProgram, config: LaunchConfig) -> Run:
+        """Start ``program`` (a session ``%%ddp`` cell) as the next cell; its ``Run``."""
+        return self.run_call(program, (), {}, config)
+
+    def run_call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        config: LaunchConfig,
+    ) -> Run:
+        """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s display and
+        timeout; its ``Run``."""
+        job = self._job_or_raise()
+        cell_config = dataclasses.replace(
+            self.config, timeout=config.timeout, output=config.output, tail=config.tail
+        )
+        payload = Payload.serialize(fn, args, kwargs)
+        return Run(job.cell(payload, cell_config), make_display(cell_config))
+
+    def finish(self, run: Run) -> Any:
+        """Wait for ``run`` (a cell of this session); its result, or its failure raised
+        with a note when the session ended with it."""
+        try:
+            return run.wait()
+        except BaseException as exc:
+            self.note_if_ended(exc)
+            raise
+
+    def note_if_ended(self, exc: BaseException) -> None:
+        """Add to ``exc`` what became of the session: ended (and why), or kept."""
+        job = self._job
+        if job is None or isinstance(exc, KeyboardInterrupt) or not hasattr(exc, "add_note"):
+            return
+        if job.alive:
+            exc.add_note("(every rank returned to idle: the session keeps its state)")
+        else:
+            exc.add_note(self.lost_message())
+
+    def lost_message(self) -> str:
+        """What ended the session, that its state is lost, and what to do."""
+        job = self._job
+        why = job.lost if job is not None and job.lost else "it was stopped"
+        return (
+            f"the session has ended ({why}); the ranks' state is lost. "
+            "%ddp_session restart (or Session.restart()) starts fresh ranks with the same options"
+        )
+
+    def _job_or_raise(self) -> SessionJob:
+        job = self._job
+        if job is None:
+            raise SessionBusy("no session is running; start one first (%ddp_session start)")
+        if not job.alive:
+            raise SessionBusy(self.lost_message())
+        return job
+
+    def _next_number(self) -> int:
+        return (self._job.cells_run + 1) if self._job is not None else 1
+
+    # -- what it is ----------------------------------------------------------
+
+    def describe(self) -> str:
+        """The session as a few lines: options, and per rank its state, pid, uptime,
+        resident memory and device memory; the names on rank 0."""
+        job = self._job
+        if job is None:
+            return "no session (start one with %ddp_session start [options])"
+        status = "running" if job.alive else f"ended ({job.lost or 'stopped'})"
+        options = format_options(self.options) or "(defaults)"
+        lines = [
+            f"session: {status}; {self.config.world_size} ranks ({self.config.device}, "
+            f"{self.config.backend}); options {options}; {job.cells_run} cells run",
+            f"{'rank':>4}  {'state':<8} {'pid':>7}  {'uptime':>8}  {'memory':>9}  device memory",
+        ]
+        busy = job.busy_ranks()
+        for o in job.outcomes():
+            state = "busy" if o.rank in busy else "idle"
+            if o.exited:
+                state = describe_exit(o.exit_code)
+            device = job.device_bytes.get(o.rank)
+            lines.append(
+                f"{o.rank:>4}  {state:<8} {o.pid or 0:>7}  "
+                f"{time.monotonic() - self._started_at:>7.0f}s  {_rss(o.pid):>9}  "
+                f"{_mib(device) if device is not None else '-'}"
+            )
+        names = ", ".join(self.names) or "(none yet)"
+        lines.append(f"names on rank 0: {names}")
+        lines.append(f"log dir: {job.log_dir}")
+        return "\n".join(lines)
+
+
+def _rss(pid: int | None) -> str:
+    if pid is None:
+        return "-"
+    try:
+        return _mib(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return "-"
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB"
+
+
+def session(**options: Unpack[LaunchOptions]) -> Session:
+    """Start a session with ``launch()``'s options: ranks that keep their state.
+
+    ``with nbddp.session(procs=2) as s: s.run(fn, *args)``; see ``Session``.
+    """
+    return Session(options).start()

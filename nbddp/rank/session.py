@@ -1,0 +1,174 @@
+"""A session rank: one process that runs cell after cell and keeps its state.
+
+Contract: a session is an ordinary run whose function is ``serve``. The
+worker sets the rank up as for any run (environment, context, process
+group), then ``serve`` answers every ``CellOrder`` the notebook sends with
+exactly one ``CellReply`` (``cell_done``), in order, and returns None when
+told to ``end`` (so the rank exits as a finished run does). A cell's call
+runs in the main thread; what it returns is packed as a run's value is
+(``values.pack``), what it raises travels as an ``ErrorInfo``, and in both
+cases the rank is idle again afterwards, its globals kept.
+
+State: ``state()`` is the rank's one ``SessionState``: ``namespace``, the
+globals every ``%%ddp`` cell runs in, and ``owned``, the names session
+cells bound there. The notebook never overwrites an owned name
+(``nbddp.notebook.cell``), so what the ranks built stays theirs.
+
+Interrupt: ``interrupt`` (with the cell's number) arrives on the link
+thread, which sends SIGINT to the main thread; the handler raises
+``KeyboardInterrupt`` only while that very cell's code runs, never while
+the rank is idle or sending its reply (a half-sent reply would corrupt the
+link). A rank blocked in C (a collective whose peer went away) cannot be
+interrupted: the notebook then ends the session.
+
+Before each reply the rank flushes Python's and C's stdio, so everything
+the cell printed is in its pipes before the notebook reads the reply (the
+notebook drains them then: a cell's output is complete when it ends).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbddp.rank.channel import installed
+from nbddp.wire import mpobjects, values
+from nbddp.wire.payload import load_call
+from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
+
+
+@dataclass
+class SessionState:
+    """One session rank's state (see module contract)."""
+
+    namespace: dict[str, Any] = field(default_factory=dict)
+    owned: set[str] = field(default_factory=set)
+    running: int | None = None
+    """The cell whose code runs now (main thread only)."""
+    interrupt_for: int | None = None
+    """The cell an interrupt was asked for (written by the link thread)."""
+
+
+_STATE: SessionState | None = None
+_INBOX: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+_MAIN: int | None = None  # the main thread's ident while serving
+
+
+def state() -> SessionState:
+    """This rank's session state; ``RuntimeError`` outside a session rank."""
+    if _STATE is None:
+        raise RuntimeError("not inside an nbddp session rank")
+    return _STATE
+
+
+def in_session() -> bool:
+    """True in a session rank (``serve`` runs)."""
+    return _STATE is not None
+
+
+def deliver(kind: str, body: Any) -> bool:
+    """Take a request the link thread received; False if it is not a session's."""
+    if kind == "interrupt":
+        current = _STATE
+        if current is not None and _MAIN is not None:
+            current.interrupt_for = int(body)
+            signal.pthread_kill(_MAIN, signal.SIGINT)
+        return True
+    if kind in ("cell", "end"):
+        _INBOX.put((kind, body))
+        return True
+    return False
+
+
+def end_inbox() -> None:
+    """The link closed: let ``serve`` return (the worker is going down)."""
+    _INBOX.put(("end", None))
+
+
+def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
+    current = _STATE
+    running = current.running if current is not None else None
+    if current is not None and running is not None and current.interrupt_for == running:
+        current.interrupt_for = None
+        raise KeyboardInterrupt
+    # Idle, replying, or an interrupt meant for an earlier cell: nothing to stop.
+
+
+def serve() -> None:
+    """Answer cells until told to end (see module contract)."""
+    global _STATE, _MAIN
+    _STATE = SessionState()
+    _MAIN = threading.get_ident()
+    signal.signal(signal.SIGINT, _on_sigint)
+    channel = installed()
+    assert channel is not None, "serve runs in a rank, after the worker installed its channel"
+    channel.send("cell_done", CellReply(0, values.pack(None), None, ()))  # ready
+    while True:
+        kind, body = _INBOX.get()
+        if kind != "cell":
+            return
+        channel.send("cell_done", _run(_STATE, body))
+
+
+def _run(current: SessionState, order: CellOrder) -> CellReply:
+    """Run one cell's call; the reply says what came of it."""
+    from nbddp.rank.worker import error_info  # the worker imports this module
+
+    value: object = None
+    error: ErrorInfo | None = None
+    try:
+        fds = list(order.fds.fds)
+        data = os.pread(fds[0], order.size, 0)
+        call = load_call(data, fds[1:])
+        order.fds.close()
+        current.running = order.cell
+        try:
+            value = call.fn(*call.args, **call.kwargs)
+        finally:
+            current.running = None
+            mpobjects.flush()
+    except BaseException as exc:  # the cell's own failure: the rank stays
+        error = error_info(exc)
+    packed = None
+    if error is None:
+        try:
+            packed = values.pack(value)
+        except Exception as exc:
+            error = error_info(
+                TypeError(
+                    f"the value ({type(value).__name__}) cannot be pickled: {exc}; "
+                    "return plain data (numbers, tensors, dicts) instead"
+                )
+            )
+    _flush_all()
+    return CellReply(order.cell, packed, error, tuple(sorted(current.owned)), _device_bytes())
+
+
+def _device_bytes() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        return int(torch.cuda.memory_reserved())
+    except Exception:
+        return None
+
+
+_LIBC = ctypes.CDLL(None)
+
+
+def _flush_all() -> None:
+    """Everything printed so far leaves the process (see module contract)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _LIBC.fflush(None)
