@@ -17,6 +17,7 @@ from nbddp.errors import (
     RankError,
     RankExitedError,
     ResultError,
+    SessionError,
     WorkerError,
 )
 from nbddp.launcher.config import LaunchConfig
@@ -24,6 +25,7 @@ from nbddp.launcher.entry import Launcher, launch, notebook_launcher, spawn
 from nbddp.launcher.prewarm import shutdown
 from nbddp.launcher.prewarm import start as _prewarm_start
 from nbddp.launcher.run import Run, RunResult, UnloadedValue
+from nbddp.notebook.session import Session, session
 from nbddp.rank.metrics import log
 
 if _TYPE_CHECKING:
@@ -41,6 +43,8 @@ __all__ = [
     "ResultError",
     "Run",
     "RunResult",
+    "Session",
+    "SessionError",
     "UnloadedValue",
     "WorkerError",
     "launch",
@@ -48,6 +52,7 @@ __all__ = [
     "log",
     "notebook_launcher",
     "panel",
+    "session",
     "shutdown",
     "spawn",
     "unload_ipython_extension",

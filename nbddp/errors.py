@@ -55,6 +55,11 @@ class CellError(NbddpError, ValueError):
     """A ``%%ddp`` cell cannot run as written (empty, or a value that cannot come back)."""
 
 
+class SessionError(NbddpError, RuntimeError):
+    """A session cannot take the call: none runs, it has ended, or another of its
+    cells still runs. Says what to do."""
+
+
 class RankError(NbddpError, RuntimeError):
     """A rank failed. ``rank`` is the failing rank, ``log_path`` its full log."""
 

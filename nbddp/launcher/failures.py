@@ -163,23 +163,29 @@ def worker_error(rank: int, info: ErrorInfo, log: str | None) -> WorkerError:
 
 
 def presentable(
-    exc: BaseException, cause: Failure | None, outcomes: Sequence[RankOutcome], log_dir: Path
+    exc: BaseException,
+    cause: Failure | None,
+    outcomes: Sequence[RankOutcome],
+    log_dir: Path,
+    after: Sequence[str] = (),
 ) -> BaseException:
     """``exc`` (a run's failure) made to show in IPython as the failing rank's traceback, once.
 
     The lines are the rank's own traceback (formatted in the rank, so they
     show the cell's lines), then which rank it was, which other ranks failed,
-    and where the full log is. Exceptions IPython would not render this way
-    (syntax errors, exception groups) are replaced by a ``WorkerError``.
+    and where the full log is, then ``after`` (what became of a session).
+    Exceptions IPython would not render this way (syntax errors, exception
+    groups) are replaced by a ``WorkerError``.
     """
     info = cause.error if cause is not None else None
     if cause is None or info is None:
-        return rendered(exc)
+        return rendered(exc, [f"{type(exc).__name__}: {exc}", *after] if after else None)
     rank, log = cause.rank, rank_log(log_dir, cause.rank)
     others = other_failures(outcomes, rank, info)
     also = f"; also failed: {', '.join(others)}" if others else ""
     lines = info.traceback.rstrip("\n").split("\n")
     lines.append(f"(raised on rank {rank} of {len(outcomes)}{also}; full output in {log})")
+    lines.extend(after)
     if isinstance(exc, NOT_RENDERED):
         exc = worker_error(rank, info, str(log))
     return rendered(exc, lines)

@@ -8,7 +8,7 @@ returns a ``CellSource``, the ``RunSource`` a ``Run`` reads for that cell
 alone (its output, states, metrics and its end), so each cell gets its own
 display, value and error exactly as a one-shot run does. Cell 0 is the
 start itself: it ends once every rank has its process group and is idle
-(``ready``). One cell at a time (``SessionBusy`` otherwise).
+(``ready``). One cell at a time (``SessionError`` otherwise).
 
 Ending a cell: it is done once every rank has replied (``CellReply``);
 the rank's output up to its reply is drained first, so the cell's output
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbddp.errors import NbddpError
+from nbddp.errors import SessionError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import (
     Done,
@@ -56,10 +56,6 @@ from nbddp.wire.protocol import CellOrder, CellReply, Descriptors
 INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
 _KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
-
-
-class SessionBusy(NbddpError):
-    """A cell was given to a session while another of its cells still runs."""
 
 
 @dataclass
@@ -111,9 +107,9 @@ class SessionJob(Job):
 
         ``config``: the session's, with this cell's own timeout and output."""
         if not self.alive:
-            raise SessionBusy(f"the session has ended ({self.lost or 'stopped'})")
+            raise SessionError(f"the session has ended ({self.lost or 'stopped'})")
         if not self._lock.acquire(blocking=False):
-            raise SessionBusy(
+            raise SessionError(
                 "another cell of this session is still running; wait for it (or "
                 "interrupt it) before running the next"
             )

@@ -1,4 +1,4 @@
-"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_status``, ``%ddp_panel``.
+"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_session``, ``%ddp_status``, ``%ddp_panel``.
 
 Contract: the magics only parse their arguments (IPython's
 ``magic_arguments``; the launch options, their flags, choices and help come
@@ -241,6 +241,43 @@ class DdpMagics(Magics):
         if any(word != "--stacks" for word in words):
             raise UsageError(f"%ddp_status takes only --stacks, got {line.strip()!r}")
         print(self.runner.status(stacks=bool(words)))
+
+    @line_magic
+    def ddp_session(self, line: str) -> None:
+        """Ranks that live across %%ddp cells, keeping their state.
+
+        %ddp_session start [launch options]: start the ranks (process group
+        initialised; rank, local_rank, world_size, device defined); from then
+        on every %%ddp cell runs in them, each rank keeping its globals.
+        %ddp_session: show each rank (state, pid, memory) and the names on rank 0.
+        %ddp_session restart: fresh ranks, same options. %ddp_session stop: end them.
+        A name a session cell bound belongs to the ranks: the notebook's value
+        of that name is never sent to them.
+        """
+        verb, _, rest = line.strip().partition(" ")
+        runner = self.runner
+        with _as_usage_error():
+            if verb == "start":
+                args = parse(self._session_start, rest, "%ddp_session start")
+                print(runner.start_session(launch_options(args)))
+            elif verb in ("stop", "restart", "") and rest.strip():
+                raise UsageError(f"%ddp_session {verb}: takes no options, got {rest.strip()!r}")
+            elif verb == "stop":
+                print(runner.stop_session())
+            elif verb == "restart":
+                print(runner.restart_session())
+            elif verb == "":
+                print(runner.describe_session())
+            else:
+                raise UsageError(
+                    f"%ddp_session: unknown command {verb!r}; use start [options], stop, "
+                    "restart, or nothing to show the session"
+                )
+
+    @magic_arguments("%ddp_session start")
+    @_launch_arguments
+    def _session_start(self, line: str) -> None:
+        """Start a session's ranks with these launch options (over %ddp_config's)."""
 
     @line_magic
     @magic_arguments("%ddp_panel")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import traceback
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -33,6 +33,7 @@ from nbddp.launcher.options import LaunchOptions, format_options, merge_options
 from nbddp.launcher.run import Run, latest_run
 from nbddp.launcher.spelling import FLAGS
 from nbddp.notebook.cell import CellProgram, CellValues
+from nbddp.notebook.session import PER_CELL, Session
 from nbddp.wire.payload import find_unpicklable, short_error
 
 
@@ -54,6 +55,9 @@ class CellRunner:
         by ``%ddp_config``)."""
         self.last_run: Run | None = None
         """The most recent ``%%ddp`` run (running, or ended)."""
+        self.session: Session | None = None
+        """The kernel's session, from ``%ddp_session start`` until ``%ddp_session stop``:
+        while there is one, ``%%ddp`` cells run in it."""
 
     def configure(self, given: LaunchOptions, *, reset: bool = False) -> None:
         """Merge ``given`` into the defaults (after ``reset``, replace them); validate first."""
@@ -91,8 +95,16 @@ class CellRunner:
         user_ns: Mapping[str, Any],
         hidden: Iterable[str] = (),
     ) -> tuple[dict[str, Any], Any]:
-        """Run the cell on every rank; (``--out`` values, last value) from rank 0."""
-        config = self.cell_config(given, init=init)
+        """Run the cell on every rank; (``--out`` values, last value) from rank 0.
+
+        While a session runs, in its ranks (``session_cell_config`` says which
+        options a cell may still give)."""
+        session = self.session
+        if session is not None:
+            config = self.session_cell_config(session, given, init=init)
+            hidden = (*hidden, *session.names)
+        else:
+            config = self.cell_config(given, init=init)
         try:
             program = CellProgram.build(
                 source,
@@ -101,6 +113,7 @@ class CellRunner:
                 user_ns=user_ns,
                 hidden=hidden,
                 out=out,
+                session=session is not None,
             )
         except SyntaxError as exc:
             # Shown as Python shows it (file, line, caret), without the
@@ -108,7 +121,10 @@ class CellRunner:
             shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
             raise rendered(CellError(shown), shown.split("\n")) from None
         try:
-            run = start_run(config, program, (), {})
+            if session is not None:
+                run = session.run_program(program, config)
+            else:
+                run = start_run(config, program, (), {})
         except PayloadError as exc:
             raise rendered(PayloadError(_explain_names(program.names) or str(exc))) from None
         except KeyboardInterrupt:
@@ -116,7 +132,82 @@ class CellRunner:
             message = "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
             raise rendered(KeyboardInterrupt(), [message]) from None
         self.last_run = run
-        return _finish(run)
+        return _finish(run, session)
+
+    def session_cell_config(
+        self, session: Session, given: LaunchOptions, *, init: bool
+    ) -> LaunchConfig:
+        """The config of a cell run in ``session``: the session's, with the cell's own
+        timeout and output; any other option given must be the session's own."""
+        if not init:
+            raise CellError(
+                "%%ddp --no-init: a session's ranks keep the process group they started "
+                "with; drop --no-init, or %ddp_session stop to run one-shot cells"
+            )
+        if not session.alive:
+            raise CellError(f"%%ddp: {session.lost_message()}")
+        clash = {
+            name: value
+            for name, value in given.items()
+            if name not in PER_CELL and session.options.get(name) != value
+        }
+        if clash:
+            theirs = format_options(cast(LaunchOptions, clash))
+            raise CellError(
+                f"%%ddp {theirs}: this cell's options differ from the session's "
+                f"({format_options(session.options) or 'the defaults'}); drop them (the "
+                "session's apply), or %ddp_session stop to run one-shot cells"
+            )
+        per_cell = {name: value for name, value in given.items() if name in PER_CELL}
+        return build_config(merge_options(self.defaults, cast(LaunchOptions, per_cell)), init=True)
+
+    def start_session(self, given: LaunchOptions) -> str:
+        """``%ddp_session start``: the session's options are the defaults plus ``given``."""
+        if self.session is not None and self.session.alive:
+            raise CellError(
+                "%ddp_session start: a session is already running; %ddp_session restart "
+                "starts fresh ranks, %ddp_session stop ends it"
+            )
+        options = merge_options(self.defaults, given)
+        config = build_config(options, init=True)
+        session = Session(options, config)
+        try:
+            session.start()
+        except KeyboardInterrupt:
+            message = "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
+            raise rendered(KeyboardInterrupt(), [message]) from None
+        except Exception as exc:
+            notes = getattr(exc, "__notes__", ())
+            raise rendered(exc, [f"{type(exc).__name__}: {exc}", *notes]) from None
+        self.session = session
+        return self.describe_session()
+
+    def stop_session(self) -> str:
+        """``%ddp_session stop``: end the ranks; ``%%ddp`` cells are one-shot again."""
+        session = self._session_or_raise("stop")
+        self.session = None
+        session.stop()
+        return "%ddp_session: stopped; %%ddp cells start fresh ranks again"
+
+    def restart_session(self) -> str:
+        """``%ddp_session restart``: fresh ranks with the same options."""
+        session = self._session_or_raise("restart")
+        session.restart()
+        return self.describe_session()
+
+    def describe_session(self) -> str:
+        """``%ddp_session``: the session's ranks, or that there is none."""
+        if self.session is None:
+            return "%ddp_session: no session; %ddp_session start [options] starts one"
+        return self.session.describe()
+
+    def _session_or_raise(self, verb: str) -> Session:
+        if self.session is None:
+            raise CellError(
+                f"%ddp_session {verb}: no session is running; %ddp_session start [options] "
+                "starts one"
+            )
+        return self.session
 
     def status(self, *, stacks: bool = False) -> str:
         """The latest run (a %%ddp cell's, or a launch's): its state, elapsed time, each
@@ -144,18 +235,16 @@ class CellRunner:
         return "\n".join(lines) + note
 
 
-def _finish(run: Run) -> tuple[dict[str, Any], Any]:
+def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, Any], Any]:
     failure: BaseException | None = None
     values: Any = None
     try:
         values = run.wait().values.get(0)
     except KeyboardInterrupt:
-        failure = rendered(
-            KeyboardInterrupt(),
-            [f"KeyboardInterrupt: every rank was stopped; their output is in {run.log_dir}"],
-        )
+        failure = rendered(KeyboardInterrupt(), [_interrupted(run, session)])
     except Exception as exc:
-        failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir)
+        after = [session.state_note()] if session is not None else []
+        failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir, after)
     if failure is not None:
         # Raised here, outside the except blocks, so that the error carries
         # no __context__ for IPython to walk (it falls back to a plain local
@@ -164,6 +253,17 @@ def _finish(run: Run) -> tuple[dict[str, Any], Any]:
     if not isinstance(values, CellValues):
         return {}, None
     return values.restore()
+
+
+def _interrupted(run: Run, session: Session | None) -> str:
+    if session is None:
+        return f"KeyboardInterrupt: every rank was stopped; their output is in {run.log_dir}"
+    if session.alive:
+        return (
+            "KeyboardInterrupt: the cell was interrupted on every rank; each returned to "
+            "idle and the session keeps its state"
+        )
+    return f"KeyboardInterrupt: {session.lost_message()}"
 
 
 def _explain_names(names: Mapping[str, Any]) -> str | None:

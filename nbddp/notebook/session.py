@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from nbddp.errors import ConfigError
+from nbddp.errors import ConfigError, SessionError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import make_display
 from nbddp.launcher.failures import describe_exit
 from nbddp.launcher.options import LaunchOptions, format_options
 from nbddp.launcher.run import Run
-from nbddp.launcher.session_job import SessionBusy, SessionJob
+from nbddp.launcher.session_job import SessionJob
 from nbddp.notebook.cell import CellProgram, CellValues
 from nbddp.rank import session as rank_session
 from nbddp.wire.payload import Payload
@@ -76,7 +76,7 @@ class Session:
     def start(self) -> Session:
         """Start the ranks; return once each is idle (see module contract)."""
         if self.alive:
-            raise SessionBusy("the session is already running; stop() or restart() it")
+            raise SessionError("the session is already running; stop() or restart() it")
         job = SessionJob(self.config, Payload.serialize(rank_session.serve, (), {}))
         job.start()
         self._job, self._started_at = job, time.monotonic()
@@ -191,14 +191,15 @@ class Session:
             raise
 
     def note_if_ended(self, exc: BaseException) -> None:
-        """Add to ``exc`` what became of the session: ended (and why), or kept."""
-        job = self._job
-        if job is None or isinstance(exc, KeyboardInterrupt) or not hasattr(exc, "add_note"):
-            return
-        if job.alive:
-            exc.add_note("(every rank returned to idle: the session keeps its state)")
-        else:
-            exc.add_note(self.lost_message())
+        """Add to ``exc`` what became of the session (``state_note``)."""
+        if not isinstance(exc, KeyboardInterrupt) and hasattr(exc, "add_note"):
+            exc.add_note(self.state_note())
+
+    def state_note(self) -> str:
+        """After a failed call: that the session keeps its state, or why it ended."""
+        if self.alive:
+            return "(every rank returned to idle: the session keeps its state)"
+        return self.lost_message()
 
     def lost_message(self) -> str:
         """What ended the session, that its state is lost, and what to do."""
@@ -212,9 +213,9 @@ class Session:
     def _job_or_raise(self) -> SessionJob:
         job = self._job
         if job is None:
-            raise SessionBusy("no session is running; start one first (%ddp_session start)")
+            raise SessionError("no session is running; start one first (%ddp_session start)")
         if not job.alive:
-            raise SessionBusy(self.lost_message())
+            raise SessionError(self.lost_message())
         return job
 
     def _next_number(self) -> int:
