@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from nbddp.display.protocol import Display
 from nbddp.errors import ConfigError, SessionError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.entry import make_display
@@ -118,6 +119,11 @@ class Session:
         return self._job is not None and self._job.alive
 
     @property
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid of the session's ranks (empty without a session)."""
+        return self._job.pids() if self._job is not None else {}
+
+    @property
     def names(self) -> tuple[str, ...]:
         """The names that belong to the ranks (bound by session cells, on rank 0)."""
         return self._job.names if self._job is not None else ()
@@ -171,15 +177,17 @@ class Session:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         config: LaunchConfig,
+        display: Display | None = None,
     ) -> Run:
-        """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s display and
-        timeout; its ``Run``."""
+        """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s timeout, shown
+        by ``display`` (default: the one ``config``'s output asks for); its ``Run``."""
         job = self._job_or_raise()
         cell_config = dataclasses.replace(
             self.config, timeout=config.timeout, output=config.output, tail=config.tail
         )
         payload = Payload.serialize(fn, args, kwargs)
-        return Run(job.cell(payload, cell_config), make_display(cell_config))
+        shown = display if display is not None else make_display(cell_config)
+        return Run(job.cell(payload, cell_config), shown)
 
     def finish(self, run: Run) -> Any:
         """Wait for ``run`` (a cell of this session); its result, or its failure raised

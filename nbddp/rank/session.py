@@ -130,6 +130,11 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
         order.fds.close()
         current.running = order.cell
         try:
+            # An interrupt that came before the cell began (its signal found no
+            # cell running) is taken now: the notebook has asked for it.
+            if current.interrupt_for == order.cell:
+                current.interrupt_for = None
+                raise KeyboardInterrupt
             value = call.fn(*call.args, **call.kwargs)
         finally:
             current.running = None

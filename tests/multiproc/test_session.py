@@ -1,0 +1,250 @@
+"""Sessions through the Python API on 2 gloo ranks: state kept, failures, interrupts, ends.
+
+Each test also gets the leftover-process check (tests/conftest.py); tests that end
+a session check its ranks are gone, and failure paths check fds and threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import nbddp
+from nbddp.notebook.session import Session
+from tests.multiproc import session_fns as fns
+from tests.procs import wait_gone
+
+
+@pytest.fixture
+def session() -> Iterator[Session]:
+    with nbddp.session(procs=2, output="none") as s:
+        yield s
+
+
+class Recording:
+    """A display that keeps every rank's output and the notices; ``waiting`` is set
+    once every rank has printed ``waiting``."""
+
+    def __init__(self) -> None:
+        self.text: dict[int, str] = {}
+        self.notices: list[str] = []
+        self.waiting = threading.Event()
+
+    def attach(self, log_dir: Path, world_size: int) -> None:
+        self.text = dict.fromkeys(range(world_size), "")
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        self.text[rank] += text
+        if all("waiting" in t for t in self.text.values()):
+            self.waiting.set()
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def state(self, rank: int, state: str) -> None: ...
+
+    def metric(self, rank: int, row: dict[str, Any]) -> None: ...
+
+    def refresh(self) -> float | None:
+        return None
+
+    def close(self) -> None: ...
+
+
+def _resources() -> tuple[int, int]:
+    return threading.active_count(), psutil.Process().num_fds()
+
+
+def _gone(pids: dict[int, int]) -> bool:
+    return wait_gone(pids=set(pids.values()), timeout=10.0) == []
+
+
+def _start(session: Session, fn: Any, *args: Any, timeout: float | None = None) -> Any:
+    """Start ``fn`` as the session's next cell, recorded; (run, display)."""
+    display = Recording()
+    config = dataclasses.replace(session.config, timeout=timeout)
+    return session.run_call(fn, args, {}, config, display), display
+
+
+def test_each_rank_keeps_its_state_and_its_process_group_from_call_to_call(
+    session: Session,
+) -> None:
+    first = session.run(fns.identity)
+    session.run(fns.keep, "step", 41)
+    assert session.run(fns.kept, "step") == 41
+    assert session.run(fns.identity) == first  # same processes, same group object
+    assert len({pid for pid, _ in first}) == 2
+
+
+def test_a_cell_binds_names_that_stay_the_ranks_and_reads_the_rest_from_the_caller(
+    session: Session,
+) -> None:
+    assert session.exec("a = rank * 10\nb = 5\na") == 0
+    # ``a`` belongs to the ranks: the caller's ``a`` is not sent; ``c`` is.
+    assert session.exec("a + b + c", {"a": -1, "c": 100}) == 105
+    assert {"a", "b"} <= set(session.names)
+    assert "c" not in session.names  # read, never bound by a cell
+
+
+def test_every_line_a_cell_prints_is_shown_with_that_cell(session: Session) -> None:
+    for count in (1, 3000):
+        run, display = _start(session, fns.print_lines, count)
+        run.wait()
+        for rank in (0, 1):
+            lines = display.text[rank].splitlines()
+            assert lines == [f"rank {rank} line {i}" for i in range(count)]
+
+
+def test_a_failing_cell_keeps_the_session_and_leaks_nothing(session: Session) -> None:
+    session.run(fns.keep, "x", "kept")
+    with pytest.raises(ValueError):  # warm: each path once before counting
+        session.run(fns.fail_on, 0)
+    threads, fds = _resources()
+    for rank in (0, 1, 1):
+        with pytest.raises(ValueError, match=f"rank {rank} fails its cell") as info:
+            session.run(fns.fail_on, rank)
+        assert "the session keeps its state" in info.value.__notes__[-1]
+    assert session.alive and session.run(fns.kept, "x") == "kept"
+    assert _resources() == (threads, fds)
+
+
+def test_a_rank_blocked_in_a_collective_ends_the_session_within_seconds(
+    session: Session,
+) -> None:
+    pids = session.pids
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="raised before the all_reduce") as info:
+        session.run(fns.fail_before_all_reduce, 1)
+    assert time.monotonic() - started < 10  # failure grace + interrupt grace, not gloo's 30 min
+    note = info.value.__notes__[-1]
+    assert "rank(s) 0 did not return to idle" in note and "state is lost" in note
+    assert not session.alive and _gone(pids)
+    with pytest.raises(nbddp.SessionError, match="session has ended"):
+        session.run(fns.kept, "x")
+    session.restart()
+    assert session.run(fns.print_lines, 0) == 0
+
+
+def test_a_rank_killed_ends_the_session_naming_the_rank_and_the_signal() -> None:
+    nbddp.session(procs=2, output="none").stop()  # warm: the relay's loop, the forkserver
+    threads, fds = _resources()
+    session = nbddp.session(procs=2, output="none")
+    run, _ = _start(session, fns.kill_self_on, 1)
+    pids = run.pids
+    with pytest.raises(nbddp.RankExitedError, match="rank 1 was killed by signal SIGKILL") as info:
+        session.finish(run)
+    assert "the session has ended (rank 1 was killed by signal SIGKILL" in info.value.__notes__[-1]
+    assert not session.alive and _gone(pids)
+    session.stop()
+    assert _resources() == (threads, fds)
+
+
+class Waiting:
+    """A cell waited for (its output shown) in a thread of its own, while the test acts."""
+
+    def __init__(self, session: Session, fn: Any) -> None:
+        self.run, self.display = _start(session, fn)
+        self.raised: BaseException | None = None
+        self._thread = threading.Thread(target=self._wait)
+        self._thread.start()
+        assert self.display.waiting.wait(30), self.display.text  # every rank is in the cell
+
+    def _wait(self) -> None:
+        try:
+            self.run.wait()
+        except BaseException as exc:
+            self.raised = exc
+
+    def join(self) -> BaseException | None:
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+        return self.raised
+
+
+def test_stopping_a_cell_interrupts_every_rank_and_keeps_the_state(session: Session) -> None:
+    session.run(fns.keep, "x", 7)
+    cell = Waiting(session, fns.wait_forever)
+    stopped = time.monotonic()
+    cell.run.stop()
+    raised = cell.join()
+    assert time.monotonic() - stopped < 5
+    assert isinstance(raised, nbddp.RankError) and "stopped" in str(raised)
+    assert cell.run.status == "stopped" and session.alive
+    assert session.run(fns.kept, "x") == 7
+
+
+def test_an_interrupt_that_comes_before_the_cell_begins_still_stops_it(session: Session) -> None:
+    for _ in range(5):
+        run, _ = _start(session, fns.wait_forever)
+        run.stop()  # at once: the ranks may not have begun the cell yet
+        with pytest.raises(nbddp.RankError):
+            run.wait()
+        assert session.alive
+
+
+def test_a_cells_timeout_dumps_every_ranks_stacks_then_interrupts_it(session: Session) -> None:
+    session.run(fns.keep, "x", 7)
+    run, display = _start(session, fns.wait_forever, timeout=1.0)
+    with pytest.raises(nbddp.LaunchTimeout, match="timeout of 1s") as info:
+        session.finish(run)
+    assert "the session keeps its state" in info.value.__notes__[-1]
+    for rank in (0, 1):
+        assert "wait_forever" in display.text[rank]  # its stack, in its own output
+    assert session.run(fns.kept, "x") == 7
+
+
+def test_a_second_cell_while_one_runs_is_refused_and_changes_nothing(session: Session) -> None:
+    cell = Waiting(session, fns.wait_forever)
+    with pytest.raises(nbddp.SessionError, match="another cell of this session is still running"):
+        session.run(fns.kept, "x")
+    cell.run.stop()
+    assert isinstance(cell.join(), nbddp.RankError)
+    assert session.run(fns.print_lines, 0) == 0
+
+
+def test_stop_ends_every_rank_and_restart_starts_fresh_ones(session: Session) -> None:
+    session.run(fns.keep, "x", 1)
+    before = session.run(fns.identity)
+    session.restart()
+    after = session.run(fns.identity)
+    assert {pid for pid, _ in after}.isdisjoint({pid for pid, _ in before})
+    assert wait_gone(pids={pid for pid, _ in before}, timeout=10.0) == []
+    with pytest.raises(KeyError):
+        session.run(fns.kept, "x")  # fresh ranks: nothing kept
+    session.stop()
+    assert wait_gone(pids={pid for pid, _ in after}, timeout=10.0) == []
+    with pytest.raises(nbddp.SessionError, match="no session is running"):
+        session.run(fns.kept, "x")
+
+
+def test_an_idle_session_costs_no_cpu(session: Session) -> None:
+    pids = [pid for pid, _ in session.run(fns.identity)]
+    procs = [psutil.Process(pid) for pid in pids]
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    time.sleep(2.0)  # a measurement window, not synchronisation
+    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    assert max(used) < 0.05, used  # no polling: blocked in a read between cells
+
+
+def test_bad_session_options_are_refused_before_anything_starts() -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(nbddp.ConfigError, match="max_restarts does not apply to a session"):
+        nbddp.session(procs=2, max_restarts=1)
+    with pytest.raises(nbddp.ConfigError):
+        nbddp.session(procs=0)
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before | _forkserver()
+
+
+def _forkserver() -> set[int]:
+    from nbddp.launcher.starters import FORKSERVER
+
+    pid = FORKSERVER.pid
+    return set() if pid is None else {pid, *(p.pid for p in psutil.Process(pid).children())}
