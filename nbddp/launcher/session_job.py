@@ -222,6 +222,9 @@ class SessionJob(Job):
 
     def _close_cell(self, cell: _Cell) -> None:
         self._cell = None
+        # The cell's timers are spent or moot: a long session must not pile them up.
+        now = self._loop.loop.time()
+        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
         status = cell.reason
         if status is None:
             status = RunStatus.FAILED if cell.failures else RunStatus.DONE

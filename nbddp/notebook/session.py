@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ class Session:
         self._cell_config = built
         self._job: SessionJob | None = None
         self._started_at = 0.0
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -81,6 +83,9 @@ class Session:
         job = SessionJob(self.config, Payload.serialize(rank_session.serve, (), {}))
         job.start()
         self._job, self._started_at = job, time.monotonic()
+        # A session dropped without stop() (a kernel's magics reloaded, a script's
+        # end) still ends its ranks: they would otherwise idle until the kernel exits.
+        self._finalizer = weakref.finalize(self, _end_job, job)
         try:
             Run(job.ready, None).wait()
         except BaseException:
@@ -89,16 +94,14 @@ class Session:
         return self
 
     def stop(self) -> None:
-        """End the ranks (no-op if the session has ended)."""
-        job = self._job
+        """End the ranks (no-op if the session has ended). Idle ranks are asked to
+        leave and exit as a finished run does; ranks in a cell are stopped."""
+        job, self._job = self._job, None
         if job is None:
             return
-        if not job.wait(0):
-            job.end()
-            if not job.wait(END_WAIT):
-                job.stop()
-                job.wait(job.config.kill_grace + 5.0)
-        self._job = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        _end_job(job)
 
     def restart(self) -> Session:
         """Stop, then start fresh ranks with the same options."""
@@ -135,6 +138,8 @@ class Session:
 
     def _abandon(self) -> None:
         job, self._job = self._job, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if job is not None:
             job.stop()
             job.wait(job.config.kill_grace + 5.0)
@@ -259,6 +264,19 @@ class Session:
         lines.append(f"names on rank 0: {names}")
         lines.append(f"log dir: {job.log_dir}")
         return "\n".join(lines)
+
+
+def _end_job(job: SessionJob) -> None:
+    if job.wait(0):
+        return
+    if job.busy_ranks():
+        job.stop()
+    else:
+        job.end()
+        if job.wait(END_WAIT):
+            return
+        job.stop()
+    job.wait(job.config.kill_grace + 5.0)
 
 
 def _rss(pid: int | None) -> str:

@@ -248,3 +248,12 @@ def _forkserver() -> set[int]:
 
     pid = FORKSERVER.pid
     return set() if pid is None else {pid, *(p.pid for p in psutil.Process(pid).children())}
+
+
+def test_a_session_dropped_without_stop_ends_its_ranks() -> None:
+    # As when a kernel's magics are reloaded: nothing else would end these ranks
+    # before the kernel exits.
+    dropped = nbddp.session(procs=2, output="none")
+    pids = dropped.pids
+    del dropped
+    assert _gone(pids)
