@@ -100,6 +100,7 @@ nbddp.launch(trivial, procs={procs}, init_process_group=True)
 _bench_times.append(time.perf_counter() - _t0)"""
 PROBE = "raise ValueError('bench probe')"
 FAILURE = re.compile(r"(?i)error|fail")
+SETUP_FAILED = re.compile(r"(?im)^\W*(?:failed|error)\b")  # nbdistributed prints, not raises
 
 
 # -- pure helpers ------------------------------------------------------------------------
@@ -430,7 +431,7 @@ def checked(v: Variant, code: str, procs: int | None, timeout: float) -> Cell | 
     cell = v.kernel.run(code, timeout)
     if cell.status != "ok":
         v.failed = cell.error or cell.status
-    elif procs is None and FAILURE.search(cell.text):
+    elif procs is None and SETUP_FAILED.search(cell.text):
         v.failed = failure_line(cell.text)  # a set-up cell that printed its failure
     elif procs is not None and missing_ranks(cell.text, procs):
         v.failed = (
@@ -534,7 +535,8 @@ def report(vs: list[Variant], args: Any) -> None:
     print(
         f"\ncell latency, {args.procs} CPU ranks (gloo), all_reduce + print; "
         f"{args.rounds} round(s) x {args.reps} cells per variant, {args.pause:g} s apart, "
-        f"after {args.warmup} warm-up cells; {os.cpu_count()} cores"
+        f"after {args.warmup} warm-up cells; {os.cpu_count()} cores, load average "
+        f"{args.load:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
     print(
         "| variant | set-up cells (ms) | first cell (ms) | median (ms) | p95 (ms) | best (ms) "
@@ -581,6 +583,7 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV / "bench-cell-venv")
     args = parser.parse_args()
     args.warmup = max(1, args.warmup)
+    args.load = os.getloadavg()[0]
     wanted = chooser(args.only)
     venv_python = bench_venv(args.venv) if wanted("nbdistributed") else None
     with contextlib.ExitStack() as stack:

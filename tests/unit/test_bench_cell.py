@@ -76,3 +76,11 @@ def test_only_picks_variants_by_word(cell: ModuleType) -> None:
     assert cell.chooser(None)("session %%ddp")
     assert cell.chooser(["session"])("session %%ddp")
     assert not cell.chooser(["session"])("nbdistributed %%distributed")
+
+
+def test_a_setup_cell_that_printed_its_failure_is_caught(cell: ModuleType) -> None:
+    failed = "Starting 2 distributed workers...\nFailed to start distributed workers: boom\n"
+    assert cell.SETUP_FAILED.search(failed)
+    assert cell.SETUP_FAILED.search("❌ Error: no workers")
+    # A word in passing is not a failure: a session's banner may mention errors.
+    assert not cell.SETUP_FAILED.search("session: 2 ranks; an error ends the cell, not the session")
