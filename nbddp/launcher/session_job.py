@@ -13,10 +13,13 @@ start itself: it ends once every rank has its process group and is idle
 Ending a cell: it is done once every rank has replied (``CellReply``);
 the rank's output up to its reply is drained first, so the cell's output
 is complete. When a rank fails, the others get ``failure_grace`` seconds to
-return, then they are interrupted, then, after ``INTERRUPT_GRACE``, the
-session is ended (a rank blocked in a collective its failed peer never
-entered cannot return: its state cannot be kept). Interrupting a cell
-(``CellSource.stop``) and its ``timeout`` (stacks first) take the same path.
+return, then they are interrupted. A rank blocked in a collective its
+failed peer never entered cannot be: after ``INTERRUPT_GRACE``, with gloo,
+the idle ranks close their process group, which frees it, and once every
+rank is idle they all get a new group (``nbddp.rank.regroup``; ``note``
+says so and what must be re-created). A rank still not back
+``INTERRUPT_GRACE`` later (or with nccl) ends the session. Interrupting a
+cell (``CellSource.stop``) and its ``timeout`` (stacks first) take the same path.
 A rank that dies ends the session (the one-shot job's own policy stops the
 others); ``lost`` then says why, and the cell fails with the dead rank's
 error. Between cells the job's events wait (bounded) for the next cell.
@@ -51,9 +54,16 @@ from nbddp.launcher.events import (
 from nbddp.launcher.failures import describe_exit, root_cause
 from nbddp.launcher.job import STACKS_WAIT, Job, _monotonic
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import CellOrder, CellReply, Descriptors
+from nbddp.wire.protocol import CellOrder, CellReply, Descriptors, ErrorInfo
 
 INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
+REGROUP_WAIT = 30.0  # seconds every rank gets to join a new process group
+REGROUPED = (
+    "a rank was blocked in a collective: the process group was closed to free it and "
+    "re-initialised on every rank; the session keeps its other state, but objects bound "
+    "to the old group (a DistributedDataParallel wrapper, groups from new_group) must be "
+    "re-created"
+)
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
 _KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
 
@@ -70,6 +80,8 @@ class _Cell:
     failures: list[tuple[float, Failure]] = field(default_factory=list)
     reason: RunStatus | None = None  # INTERRUPTED, STOPPED or TIMEOUT once asked
     escalated: bool = False  # the busy ranks were interrupted after a failure
+    freeing: bool = False  # the idle ranks were told to close their group (gloo)
+    regrouping: set[int] = field(default_factory=set)  # ranks not yet in the new group
     stacks: dict[int, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
@@ -89,6 +101,8 @@ class SessionJob(Job):
         self.lost: str | None = None
         """Why the session ended, once it has (a rank died, a rank could not return)."""
         self.cells_run = 0
+        self.note: str | None = None
+        """What the last cell changed in the session beyond its state (a new process group)."""
         self._ending = False  # end() was asked for
         self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
         self._lock = threading.Lock()  # one cell at a time
@@ -176,6 +190,7 @@ class SessionJob(Job):
                 return
             ranks = set(range(self.config.world_size))
             cell = _Cell(order.cell, source, source.config.timeout, ranks)
+            self.note = None
             self._cell = cell
             while self._between:
                 source.events.put(self._between.popleft())
@@ -193,6 +208,8 @@ class SessionJob(Job):
         """Cell replies and stacks here; the rest as in any run."""
         if kind == "cell_done" and isinstance(body, CellReply):
             self._replied(rank, body)
+        elif kind == "regrouped":
+            self._regrouped(rank, body)
         elif kind == "stacks" and self._cell is not None:
             self._cell.stacks[rank] = "written"
             super().on_message(rank, kind, body)
@@ -218,7 +235,40 @@ class SessionJob(Job):
                 self._later(self.config.failure_grace, self._not_returned, cell)
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
         if not cell.busy:
+            if cell.freeing:
+                self._regroup(cell)
+            else:
+                self._close_cell(cell)
+
+    def _regroup(self, cell: _Cell) -> None:
+        """Every rank is free again, their group closed: give them a new one."""
+        cell.regrouping = set(range(self.config.world_size))
+        cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
+        for rank in sorted(cell.regrouping):
+            self._relay.send(rank, "regroup", cell.number)
+        self._later(REGROUP_WAIT, self._regroup_failed, cell, None)
+
+    def _regrouped(self, rank: int, error: ErrorInfo | None) -> None:
+        cell = self._cell
+        if cell is None or rank not in cell.regrouping:
+            return
+        if error is not None:
+            self._regroup_failed(cell, f"rank {rank}: {error.type_name}: {error.message}")
+            return
+        cell.regrouping.discard(rank)
+        if not cell.regrouping:
+            self.note = REGROUPED
             self._close_cell(cell)
+
+    def _regroup_failed(self, cell: _Cell, why: str | None) -> None:
+        if self._cell is not cell or not cell.regrouping:
+            return
+        self.lost = (
+            f"the process group could not be re-initialised after freeing the blocked "
+            f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
+        )
+        cell.source.events.put(Notice(f"{self.lost}; ending the session"))
+        self._stop(RunStatus.FAILED)
 
     def _close_cell(self, cell: _Cell) -> None:
         self._cell = None
@@ -255,10 +305,24 @@ class SessionJob(Job):
         self._later(INTERRUPT_GRACE, self._give_up, cell)
 
     def _give_up(self, cell: _Cell) -> None:
-        """Interrupted ranks did not return: end the session (see module contract)."""
+        """Interrupted ranks did not return: with gloo, free them by closing the process
+        group on the idle ranks (``nbddp.rank.regroup``), once; else end the session."""
         if self._cell is not cell or not cell.busy:
             return
         busy = ", ".join(map(str, sorted(cell.busy)))
+        idle = sorted(set(range(self.config.world_size)) - cell.busy)
+        if self.config.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
+            cell.freeing = True
+            cell.source.events.put(
+                Notice(
+                    f"rank(s) {busy} still blocked: closing the process group on the idle "
+                    "ranks to free them"
+                )
+            )
+            for rank in idle:
+                self._relay.send(rank, "close_group", None)
+            self._later(INTERRUPT_GRACE, self._give_up, cell)
+            return
         self.lost = (
             f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of being "
             "interrupted: blocked in a collective, or in C code"

@@ -211,7 +211,12 @@ class Session:
     def state_note(self) -> str:
         """After a failed call: that the session keeps its state, or why it ended."""
         if self.alive:
-            return "(every rank returned to idle: the session keeps its state)"
+            note = self._job.note if self._job is not None else None
+            return (
+                f"({note})"
+                if note
+                else "(every rank returned to idle: the session keeps its state)"
+            )
         return self.lost_message()
 
     def lost_message(self) -> str:

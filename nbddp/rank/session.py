@@ -19,7 +19,9 @@ thread, which sends SIGINT to the main thread; the handler raises
 ``KeyboardInterrupt`` only while that very cell's code runs, never while
 the rank is idle or sending its reply (a half-sent reply would corrupt the
 link). A rank blocked in C (a collective whose peer went away) cannot be
-interrupted: the notebook then ends the session.
+interrupted: the notebook then has the idle ranks ``close_group`` and,
+once all are idle, every rank ``regroup`` (``nbddp.rank.regroup``), each
+answered as it comes in the idle loop; or it ends the session.
 
 Before each reply the rank flushes Python's and C's stdio, so everything
 the cell printed is in its pipes before the notebook reads the reply (the
@@ -35,9 +37,11 @@ import signal
 import sys
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbddp.rank import context, regroup
 from nbddp.rank.channel import installed
 from nbddp.wire import mpobjects, values
 from nbddp.wire.payload import load_call
@@ -81,7 +85,7 @@ def deliver(kind: str, body: Any) -> bool:
             current.interrupt_for = int(body)
             signal.pthread_kill(_MAIN, signal.SIGINT)
         return True
-    if kind in ("cell", "end"):
+    if kind in ("cell", "end", "close_group", "regroup"):
         _INBOX.put((kind, body))
         return True
     return False
@@ -101,6 +105,16 @@ def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
     # Idle, replying, or an interrupt meant for an earlier cell: nothing to stop.
 
 
+_BACKEND: str | None = None  # the session's backend, read once its group exists
+
+
+def _backend() -> str | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return str(dist.get_backend())
+
+
 def serve() -> None:
     """Answer cells until told to end (see module contract)."""
     global _STATE, _MAIN
@@ -109,12 +123,41 @@ def serve() -> None:
     signal.signal(signal.SIGINT, _on_sigint)
     channel = installed()
     assert channel is not None, "serve runs in a rank, after the worker installed its channel"
+    global _BACKEND
+    _BACKEND = _backend()
     channel.send("cell_done", CellReply(0, values.pack(None), None, ()))  # ready
     while True:
         kind, body = _INBOX.get()
-        if kind != "cell":
+        if kind == "cell":
+            channel.send("cell_done", _run(_STATE, body))
+        elif kind == "close_group":
+            _quietly(regroup.close_group)
+        elif kind == "regroup":
+            channel.send("regrouped", _regroup(int(body)))
+        else:
             return
-        channel.send("cell_done", _run(_STATE, body))
+
+
+def _quietly(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # the regroup that follows reports what is wrong
+        print(f"nbddp: closing the process group failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _regroup(number: int) -> ErrorInfo | None:
+    """A new default process group (``regroup``); what it raised, or None."""
+    from nbddp.rank.worker import error_info
+
+    place = context.require()
+    try:
+        import torch.distributed as dist
+
+        backend = _BACKEND or str(dist.get_backend())
+        regroup.regroup(number, backend, place.rank, place.world_size)
+    except Exception as exc:
+        return error_info(exc)
+    return None
 
 
 def _run(current: SessionState, order: CellOrder) -> CellReply:

@@ -9,10 +9,12 @@ Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
 ``values.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
 ``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for),
-``cell_done`` (``CellReply``: a session rank back to idle).
+``cell_done`` (``CellReply``: a session rank back to idle), ``regrouped``
+(None, or the ``ErrorInfo`` of a failed ``regroup``).
 Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time;
 to a session rank (``nbddp.rank.session``) also ``cell`` (``CellOrder``),
-``interrupt`` (the cell number) and ``end`` (None).
+``interrupt`` (the cell number), ``close_group`` (None), ``regroup`` (a
+number naming the new group) and ``end`` (None).
 
 File descriptors (shared memory) travel beside a message's bytes: a
 ``Descriptors`` in a body is pickled as a count (``encode_with_fds``), its

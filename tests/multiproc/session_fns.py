@@ -73,3 +73,26 @@ def print_lines(count: int) -> int:
     for i in range(count):
         print(f"rank {rank} line {i}")
     return rank
+
+
+def fail_while_a_peer_is_stuck(rank: int) -> None:
+    """Raise on ``rank``; the others block where no interrupt reaches them (SIGINT
+    masked in C code's thread) and closing the process group does not help."""
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == rank:
+        raise ValueError("raised while a peer is stuck")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    time.sleep(3600)
+
+
+def all_reduce_sum() -> float:
+    """An all_reduce of ones over the current default group."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())

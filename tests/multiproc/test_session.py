@@ -115,14 +115,32 @@ def test_a_failing_cell_keeps_the_session_and_leaks_nothing(session: Session) ->
     assert _resources() == (threads, fds)
 
 
-def test_a_rank_blocked_in_a_collective_ends_the_session_within_seconds(
+def test_ranks_blocked_in_a_collective_are_freed_and_get_a_new_process_group(
     session: Session,
 ) -> None:
+    session.run(fns.keep, "x", "kept")
     pids = session.pids
     started = time.monotonic()
     with pytest.raises(ValueError, match="raised before the all_reduce") as info:
         session.run(fns.fail_before_all_reduce, 1)
-    assert time.monotonic() - started < 10  # failure grace + interrupt grace, not gloo's 30 min
+    # failure grace + interrupt grace + freeing, not gloo's 30 minutes
+    assert time.monotonic() - started < 15
+    note = info.value.__notes__[-1]
+    assert "process group was closed to free it and re-initialised" in note
+    assert "DistributedDataParallel wrapper" in note
+    assert session.alive and session.pids == pids
+    assert session.run(fns.kept, "x") == "kept"  # the state is kept
+    assert session.run(fns.all_reduce_sum) == 2.0  # the new group works
+
+
+def test_a_rank_that_cannot_be_freed_ends_the_session_within_seconds(
+    session: Session,
+) -> None:
+    pids = session.pids
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="raised while a peer is stuck") as info:
+        session.run(fns.fail_while_a_peer_is_stuck, 1)
+    assert time.monotonic() - started < 15
     note = info.value.__notes__[-1]
     assert "rank(s) 0 did not return to idle" in note and "state is lost" in note
     assert not session.alive and _gone(pids)
