@@ -259,10 +259,7 @@ def _interrupted(run: Run, session: Session | None) -> str:
     if session is None:
         return f"KeyboardInterrupt: every rank was stopped; their output is in {run.log_dir}"
     if session.alive:
-        return (
-            "KeyboardInterrupt: the cell was interrupted on every rank; each returned to "
-            "idle and the session keeps its state"
-        )
+        return f"KeyboardInterrupt: the cell was interrupted on every rank {session.state_note()}"
     return f"KeyboardInterrupt: {session.lost_message()}"
 
 
