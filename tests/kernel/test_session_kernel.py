@@ -345,6 +345,16 @@ def test_stop_and_restart(kernel: Kernel) -> None:
     assert ok(kernel, "%%ddp --procs 2\nrank + 1").result == "1"
 
 
+def test_reloading_the_extension_stops_the_session(kernel: Kernel) -> None:
+    # The reloaded magics start afresh: the old session's ranks must not live on
+    # with nothing left in the notebook that can reach them.
+    pids = start_session(kernel)
+    ok(kernel, "%reload_ext nbddp")
+    assert wait_gone(pids=set(pids.values()), timeout=5.0) == []
+    assert "no session" in ok(kernel, "%ddp_session").stdout
+    assert ok(kernel, "%%ddp --procs 2\nrank + 1").result == "1"
+
+
 # -- the kernel goes away with a session running --------------------------------------
 
 
