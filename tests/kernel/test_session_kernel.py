@@ -252,6 +252,35 @@ def test_kernel_interrupt_during_a_long_cell_keeps_the_state(kernel: Kernel) -> 
     assert rank_pids(kernel) == pids
 
 
+STUCK = """\
+%%ddp
+import threading
+import torch
+import torch.distributed as dist
+print("waiting", flush=True)
+if rank == 0:
+    dist.all_reduce(torch.ones(1))  # rank 1 never enters it
+else:
+    threading.Event().wait()
+"""
+
+
+def test_an_interrupt_that_a_rank_cannot_return_from_ends_the_session(kernel: Kernel) -> None:
+    pids = start_session(kernel)
+    msg_id = kernel.kc.execute(STUCK)
+    kernel.wait_for_output(msg_id, "waiting")
+    interrupted_at = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=30)
+    took = time.monotonic() - interrupted_at
+    assert took < 10, f"{took:.1f}s from interrupt to the cell's end"
+    assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
+    ended = ENDED.search(traceback_of(result))
+    assert ended is not None, result.text()
+    assert "rank(s) 0 did not return to idle" in ended.group(1)
+    assert wait_gone(pids=set(pids.values())) == []
+
+
 BLOCKED = """\
 %%ddp
 import torch
