@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -348,6 +350,46 @@ def test_a_rank_killed_between_cells_ends_the_session_naming_it(kernel: Kernel) 
     ended = ENDED.search(shown)
     assert ended is not None, shown
     assert ended.group(1) == "rank 0 was killed by signal SIGKILL (Killed)"
+
+
+SAYS_WHEN_STOPPED = """\
+%%ddp
+import os
+import signal
+
+
+def stopping(signum, frame):  # says it was asked to stop, and does not (SIGKILL follows)
+    with open(fifo, "w") as f:
+        f.write("stopping")
+
+
+if rank == 1:
+    signal.signal(signal.SIGTERM, stopping)
+"""
+
+
+def test_a_cell_sent_while_the_session_is_ending_says_why_it_ended(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    # The session stops its ranks after rank 0 dies; rank 1 outlives the stop by
+    # ignoring SIGTERM, and says when it got it: the next cell lands while the
+    # session is ending, and must name the rank and signal that ended it.
+    pids = start_session(kernel)
+    fifo = tmp_path / "stopping"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ok(kernel, f"fifo = {str(fifo)!r}")
+        ok(kernel, SAYS_WHEN_STOPPED)
+        os.kill(pids[0], signal.SIGKILL)
+        assert select.select([reader], [], [], 30)[0], "rank 1 was never asked to stop"
+        shown = usage_error(kernel, "%%ddp\nrank")
+    finally:
+        os.close(reader)
+    ended = ENDED.search(shown)
+    assert ended is not None, shown
+    assert ended.group(1) == "rank 0 was killed by signal SIGKILL (Killed)"
+    assert wait_gone(pids=set(pids.values())) == []
 
 
 def test_stop_and_restart(kernel: Kernel) -> None:
