@@ -156,6 +156,12 @@ class SessionJob(Job):
 
     # -- loop thread --------------------------------------------------------
 
+    def _end(self) -> None:
+        if not self._done.is_set():
+            # Before ``wait`` returns anywhere: a waiter reads why the session ended.
+            self.lost = self.lost or self._why_over()
+        super()._end()
+
     def _emit(self, event: RunEvent) -> None:
         cell = self._cell
         if isinstance(event, Done):

@@ -9,7 +9,7 @@ cell raise a one-line ``UsageError`` (no traceback); nothing given on a
 magic line is ever evaluated as Python. ``%%ddp?`` shows the options.
 
 Loading the extension twice keeps the first registration (and its session
-defaults); ``%reload_ext nbddp`` starts afresh.
+defaults); ``%reload_ext nbddp`` starts afresh (stopping a running session).
 """
 
 from __future__ import annotations
@@ -315,10 +315,15 @@ def load_ipython_extension(shell: InteractiveShell) -> None:
 
 
 def unload_ipython_extension(shell: InteractiveShell) -> None:
-    """Remove the magics (``%reload_ext nbddp`` then starts a fresh session)."""
+    """Remove the magics and stop their session (``%reload_ext nbddp`` starts afresh)."""
     magics = shell.magics_manager.registry.pop("DdpMagics", None)
     if magics is None:
         return
+    session = magics.runner.session if isinstance(magics, DdpMagics) else None
+    if session is not None:
+        # Its ranks would live on with nothing in the notebook left to reach them.
+        magics.runner.session = None
+        session.stop()
     for kind, names in magics.magics.items():
         for name in names:
             shell.magics_manager.magics[kind].pop(name, None)

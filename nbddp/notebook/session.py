@@ -220,8 +220,13 @@ class Session:
         return self.lost_message()
 
     def lost_message(self) -> str:
-        """What ended the session, that its state is lost, and what to do."""
+        """What ended the session, that its state is lost, and what to do.
+
+        While the session is ending (its ranks being stopped), this waits for
+        them to be gone (bounded): why it ended is known then."""
         job = self._job
+        if job is not None and job.lost is None and not job.alive:
+            job.wait(job.config.kill_grace + END_WAIT)
         why = job.lost if job is not None and job.lost else "it was stopped"
         return (
             f"the session has ended ({why}); the ranks' state is lost. "

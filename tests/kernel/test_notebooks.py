@@ -112,6 +112,26 @@ def check_panel(nb: nbformat.NotebookNode) -> None:
     assert "stopped: the run was stopped" in text and "{0: 'stopped', 1: 'stopped'}" in text
 
 
+def check_session(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert PROVED in text
+    # Four %%ddp cells trained the same model: the epochs add up, on the same two ranks.
+    assert [line.split(":")[0] for line in rank_lines(text, 0, "epoch ")] == [
+        f"[rank 0] epoch {n}" for n in (5, 10, 15, 20)
+    ]
+    assert not rank_lines(text, 1, "epoch ")
+    accuracies = dict(re.findall(r"accuracy after (\d+) epochs: ([0-9.]+)", text))
+    assert set(accuracies) == {"10", "20"}, text
+    assert all(float(value) > 0.8 for value in accuracies.values()), accuracies
+    failed = [cell_text(c) for c in nb.cells if 'train_epochs("5")' in c.source]
+    assert len(failed) == 1 and "TypeError: 'str' object cannot be interpreted" in failed[0]
+    assert failed[0].rstrip().endswith("(every rank returned to idle: the session keeps its state)")
+    tables = re.findall(r"^\s+(\d)\s+idle\s+(\d+)\s", text, re.M)
+    assert len(tables) == 4 and tables[:2] == tables[2:], tables  # started, then shown
+    assert re.search(r"names on rank 0: .*\bmodel\b.*\btrain_epochs\b", text)
+    assert "%ddp_session: stopped" in text
+
+
 CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "quickstart": check_quickstart,
     "ddp_plain": check_ddp_plain,
@@ -120,6 +140,7 @@ CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "keras_torch": check_keras_torch,
     "dataloader_workers": check_dataloader_workers,
     "panel": check_panel,
+    "session": check_session,
 }
 
 
