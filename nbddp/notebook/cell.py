@@ -345,7 +345,9 @@ class CellProgram:
         """The names this cell bound (and did not just keep as sent) become the ranks'."""
         state = rank_session.state()
         sent = self.names
-        state.owned |= {
+        # A name the cell deleted (``del x``) is no longer the ranks': the
+        # notebook's is sent again when a cell reads it.
+        state.owned = {name for name in state.owned if name in ns} | {
             name
             for name in names_bound(self.source)
             if name in ns and (name not in sent or ns[name] is not sent[name])

@@ -267,8 +267,19 @@ else:
 """
 
 
-def test_an_interrupt_that_a_rank_cannot_return_from_ends_the_session(kernel: Kernel) -> None:
+REGROUPED = "the process group was closed to free it and re-initialised on every rank"
+
+SUM = (
+    "%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+    "dist.all_reduce(t)\nprint('sum', t.item(), 'state' in globals())"
+)
+
+
+def test_an_interrupt_that_leaves_a_rank_in_a_collective_frees_it_and_keeps_the_state(
+    kernel: Kernel,
+) -> None:
     pids = start_session(kernel)
+    ok(kernel, "%%ddp\nstate = 1")
     msg_id = kernel.kc.execute(STUCK)
     kernel.wait_for_output(msg_id, "waiting")
     interrupted_at = time.monotonic()
@@ -277,9 +288,11 @@ def test_an_interrupt_that_a_rank_cannot_return_from_ends_the_session(kernel: Ke
     took = time.monotonic() - interrupted_at
     assert took < 10, f"{took:.1f}s from interrupt to the cell's end"
     assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
-    ended = ENDED.search(traceback_of(result))
-    assert ended is not None, result.text()
-    assert "rank(s) 0 did not return to idle" in ended.group(1)
+    text = traceback_of(result)
+    assert REGROUPED in text and "DistributedDataParallel wrapper" in text, text
+    assert rank_pids(kernel) == pids  # the same ranks, their state kept
+    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 True", 1: "2.0 True"}
+    ok(kernel, "%ddp_session stop")
     assert wait_gone(pids=set(pids.values())) == []
 
 
@@ -293,7 +306,7 @@ dist.all_reduce(torch.ones(1))
 """
 
 
-def test_a_rank_blocked_in_a_collective_ends_the_session(kernel: Kernel) -> None:
+def test_a_rank_blocked_in_a_collective_is_freed_and_the_state_kept(kernel: Kernel) -> None:
     pids = start_session(kernel)
     ok(kernel, "%%ddp\nstate = 1")
     started = time.monotonic()
@@ -302,6 +315,32 @@ def test_a_rank_blocked_in_a_collective_ends_the_session(kernel: Kernel) -> None
     assert took < 15, f"{took:.1f}s for the blocked cell to end"
     text = traceback_of(result)
     assert "RuntimeError: rank 1 fails before the all_reduce" in text
+    assert REGROUPED in text.splitlines()[-1], text
+    assert rank_pids(kernel) == pids
+    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 True", 1: "2.0 True"}
+    ok(kernel, "%ddp_session stop")
+    assert wait_gone(pids=set(pids.values())) == []
+
+
+STUCK_IN_C = """\
+%%ddp
+import signal, time
+if rank == 1:
+    raise RuntimeError("rank 1 fails while rank 0 is stuck")
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # no interrupt reaches it
+time.sleep(3600)
+"""
+
+
+def test_a_rank_that_cannot_be_freed_ends_the_session(kernel: Kernel) -> None:
+    pids = start_session(kernel)
+    ok(kernel, "%%ddp\nstate = 1")
+    started = time.monotonic()
+    result = failed(kernel, STUCK_IN_C)
+    took = time.monotonic() - started
+    assert took < 15, f"{took:.1f}s for the stuck cell to end"
+    text = traceback_of(result)
+    assert "RuntimeError: rank 1 fails while rank 0 is stuck" in text
     ended = ENDED.search(text)
     assert ended is not None, text
     assert "rank(s) 0 did not return to idle" in ended.group(1)
@@ -314,12 +353,7 @@ def test_a_rank_blocked_in_a_collective_ends_the_session(kernel: Kernel) -> None
     assert "session: running" in restarted
     fresh = rank_pids(kernel)
     assert set(fresh.values()).isdisjoint(pids.values())
-    again = ok(
-        kernel,
-        "%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
-        "dist.all_reduce(t)\nprint('sum', t.item(), 'state' in globals())",
-    )
-    assert per_rank(again, "sum") == {0: "2.0 False", 1: "2.0 False"}
+    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 False", 1: "2.0 False"}
     ok(kernel, "%ddp_session stop")
     assert wait_gone(pids=set(fresh.values())) == []
 

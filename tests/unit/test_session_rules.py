@@ -125,3 +125,12 @@ class _Alive:
 
     alive = True
     names: tuple[str, ...] = ()
+
+
+def test_a_name_the_ranks_deleted_is_the_notebooks_again(
+    in_session_rank: rank_session.SessionState,
+) -> None:
+    _cell("x = 1")()
+    _cell("del x")()
+    assert "x" not in in_session_rank.owned
+    assert _last(_cell("x", x="notebook")()) == "notebook"
