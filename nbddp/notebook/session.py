@@ -224,14 +224,18 @@ class Session:
 
         While the session is ending (its ranks being stopped), this waits for
         them to be gone (bounded): why it ended is known then."""
+        return (
+            f"the session has ended ({self._why_ended()}); the ranks' state is lost. "
+            "%ddp_session restart (or Session.restart()) starts fresh ranks with the same options"
+        )
+
+    def _why_ended(self) -> str:
+        """Why the session ended; while it is ending, known once its ranks are gone
+        (waited for, bounded)."""
         job = self._job
         if job is not None and job.lost is None and not job.alive:
             job.wait(job.config.kill_grace + END_WAIT)
-        why = job.lost if job is not None and job.lost else "it was stopped"
-        return (
-            f"the session has ended ({why}); the ranks' state is lost. "
-            "%ddp_session restart (or Session.restart()) starts fresh ranks with the same options"
-        )
+        return job.lost if job is not None and job.lost else "it was stopped"
 
     def _job_or_raise(self) -> SessionJob:
         job = self._job
@@ -252,12 +256,12 @@ class Session:
         job = self._job
         if job is None:
             return "no session (start one with %ddp_session start [options])"
-        status = "running" if job.alive else f"ended ({job.lost or 'stopped'})"
+        status = "running" if job.alive else f"ended ({self._why_ended()})"
         options = format_options(self.options) or "(defaults)"
         lines = [
             f"session: {status}; {self.config.world_size} ranks ({self.config.device}, "
             f"{self.config.backend}); options {options}; {job.cells_run} cells run",
-            f"{'rank':>4}  {'state':<8} {'pid':>7}  {'uptime':>8}  {'memory':>9}  device memory",
+            f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
         ]
         busy = job.busy_ranks()
         for o in job.outcomes():
@@ -265,10 +269,10 @@ class Session:
             if o.exited:
                 state = describe_exit(o.exit_code)
             device = job.device_bytes.get(o.rank)
+            shown = _mib(device) if device is not None else "-"
             lines.append(
-                f"{o.rank:>4}  {state:<8} {o.pid or 0:>7}  "
-                f"{time.monotonic() - self._started_at:>7.0f}s  {_rss(o.pid):>9}  "
-                f"{_mib(device) if device is not None else '-'}"
+                f"{o.rank:>4}  {o.pid or 0:>7}  {time.monotonic() - self._started_at:>7.0f}s  "
+                f"{_rss(o.pid):>9}  {shown:>9}  {state}"
             )
         names = ", ".join(self.names) or "(none yet)"
         lines.append(f"names on rank 0: {names}")

@@ -21,7 +21,8 @@ def test_a_session_keeps_cuda_tensors_and_its_nccl_group_from_cell_to_cell(gpus:
         total = s.exec("t = w.clone()\ndist.all_reduce(t)\nt.cpu()")
         assert total.tolist() == [float(sum(range(1, gpus + 1)))] * 4
         assert s.exec("dist.get_backend()") == "nccl"
-        assert "device memory" in s.describe() and " MiB" in s.describe().split("\n")[2]
+        row = s.describe().split("\n")[2].split()  # rank, pid, uptime, memory, device, state
+        assert row[6] == "MiB", row  # a device figure, not "-"
 
 
 def test_a_rank_blocked_in_an_nccl_collective_ends_the_session(gpus: int) -> None:

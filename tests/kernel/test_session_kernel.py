@@ -76,7 +76,7 @@ def per_rank(result: CellResult, word: str) -> dict[int, str]:
 def rank_pids(kernel: Kernel) -> dict[int, int]:
     """The session's rank -> pid, as ``%ddp_session`` shows them."""
     shown = ok(kernel, "%ddp_session").stdout
-    rows = re.findall(r"^\s+(\d)\s+\w+\s+(\d+)\s", shown, re.M)
+    rows = re.findall(r"^\s+(\d)\s+(\d+)\s", shown, re.M)
     assert len(rows) == 2, shown
     return {int(rank): int(pid) for rank, pid in rows}
 
