@@ -102,6 +102,7 @@ class ClusterJob:
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
         self._agents: nodes.Agents | None = None
+        self._lost_node = False
 
     # -- starting ---------------------------------------------------------
 
@@ -259,27 +260,25 @@ class ClusterJob:
 
     def _lost(self, node: _Node, exc: BaseException) -> None:
         """The node's agent is gone: its ranks ended with it (see module contract)."""
-        if self._agents is not None:
-            nodes.forget(self._agents)
+        self._lost_node = True  # its agents are not kept for the next launch
         now = time.monotonic()
-        ended = []
+        ranks = [r for r in node.ranks if self._ranks[r].final is None]
+        names = f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+        why = f"the loss of node {node.index} ({node.address}), which ran {names},"
         with self._lock:
-            for rank in node.ranks:
+            for rank in ranks:
                 record = self._ranks[rank]
-                if record.final is None:
-                    record.state = RankState.FAILED
-                    record.final = replace(_running(record), exited=True, ended_at=now)
-                    self._failures.append((now, Failure(rank, "died")))
-                    ended.append(rank)
-        if ended:
-            ranks = ", ".join(map(str, ended))
+                record.state = RankState.FAILED
+                record.final = replace(_running(record), exited=True, ended_at=now)
+                self._failures.append((now, Failure(rank, "died", cause=why)))
+        if ranks:
             self.events.put(
                 Notice(
                     f"node {node.index} ({node.address}) was lost ({type(exc).__name__}): "
-                    f"rank{'s' * (len(ended) > 1)} {ranks} ended with it"
+                    f"{names} ended with it"
                 )
             )
-            for rank in ended:
+            for rank in ranks:
                 self.events.put(StateChanged(rank, RankState.FAILED))
         self.stop(RunStatus.FAILED)
 
@@ -317,6 +316,8 @@ class ClusterJob:
             with contextlib.suppress(Exception):
                 self._nodes[0].handle.close_store.remote()
         self._run_dir.release()
+        if self._lost_node and self._agents is not None:
+            nodes.forget(self._agents)  # the next launch places agents afresh
         self._done.set()
         self.events.put(Done())
 

@@ -1,0 +1,246 @@
+"""Runs across the two nodes of a local Ray cluster (``conftest.cluster``): the same
+values, output, errors, stops and cleanup as on one machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbddp
+from nbddp.cluster import nodes
+from nbddp.errors import ConfigError, RankError, RankExitedError
+from nbddp.launcher.events import RankState
+from tests.cluster.conftest import HEAD, WORKER, kill_tree
+from tests.procs import wait_procs_gone
+
+ENV_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+class StepFailed(Exception):
+    """A rank's own exception type, to be raised as itself in the notebook."""
+
+
+def all_reduce_ranks(gate: str) -> dict[str, object]:
+    """Print, wait for ``gate`` to exist, then sum the ranks over one gloo group."""
+    import torch
+    import torch.distributed as dist
+
+    print(f"ready on rank {os.environ['RANK']}", flush=True)
+    while not Path(gate).exists():
+        time.sleep(0.02)
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"sum": total.item(), "env": {name: os.environ.get(name) for name in ENV_NAMES}}
+
+
+def env_of_rank() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in ENV_NAMES}
+
+
+def fail_on_rank(bad: int) -> None:
+    if int(os.environ["RANK"]) == bad:
+        raise StepFailed(f"step failed on rank {bad}")
+    time.sleep(60)  # stopped after the failure's grace
+
+
+def sleep_forever() -> None:
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+def test_ranks_on_both_nodes_form_one_group_and_return_rank_0s_value(
+    cluster: object, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    run = nbddp.launch(
+        all_reduce_ranks, str(gate), nodes=2, procs=2, cluster=cluster.address, block=False
+    )  # type: ignore[attr-defined]
+    # Live: every rank's first line reaches the notebook while the ranks still wait.
+    deadline = time.monotonic() + 60
+    while not all("ready on rank" in run.output(r) for r in range(4)):
+        assert time.monotonic() < deadline, [run.output(r) for r in range(4)]
+        time.sleep(0.05)
+    assert run.status == "running"
+    gate.touch()
+    result = run.wait()
+    assert result.values[0]["sum"] == 0 + 1 + 2 + 3
+    envs = {rank: value["env"] for rank, value in result.values.items()}
+    port = envs[0]["MASTER_PORT"]
+    for rank, env in envs.items():
+        node = rank // 2
+        assert env == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % 2),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "NODE_RANK": str(node),
+            "GROUP_RANK": str(node),
+            "MASTER_ADDR": nodes._kept.infos[0].address if nodes._kept else None,
+            "MASTER_PORT": port,
+            "CUDA_VISIBLE_DEVICES": "",
+        }, rank
+    assert {i.address for i in nodes._kept.infos} == {HEAD, WORKER}  # type: ignore[union-attr]
+    assert set(result.exit_codes.values()) == {0}
+
+
+def test_a_warm_launch_reuses_the_nodes_agents(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    kept = nodes._kept
+    started = time.monotonic()
+    env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    assert nodes._kept is kept
+    assert env["WORLD_SIZE"] == "2"
+    assert time.monotonic() - started < 5.0  # seconds to spare; the bench measures it
+
+
+def test_a_ranks_own_exception_is_raised_with_its_type_and_stops_the_others(
+    cluster: object,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match="step failed on rank 3") as info:
+        nbddp.launch(fail_on_rank, 3, nodes=2, procs=2, cluster=cluster.address)  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 30  # not the others' 60 s sleep
+    assert "rank 3" in "".join(getattr(info.value, "__notes__", []))
+    assert "StepFailed" in str(info.value.__cause__)
+
+
+def test_stop_ends_every_rank_on_every_node_within_seconds(cluster: object) -> None:
+    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while set(run.rank_states().values()) != {RankState.RUNNING}:
+        assert time.monotonic() < deadline, run.rank_states()
+        time.sleep(0.05)
+    procs = [psutil.Process(pid) for pid in run.pids.values()]
+    assert len(procs) == 4
+    stopped = time.monotonic()
+    run.stop()
+    with pytest.raises(RankError, match="stopped"):
+        run.wait()
+    assert time.monotonic() - stopped < 10
+    assert not wait_procs_gone(procs, timeout=5)
+    assert run.status == "stopped"
+
+
+def test_too_few_nodes_or_gpus_say_what_the_cluster_has(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"needs 3 nodes .* the cluster has 2 such nodes: "):
+        nbddp.launch(env_of_rank, nodes=3, procs=1, cluster=address)
+    with pytest.raises(ConfigError, match=r"4 GPUs .* has 0 such nodes: 127.0.0.\d \(2 GPUs"):
+        nbddp.launch(env_of_rank, nodes=2, gpus=4, cluster=address)
+
+
+def test_an_unreachable_cluster_fails_in_seconds_with_one_line() -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"cannot reach the Ray cluster at 127.0.0.9:9") as info:
+        nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="127.0.0.9:9")
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - started < 10
+
+
+NOTEBOOK = """
+import os, sys, time
+import nbddp
+from tests.cluster.test_cluster import sleep_forever
+run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=sys.argv[1], block=False)
+while set(run.rank_states().values()) != {"running"}:
+    time.sleep(0.05)
+print("PIDS", *run.pids.values(), flush=True)
+time.sleep(600)
+"""
+
+
+def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """A separate process that launches sleeping ranks on the cluster; their pids."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(NOTEBOOK), address],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    assert proc.stdout is not None
+    found: list[int] = []
+    timer = threading.Timer(120, proc.kill)  # a stuck start must not hang the test
+    timer.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("PIDS"):
+                found = [int(p) for p in line.split()[1:]]
+                break
+    finally:
+        timer.cancel()
+    assert len(found) == 4, "the stand-in notebook did not start its ranks"
+    return proc, found
+
+
+def test_a_killed_notebooks_ranks_are_gone_from_every_node_within_10s(cluster: object) -> None:
+    nbddp.cluster.release()  # the nodes' CPUs go to the other notebook
+    proc, pids = stand_in_notebook(cluster.address)  # type: ignore[attr-defined]
+    ranks = [psutil.Process(pid) for pid in pids]
+    killed = time.monotonic()
+    kill_tree(proc.pid)
+    proc.wait()
+    left = wait_procs_gone(ranks, timeout=10)
+    assert not left, f"ranks alive 10 s after the notebook was killed: {[p.pid for p in left]}"
+    print(f"ranks gone {time.monotonic() - killed:.2f}s after the notebook was killed")
+
+
+def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
+    spare = cluster.add_node(
+        node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False
+    )  # type: ignore[attr-defined]
+    cluster.wait_for_nodes()  # type: ignore[attr-defined]
+    nbddp.cluster.release()
+    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while set(run.rank_states().values()) != {RankState.RUNNING}:
+        assert time.monotonic() < deadline, run.rank_states()
+        time.sleep(0.05)
+    infos = nodes._kept.infos  # type: ignore[union-attr]
+    lost_index = next(i for i, info in enumerate(infos) if info.address != HEAD)
+    try:
+        lost = next(
+            n
+            for n in cluster.list_all_nodes()  # type: ignore[attr-defined]
+            if n.node_ip_address == infos[lost_index].address
+        )
+        ranks = [2 * lost_index, 2 * lost_index + 1]
+        removed = time.monotonic()
+        cluster.remove_node(lost)  # type: ignore[attr-defined]
+        with pytest.raises(RankExitedError) as info:
+            run.wait()
+        took = time.monotonic() - removed
+    finally:
+        run.stop()
+        run.ended(30)
+    assert str(info.value).startswith(
+        f"rank {ranks[0]} ended with the loss of node {lost_index} ({infos[lost_index].address}), "
+        f"which ran ranks {ranks[0]}, {ranks[1]}, before returning"
+    ), info.value
+    states = run.rank_states()
+    assert [states[r] for r in ranks] == ["failed", "failed"]
+    assert [states[r] for r in range(4) if r not in ranks] == ["stopped", "stopped"]
+    assert took < 30, took
+    print(f"node loss ended the run in {took:.2f}s: {info.value}")
+    if spare is not lost:
+        cluster.remove_node(spare)  # type: ignore[attr-defined]
