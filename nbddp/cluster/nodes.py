@@ -34,7 +34,7 @@ from nbddp.launcher.config import LaunchConfig
 CONNECT_CHECK = 5.0  # seconds the address gets to accept a TCP connection
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready
 AGENT_CONCURRENCY = 16  # an agent's threads: a long poll never holds up a stop
-CLIENT_GRACE = "5"  # seconds Ray Client waits for a lost notebook before ending its driver
+CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
 
 
 def import_ray() -> Any:

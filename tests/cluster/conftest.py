@@ -1,11 +1,13 @@
-"""A real two-node Ray cluster on this machine, one per test module.
+"""A real two-node Ray cluster on this machine, shared by the cluster tests.
 
 The head node listens on 127.0.0.2 and the worker node on 127.0.0.3, each with
 one CPU and two fake GPUs (Ray's ``num_gpus`` resource: CPU ranks only run
-here). The test process is the cluster's driver. After every test no rank of
-it is left (``no_leftovers``); after the module, no Ray process of the cluster
-(gcs_server, raylet, workers, agents) and no nbddp process under it is left.
-Skipped where ray is not installed.
+here). It starts once (seconds) for every module here; each module hands back
+the agents it kept, so another driver (a stand-in notebook, a kernel) finds
+the nodes free. The test process is the cluster's driver. After every test no
+rank of it is left (``no_leftovers``); once the cluster is shut down, no Ray
+process of it (gcs_server, raylet, workers, agents) and no nbddp process under
+it is left. Skipped where ray is not installed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,17 @@ def node_args(address: str) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
+def _agents_released() -> Iterator[None]:
+    """Each module starts and ends with no agent kept by this process."""
+    import nbddp.cluster
+
+    nbddp.cluster.release()
+    yield
+    nbddp.cluster.release()
+
+
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[cluster_utils.Cluster]:
     """A running two-node cluster this process drives (see module docstring)."""
     head = {**node_args(HEAD), "ray_client_server_port": CLIENT_PORT}
