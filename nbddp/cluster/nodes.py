@@ -33,6 +33,7 @@ from nbddp.launcher.config import LaunchConfig
 
 CONNECT_CHECK = 5.0  # seconds the address gets to accept a TCP connection
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready
+PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are placed
 AGENT_CONCURRENCY = 16  # an agent's threads: a long poll never holds up a stop
 CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
 
@@ -129,10 +130,13 @@ def place(config: LaunchConfig) -> Agents:
 
 
 def _alive(ray: Any, agents: Agents) -> bool:
-    from ray.util import placement_group_table
-
+    """Every kept agent still answers (one round trip each, in parallel)."""
     with contextlib.suppress(Exception):
-        return bool(placement_group_table(agents.group).get("state") == "CREATED")
+        pings = [h.__ray_ready__.remote() for h in agents.handles]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT)
+        if len(ready) == len(pings):
+            ray.get(ready)  # raises for an agent that died
+            return True
     return False
 
 

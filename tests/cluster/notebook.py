@@ -14,7 +14,7 @@ ROOT = Path(__file__).parents[2]
 NOTEBOOK = """
 import os, sys, time
 import nbddp
-from tests.cluster.test_cluster import sleep_forever
+from tests.cluster.ranks import sleep_forever
 run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=sys.argv[1], block=False)
 while set(run.rank_states().values()) != {"running"}:
     time.sleep(0.05)
@@ -49,7 +49,7 @@ def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
 RESULTS = """
 import sys
 import nbddp
-from tests.cluster.test_cluster import StepFailed, env_of_rank, fail_on_rank
+from tests.cluster.ranks import StepFailed, env_of_rank, fail_on_rank
 env = nbddp.launch(env_of_rank, nodes=2, procs=2, cluster=sys.argv[1])
 print("ENV", env["RANK"], env["WORLD_SIZE"], env["NODE_RANK"], flush=True)
 try:

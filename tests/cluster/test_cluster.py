@@ -3,7 +3,6 @@ values, output, errors, stops and cleanup as on one machine."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -16,53 +15,15 @@ from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
 from tests.cluster.conftest import HEAD, kill_tree
 from tests.cluster.notebook import stand_in_notebook
-from tests.procs import wait_procs_gone
-
-ENV_NAMES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES",
+from tests.cluster.ranks import (
+    StepFailed,
+    all_reduce_ranks,
+    env_of_rank,
+    fail_on_rank,
+    sleep_forever,
+    sleep_in_a_named_function,
 )
-
-
-class StepFailed(Exception):
-    """A rank's own exception type, to be raised as itself in the notebook."""
-
-
-def all_reduce_ranks(gate: str) -> dict[str, object]:
-    """Print, wait for ``gate`` to exist, then sum the ranks over one gloo group."""
-    import torch
-    import torch.distributed as dist
-
-    print(f"ready on rank {os.environ['RANK']}", flush=True)
-    while not Path(gate).exists():
-        time.sleep(0.02)
-    dist.init_process_group("gloo")
-    total = torch.tensor([float(dist.get_rank())])
-    dist.all_reduce(total)
-    dist.destroy_process_group()
-    return {"sum": total.item(), "env": {name: os.environ.get(name) for name in ENV_NAMES}}
-
-
-def env_of_rank() -> dict[str, str | None]:
-    return {name: os.environ.get(name) for name in ENV_NAMES}
-
-
-def fail_on_rank(bad: int) -> None:
-    if int(os.environ["RANK"]) == bad:
-        raise StepFailed(f"step failed on rank {bad}")
-    time.sleep(60)  # stopped after the failure's grace
-
-
-def sleep_forever() -> None:
-    print("sleeping", flush=True)
-    time.sleep(600)
+from tests.procs import wait_procs_gone
 
 
 def test_ranks_on_both_nodes_form_one_group_and_return_rank_0s_value(
@@ -169,10 +130,33 @@ def test_a_killed_notebooks_ranks_are_gone_from_every_node_within_10s(cluster: o
     print(f"ranks gone {time.monotonic() - killed:.2f}s after the notebook was killed")
 
 
+def test_a_timeout_dumps_every_ranks_stacks_on_every_node_then_stops(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(
+        sleep_in_a_named_function, nodes=2, procs=1, cluster=address, timeout=3, block=False
+    )
+    with pytest.raises(nbddp.LaunchTimeout, match="the stacks of ranks 0, 1 are in the output"):
+        run.wait()
+    for rank in (0, 1):
+        assert "stuck_here_for_a_while" in run.output(rank), run.output(rank)
+    assert run.status == "timeout"
+
+
+def test_a_dead_kept_agent_is_replaced_at_the_next_launch(cluster: object) -> None:
+    import ray
+
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    kept = nodes._kept
+    assert kept is not None
+    ray.kill(kept.handles[1])
+    assert nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)["WORLD_SIZE"] == "2"
+    assert nodes._kept is not kept
+
+
 def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
-    spare = cluster.add_node(
-        node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False
-    )  # type: ignore[attr-defined]
+    # A third node, so that two are left for the tests after this one.
+    cluster.add_node(node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
     cluster.wait_for_nodes()  # type: ignore[attr-defined]
     nbddp.cluster.release()
     run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
@@ -206,5 +190,3 @@ def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> N
     assert [states[r] for r in range(4) if r not in ranks] == ["stopped", "stopped"]
     assert took < 30, took
     print(f"node loss ended the run in {took:.2f}s: {info.value}")
-    if spare is not lost:
-        cluster.remove_node(spare)  # type: ignore[attr-defined]
