@@ -138,6 +138,7 @@ class LaunchOptions(TypedDict, total=False):
             1,
             "machines to run on, gpus/procs ranks on each (more than 1 needs --cluster)",
             Magic("N", int),
+            panel=True,
         ),
     ]
     cluster: Annotated[
@@ -146,6 +147,7 @@ class LaunchOptions(TypedDict, total=False):
             None,
             "the Ray cluster to run on: ray://head:10001, ray (the one this runs in), host:port",
             Magic("ADDRESS"),
+            panel=True,
         ),
     ]
     start_method: Annotated[

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,23 @@ def test_a_rank_lost_with_its_node_says_so() -> None:
     assert str(exc).startswith(
         "rank 2 ended with the loss of node 1 (10.0.0.3), which ran ranks 2, 3, before returning;"
     )
+
+
+def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code() -> None:
+    from nbddp.notebook.panel.settings import PanelSettings
+
+    settings = replace(PanelSettings.initial(0), procs=2, nodes="2", cluster=" ray://head:10001 ")
+    validated = settings.validate()
+    assert validated.errors == {}
+    assert validated.config is not None
+    assert (validated.config.world_size, validated.config.nodes) == (4, 2)
+    assert validated.config.cluster == RayCluster("ray://head:10001")
+    assert "--procs 2 --nodes 2 --cluster ray://head:10001" in settings.magic_cell("train()")
+    assert "nodes=2, cluster='ray://head:10001'" in settings.launch_call("train", "")
+    assert replace(settings, nodes="two").errors() == {
+        "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
+    }
+    assert replace(settings, cluster="").errors() == {
+        "launch": "Nodes 2 needs a Ray cluster: add Ray cluster ray://head:10001 "
+        "(or 'ray' inside one)"
+    }
