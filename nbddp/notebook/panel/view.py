@@ -117,7 +117,7 @@ class PanelView:
         )
         self.nodes = W.Text(
             value=settings.nodes,
-            placeholder="1 (this machine); per node: the above",
+            placeholder="1 (this machine)",
             description="Nodes",
             style=style,
             layout=layout,
