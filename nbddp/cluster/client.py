@@ -115,7 +115,7 @@ class ClusterJob:
         agents = self._agents = nodes.place(self.config)
         ray = nodes.import_ray()
         per = self.config.world_size // self.config.nodes
-        port = ray.get(agents.handles[0].host_store.remote(self.config.port))
+        port = _get(ray, agents.handles[0].host_store.remote(self.config.port), START_TIMEOUT)
         ref = ray.put(shipped)  # once: each node fetches it once, whatever its ranks
         master = agents.infos[0].address
         shipped_config = replace(self.config, cluster=None, notices=())
@@ -125,7 +125,7 @@ class ClusterJob:
             self._nodes.append(_Node(i, handle, info.address, range(i * per, (i + 1) * per)))
             calls.append(handle.start.remote(shipped_config, part, per, ref))
         try:
-            pids = ray.get(calls, timeout=START_TIMEOUT)
+            pids = _get(ray, calls, START_TIMEOUT)
         except BaseException:
             nodes.forget(agents)  # whatever started is ended with its agents
             self._end_now()
@@ -320,6 +320,20 @@ class ClusterJob:
             nodes.forget(self._agents)  # the next launch places agents afresh
         self._done.set()
         self.events.put(Done())
+
+
+def _get(ray: Any, refs: Any, timeout: float) -> Any:
+    """``ray.get``, raising what the agent raised itself (a busy port, a worker that
+    could not start) rather than Ray's wrapper of it."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 def _running(record: _Rank) -> RankOutcome:

@@ -154,6 +154,21 @@ def test_a_dead_kept_agent_is_replaced_at_the_next_launch(cluster: object) -> No
     assert nodes._kept is not kept
 
 
+def test_a_busy_port_on_the_store_node_is_said_as_on_one_machine(cluster: object) -> None:
+    import socket
+
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    assert nodes._kept is not None
+    with socket.socket() as busy:
+        busy.bind((nodes._kept.infos[0].address, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port}") as info:
+            nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address, port=port)
+    assert "\n" not in str(info.value)
+
+
 def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
     # A third node, so that two are left for the tests after this one.
     cluster.add_node(node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
