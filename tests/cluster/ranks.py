@@ -60,3 +60,8 @@ def sleep_in_a_named_function() -> None:
 
 def stuck_here_for_a_while() -> None:
     time.sleep(600)
+
+
+def scaled(weights: object) -> object:
+    """A large tensor argument back, doubled, from every rank."""
+    return weights * 2  # type: ignore[operator]

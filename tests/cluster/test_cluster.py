@@ -20,6 +20,7 @@ from tests.cluster.ranks import (
     all_reduce_ranks,
     env_of_rank,
     fail_on_rank,
+    scaled,
     sleep_forever,
     sleep_in_a_named_function,
 )
@@ -167,6 +168,18 @@ def test_a_busy_port_on_the_store_node_is_said_as_on_one_machine(cluster: object
         with pytest.raises(ConfigError, match=f"port {port}") as info:
             nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address, port=port)
     assert "\n" not in str(info.value)
+
+
+def test_large_tensors_go_to_every_node_and_come_back(cluster: object) -> None:
+    import torch
+
+    weights = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: shared memory, not bytes
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(scaled, weights, nodes=2, procs=1, cluster=address, block=False)
+    result = run.wait()
+    for rank in (0, 1):
+        assert torch.equal(result.values[rank], weights * 2), rank
+    assert result.values[0].untyped_storage().is_shared()
 
 
 def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
