@@ -9,6 +9,7 @@ from collections.abc import Callable as _Callable
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from nbddp.cluster.spec import RayCluster
 from nbddp.errors import (
     ConfigError,
     LaunchTimeout,
@@ -40,6 +41,7 @@ __all__ = [
     "PayloadError",
     "RankError",
     "RankExitedError",
+    "RayCluster",
     "ResultError",
     "Run",
     "RunResult",

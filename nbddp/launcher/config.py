@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from nbddp.cluster.spec import RayCluster, as_cluster
 from nbddp.errors import ConfigError
 from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
 from nbddp.launcher.execenv import exec_env_problem, working_directory
@@ -50,6 +51,20 @@ POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keep
 POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
 
 S = TypeVar("S", bound=str)
+
+
+@dataclass(frozen=True)
+class NodeSlice:
+    """One node's part of a run across nodes (``nbddp.cluster``): the node's ranks are
+    global ranks ``first_rank`` on, of ``world_size``, meeting at ``master_addr:port``
+    (a store another process hosts, already listening)."""
+
+    node_rank: int
+    nodes: int
+    first_rank: int
+    world_size: int
+    master_addr: str
+    port: int
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,13 @@ class LaunchConfig:
     """``NBDDP_POOL``: the most idle workers the forkserver keeps after a launch (0: none)."""
     pool_idle: float = POOL_IDLE
     """``NBDDP_POOL_IDLE``: seconds without a launch before idle workers end."""
+    nodes: int = 1
+    """Machines the run spans (``world_size`` counts the ranks of all of them)."""
+    cluster: RayCluster | None = None
+    """The Ray cluster the run goes to (``nbddp.cluster``); None: this machine."""
+    node: NodeSlice | None = None
+    """Set only in a cluster's agent: this node's part of the run (``world_size`` is
+    then the node's own ranks)."""
     notices: tuple[str, ...] = ()
     """One-line notices for the user about defaults that were chosen."""
     spelling: Spelling = field(default=KEYWORDS, compare=False)
@@ -141,7 +163,10 @@ class LaunchConfig:
         spell = spelling
         values = _Values.check({**DEFAULTS, **options}, spell)
         vis = visible if visible is not None else visible_gpus()
-        place = _place(values, vis, inherit_devices, spell)
+        cluster = _cluster(values, spell)
+        place = (
+            _place_nodes(values, spell) if cluster else _place(values, vis, inherit_devices, spell)
+        )
         backend = _backend(values.backend, place.device, spell)
         rank_environ = {**(os.environ if environ is None else environ), **values.env}
         pool_max, pool_idle = _pool(rank_environ)
@@ -166,6 +191,8 @@ class LaunchConfig:
             tail=values.tail,
             pool_max=pool_max,
             pool_idle=pool_idle,
+            nodes=values.nodes,
+            cluster=cluster,
             notices=place.notices,
             spelling=spell,
         )
@@ -173,17 +200,41 @@ class LaunchConfig:
         check_env(config.env, set(replace(config, env={}).rank_env(0, 1)), spell)
         return config
 
+    def for_node(self, node: NodeSlice, ranks: int, gpu_tokens: tuple[str, ...]) -> LaunchConfig:
+        """This run's part on one node of a cluster: ``ranks`` ranks there, on ``gpu_tokens``."""
+        return replace(
+            self,
+            world_size=ranks,
+            gpu_tokens=gpu_tokens,
+            master_addr=node.master_addr,
+            port=node.port,
+            cluster=None,
+            node=node,
+            notices=(),
+        )
+
+    def global_rank(self, local: int) -> int:
+        """The global rank of this node's ``local``-th rank (one node: the same)."""
+        return local + (self.node.first_rank if self.node is not None else 0)
+
+    @property
+    def total_ranks(self) -> int:
+        """The ranks of the whole run, on every node."""
+        return self.node.world_size if self.node is not None else self.world_size
+
     def rank_env(self, rank: int, port: int) -> dict[str, str]:
-        """The torch.distributed environment of ``rank`` (single node: local == global)."""
+        """The torch.distributed environment of this node's ``rank``-th rank, as torchrun
+        gives it (one node: local == global)."""
+        glob, node_rank = self.global_rank(rank), self.node.node_rank if self.node else 0
         env = {
-            "RANK": str(rank),
+            "RANK": str(glob),
             "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(self.world_size),
+            "WORLD_SIZE": str(self.total_ranks),
             "LOCAL_WORLD_SIZE": str(self.world_size),
-            "GROUP_RANK": "0",
-            "NODE_RANK": "0",
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(self.world_size),
+            "GROUP_RANK": str(node_rank),
+            "NODE_RANK": str(node_rank),
+            "ROLE_RANK": str(glob),
+            "ROLE_WORLD_SIZE": str(self.total_ranks),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(port),
             "PYTHONUNBUFFERED": "1",
@@ -299,6 +350,8 @@ class _Values:
     max_restarts: int
     output: Output
     tail: int
+    nodes: int
+    cluster: RayCluster | None
 
     @classmethod
     def check(cls, options: LaunchOptions, spell: Spelling) -> _Values:
@@ -318,6 +371,8 @@ class _Values:
             max_restarts=_restarts(options["max_restarts"], spell),
             output=_choice("output", options["output"], spell),
             tail=_tail(options["tail"], spell),
+            nodes=_positive_int(spell.name("nodes"), options["nodes"]),
+            cluster=as_cluster(options["cluster"], spell.name("cluster")),
         )
 
 
@@ -357,6 +412,51 @@ def _place(values: _Values, vis: VisibleGpus, inherit_devices: bool, spell: Spel
         f"pass {spell.hole('procs', 'N')} to choose how many"
     )
     return _Placement(DEFAULT_CPU_PROCS, "cpu", notices=(notice,))
+
+
+def _cluster(values: _Values, spell: Spelling) -> RayCluster | None:
+    """The cluster of a run across nodes, once the options fit one (None: this machine)."""
+    if values.cluster is None:
+        if values.nodes > 1:
+            raise ConfigError(
+                f"{spell.given('nodes', values.nodes)} needs a Ray cluster: add "
+                f"{spell.given('cluster', 'ray://head:10001')} (or 'ray' inside one)"
+            )
+        return None
+    if values.start_method == "fork":
+        raise ConfigError(
+            f"{spell.given('start_method', 'fork')} cannot start ranks on a cluster's nodes; "
+            f"use the default {spell.given('start_method', 'forkserver')}"
+        )
+    if values.max_restarts:
+        raise ConfigError(
+            f"{spell.name('max_restarts')} is not supported on a cluster yet; "
+            f"use {spell.given('max_restarts', 0)} there"
+        )
+    return values.cluster
+
+
+def _place_nodes(values: _Values, spell: Spelling) -> _Placement:
+    """Ranks per node on a cluster: a GPU count or CPU processes (the nodes' GPUs are
+    checked when the run starts, against what the cluster has)."""
+    if values.gpus is not None and values.procs is not None:
+        raise ConfigError(
+            f"give either {spell.hole('gpus', 'N')} (GPUs per node) or "
+            f"{spell.hole('procs', 'N')} (CPU processes per node), not both"
+        )
+    if isinstance(values.gpus, tuple):
+        raise ConfigError(
+            f"on a cluster {spell.name('gpus')} is a count per node, such as "
+            f"{spell.given('gpus', 8)}, not GPU ids"
+        )
+    if values.gpus is not None:
+        return _Placement(values.gpus * values.nodes, "cuda")
+    if values.procs is not None:
+        return _Placement(values.procs * values.nodes, "cpu")
+    raise ConfigError(
+        f"on a cluster, say how many ranks each node runs: {spell.hole('gpus', 'N')} "
+        f"(one per GPU) or {spell.hole('procs', 'N')} (CPU processes)"
+    )
 
 
 def _gpu_request(gpus: object, spell: Spelling) -> int | tuple[int, ...] | None:

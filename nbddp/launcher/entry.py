@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overload
 
+from nbddp.cluster.spec import RayCluster, configured
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.protocol import Display
 from nbddp.display.text import TextDisplay
@@ -117,6 +118,12 @@ def start_with_display(
                 "every rank (CPU tensors are shared, not copied); load large data inside "
                 "the function instead"
             )
+    if config.cluster is not None:
+        from nbddp.cluster.client import ClusterJob  # imports ray: only for cluster runs
+
+        cluster_job = ClusterJob(config, payload)
+        cluster_job.start()
+        return Run(cluster_job, display)
     job = Job(config, payload)
     job.start()
     if config.max_restarts:
@@ -162,6 +169,8 @@ def launch(
     *args: Any,
     gpus: int | Sequence[int] | None = None,
     procs: int | None = None,
+    nodes: int = 1,
+    cluster: str | RayCluster | None = None,
     start_method: StartMethod = "forkserver",
     master_addr: str = "127.0.0.1",
     port: int | str | None = None,
@@ -181,6 +190,9 @@ def launch(
     ``gpus``: a count or a list of GPU ids (one process each, nccl).
     ``procs``: that many CPU processes (gloo), GPUs hidden from them.
     With neither: every visible GPU, or 2 CPU processes and a notice.
+    ``nodes``/``cluster``: run on that many machines of a Ray cluster
+    (``"ray://head:10001"``, ``"ray"`` inside one, or ``RayCluster``), ``gpus``
+    or ``procs`` ranks on each (torchrun's ``nproc_per_node``).
     ``port``: the rendezvous port (default: a free one per run).
     ``env``: extra environment variables for every rank.
     ``timeout``: seconds before the run is stopped (stacks dumped first).
@@ -200,6 +212,8 @@ def launch(
     config = LaunchConfig.build(
         gpus=gpus,
         procs=procs,
+        nodes=nodes,
+        cluster=cluster,
         start_method=start_method,
         master_addr=master_addr,
         port=port,
@@ -242,14 +256,24 @@ def notebook_launcher(
     picks another port when ``use_port`` is busy (and says so); exports
     ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
     ``mixed_precision``; ``max_restarts`` restarts every rank after a failure,
-    as torch elastic does. Multi-node options raise ``ConfigError`` for now.
+    as torch elastic does. ``num_nodes`` > 1 runs ``num_processes`` ranks on each of
+    that many nodes of the Ray cluster ``NBDDP_CLUSTER`` names (``ConfigError``
+    when none is configured); ``node_rank`` and ``rdzv_*`` raise ``ConfigError``
+    (nbddp places the nodes itself).
     ``monitor_interval`` and ``log_line_prefix_template`` are accepted and unused.
     """
     del monitor_interval, log_line_prefix_template, rdzv_id, rdzv_conf
-    if num_nodes != 1 or node_rank != 0 or rdzv_endpoint or rdzv_backend != "static":
+    if node_rank != 0 or rdzv_endpoint or rdzv_backend != "static":
         raise ConfigError(
-            "multi-node launches (num_nodes, node_rank, rdzv_*) are not supported yet; "
-            "run on one machine with num_nodes=1"
+            "node_rank and rdzv_* are not used: nbddp places every node itself; pass "
+            "num_nodes=N with a Ray cluster in NBDDP_CLUSTER (ray://head:10001)"
+        )
+    cluster = configured() if num_nodes != 1 else None
+    if num_nodes != 1 and cluster is None:
+        raise ConfigError(
+            f"num_nodes={num_nodes} needs a Ray cluster: set NBDDP_CLUSTER=ray://head:10001 "
+            "(or use nbddp.launch(fn, nodes=..., cluster=...)); run on one machine with "
+            "num_nodes=1"
         )
     use_gpus = len(visible_gpus()) > 0
     config = LaunchConfig.build(
@@ -261,6 +285,8 @@ def notebook_launcher(
         port=use_port,
         port_fallback=True,
         max_restarts=max_restarts,
+        nodes=num_nodes,
+        cluster=cluster,
         spelling=NOTEBOOK_LAUNCHER,
     )
     return start_run(config, function, tuple(args), {}).wait().values.get(0)

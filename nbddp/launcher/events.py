@@ -150,3 +150,5 @@ class Failure:
     kind: FailureKind
     error: ErrorInfo | None = None
     """What it raised, when ``kind`` is ``raised``."""
+    cause: str | None = None
+    """What ended it, when nbddp knows better than its exit code (its node was lost)."""

@@ -135,7 +135,7 @@ def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseExce
     rank, info = cause.rank, cause.error
     log = str(rank_log(log_dir, rank))
     if info is None:
-        what = describe_exit(exit_code)
+        what = cause.cause or describe_exit(exit_code)
         verb = "was killed by" if exit_code is not None and exit_code < 0 else "ended with"
         return RankExitedError(
             f"rank {rank} {verb} {what} before returning; its output is in {log}",

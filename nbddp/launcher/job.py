@@ -172,6 +172,8 @@ class Job:
     def _rendezvous(self) -> tuple[int, str | None]:
         """Choose the port; when the notebook hosts the store, start it (see LaunchConfig)."""
         cfg = self.config
+        if cfg.node is not None:  # one node of a cluster run: its store is already listening
+            return cfg.node.port, None
         if not cfg.host_store:
             return choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
         sock, notice = listen(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
@@ -235,9 +237,9 @@ class Job:
         cfg, payload = self.config, self.payload
         assert payload is not None  # start() checked: a run's payload goes only at its end
         place = Placement(
-            rank=rank,
-            local_rank=rank,  # one node: local == global
-            world_size=cfg.world_size,
+            rank=cfg.global_rank(rank),
+            local_rank=rank,
+            world_size=cfg.total_ranks,
             local_world_size=cfg.world_size,
             device=cfg.device,
             cuda_index=rank if cfg.device == "cuda" else None,
@@ -275,6 +277,10 @@ class Job:
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank as the job last saw it, by rank; final once ``wait`` returns True."""
         return tuple(record.outcome() for record in self._ranks)
+
+    def failures(self) -> list[tuple[float, Failure]]:
+        """Every rank failure so far as ``(time.monotonic(), failure)``, in arrival order."""
+        return list(self._failures)
 
     @property
     def root_cause(self) -> Failure | None:

@@ -17,8 +17,8 @@ forgets it fails ``tests/unit/test_options.py``.
 
 Validation is ``LaunchConfig.build``'s, not this module's: a ``Magic``'s
 ``parse`` only turns the text of a magic line into the typed value. Nothing
-here imports IPython or torch; of nbddp only the wire's ``Backend``, the type
-every process shares.
+here imports IPython, torch or ray; of nbddp only the wire's ``Backend``, the type
+every process shares, and the ``cluster`` option's value type (``cluster.spec``).
 """
 
 import argparse
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Annotated, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
+from nbddp.cluster.spec import RayCluster
 from nbddp.wire.protocol import Backend as Backend
 
 StartMethod = Literal["forkserver", "spawn", "fork"]
@@ -129,6 +130,24 @@ class LaunchOptions(TypedDict, total=False):
             Magic("N", int),
             panel=True,
             group="devices",
+        ),
+    ]
+    nodes: Annotated[
+        int,
+        Opt(
+            1,
+            "machines to run on, gpus/procs ranks on each (more than 1 needs --cluster)",
+            Magic("N", int),
+            panel=True,
+        ),
+    ]
+    cluster: Annotated[
+        str | RayCluster | None,
+        Opt(
+            None,
+            "the Ray cluster to run on: ray://head:10001, ray (the one this runs in), host:port",
+            Magic("ADDRESS"),
+            panel=True,
         ),
     ]
     start_method: Annotated[

@@ -141,6 +141,8 @@ PANEL = Spelling(
     {
         "gpus": "GPUs",
         "procs": "Processes",
+        "nodes": "Nodes",
+        "cluster": "Ray cluster",
         "start_method": "Start method",
         "port": "Master port",
         "mixed_precision": "Mixed precision",

@@ -211,8 +211,12 @@ def test_notebook_launcher_says_which_port_it_took_instead(capsys: Any) -> None:
     assert f"port {port} on 127.0.0.1 is in use; using port" in capsys.readouterr().err
 
 
-def test_notebook_launcher_rejects_multi_node_options_clearly() -> None:
-    with pytest.raises(nbddp.ConfigError, match="not supported yet"):
+def test_notebook_launcher_rejects_multi_node_options_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without a cluster configured (NBDDP_CLUSTER) there is nowhere to run the other nodes.
+    monkeypatch.delenv("NBDDP_CLUSTER", raising=False)
+    with pytest.raises(nbddp.ConfigError, match=r"^num_nodes=2 needs a Ray cluster: set NBDDP_"):
         nbddp.notebook_launcher(fns.all_reduce_sum, args=(0.0,), num_processes=2, num_nodes=2)
 
 

@@ -8,6 +8,9 @@
 - The forkserver (``launcher.forkserver``, ``launcher.pool``) imports only the
   rank and wire sides and what starts a rank; what it runs never initialises CUDA.
 - ``nbddp`` itself exposes its public API and its subpackages, nothing else.
+- Ray is optional: only ``nbddp.cluster`` imports it, only inside functions (a
+  cluster run), and nothing else imports the modules of ``nbddp.cluster`` that
+  need it, except inside functions; ``import nbddp`` never imports ray.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import nbddp
 
 PACKAGE = Path(nbddp.__file__).parent
 FRONTEND = ("IPython", "ipykernel", "ipywidgets")
-NOTEBOOK_SIDE = ("nbddp.launcher", "nbddp.notebook", "nbddp.display")
+NOTEBOOK_SIDE = ("nbddp.launcher", "nbddp.notebook", "nbddp.display", "nbddp.cluster")
 FORKSERVER_MAY_IMPORT = (
     "nbddp.rank",
     "nbddp.wire",
@@ -161,6 +164,43 @@ def test_what_the_forkserver_runs_never_initialises_cuda() -> None:
         forkserver._preload()
         pool._warm_up()
         print(calls)
+        """
+    )
+    assert out.strip() == "[]"
+
+
+CLUSTER_NO_RAY = ("nbddp.cluster", "nbddp.cluster.spec")
+"""What the rest of nbddp may import of ``nbddp.cluster`` at import time: nothing of ray."""
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=module_name)
+def test_ray_is_imported_only_inside_functions(path: Path) -> None:
+    bad = {n for n in imports(path, top_level_only=True) if under(n, ("ray",))}
+    assert not bad, f"{module_name(path)} imports {sorted(bad)} at import time"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(PACKAGE.rglob("*.py")) if p.parent.name != "cluster"],
+    ids=module_name,
+)
+def test_outside_cluster_only_its_ray_free_modules_are_imported_at_import_time(
+    path: Path,
+) -> None:
+    found = {n for n in imports(path, top_level_only=True) if under(n, ("nbddp.cluster",))}
+    bad = {
+        n for n in found if n not in CLUSTER_NO_RAY and n.rpartition(".")[0] not in CLUSTER_NO_RAY
+    }
+    assert not bad, f"{module_name(path)} imports {sorted(bad)} at import time"
+
+
+def test_importing_nbddp_and_building_a_cluster_launch_imports_no_ray() -> None:
+    out = run_python(
+        """
+        import sys
+        import nbddp
+        nbddp.LaunchConfig.build(nodes=2, procs=1, cluster="ray://head:10001")
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "ray"))
         """
     )
     assert out.strip() == "[]"

@@ -37,6 +37,8 @@ FIELDS = (
     "device",
     "gpus",
     "procs",
+    "nodes",
+    "cluster",
     "start_method",
     "port",
     "mixed_precision",
@@ -69,6 +71,10 @@ class PanelSettings:
     """Notebook GPU ordinals chosen (device ``gpu``)."""
     procs: int = 2
     """CPU processes (device ``cpu``)."""
+    nodes: str = ""
+    """Machines of the cluster, as typed; empty: this machine only."""
+    cluster: str = ""
+    """The Ray cluster's address, as typed; empty: none."""
     start_method: str = cast(str, OPTIONS["start_method"].default)
     port: str = ""
     """Rendezvous port as typed; empty: a free one per run."""
@@ -93,6 +99,8 @@ class PanelSettings:
             device=device,
             gpus=gpus,
             procs=procs,
+            nodes=str(options.get("nodes") or ""),
+            cluster=str(options.get("cluster") or ""),
             start_method=options.get("start_method", cls.start_method),
             port="" if port is None else str(port),
             mixed_precision=options.get("mixed_precision", cls.mixed_precision),
@@ -288,7 +296,22 @@ def _env(text: str) -> dict[str, str] | None:
     return env or None
 
 
+def _nodes(text: str) -> int:
+    text = text.strip()
+    if not text:
+        return 1
+    if not text.isdigit():
+        raise ValueError(f"a number of machines (1 or more), or empty for this one; got {text!r}")
+    return int(text)
+
+
+def _cluster(text: str) -> str | None:
+    return text.strip() or None
+
+
 _PARSERS: dict[str, Callable[[str], object]] = {
+    "nodes": _nodes,
+    "cluster": _cluster,
     "start_method": _text,
     "port": _port,
     "timeout": _timeout,

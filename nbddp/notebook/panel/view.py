@@ -69,6 +69,8 @@ class PanelView:
             "device": self.device,
             "gpus": self.gpus,
             "procs": self.procs,
+            "nodes": self.nodes,
+            "cluster": self.cluster,
             "start_method": self.start_method,
             "port": self.port,
             "mixed_precision": self.mixed_precision,
@@ -94,7 +96,8 @@ class PanelView:
     def _build_device_fields(
         self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
     ) -> None:
-        """Where the ranks run: the device, and the GPUs or the process count."""
+        """Where the ranks run: the device, the GPUs or the process count, and the nodes
+        of a Ray cluster."""
         device_options = [("CPU processes", "cpu")]
         if settings.visible_gpus:
             device_options.insert(0, ("GPUs", "gpu"))
@@ -111,6 +114,20 @@ class PanelView:
         )
         self.procs = W.IntText(
             value=settings.procs, description="Processes", style=style, layout=layout
+        )
+        self.nodes = W.Text(
+            value=settings.nodes,
+            placeholder="1 (this machine)",
+            description="Nodes",
+            style=style,
+            layout=layout,
+        )
+        self.cluster = W.Text(
+            value=settings.cluster,
+            placeholder="none, or ray://head:10001",
+            description="Ray cluster",
+            style=style,
+            layout=layout,
         )
 
     def _build_run_fields(
@@ -199,6 +216,8 @@ class PanelView:
             device=self.device.value,
             gpus=tuple(self.gpus.value),
             procs=int(self.procs.value),
+            nodes=self.nodes.value,
+            cluster=self.cluster.value,
             start_method=self.start_method.value,
             port=self.port.value,
             mixed_precision=self.mixed_precision.value,

@@ -1,0 +1,137 @@
+"""What crosses between a node's agent and the notebook: shared memory made plain bytes.
+
+Contract: on one machine a rank's value, its exception and the call's large
+arguments travel as bytes plus shared-memory descriptors
+(``values.Packed``, ``payload.Payload``); descriptors cannot leave a
+machine. ``ship_*`` (on the sending side) reads each descriptor's memory
+into bytes once; ``land_*`` (on the receiving side) writes them into fresh
+shared memory (memfd), so the rest of nbddp gets the very types it gets
+locally: ``values.unpack`` and ``failures.run_error`` work unchanged.
+A payload holding multiprocessing objects (pipes, queues, locks) cannot be
+shipped: ``PayloadError`` says so. Nothing here imports ray.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, replace
+
+from nbddp.errors import PayloadError
+from nbddp.launcher.events import Failure, RankOutcome
+from nbddp.wire.payload import Payload
+from nbddp.wire.protocol import Descriptors, ErrorInfo
+from nbddp.wire.shm import OwnedFd
+from nbddp.wire.values import Packed
+
+
+def read_fd(fd: int) -> bytes:
+    """The whole content of a shared-memory descriptor (a memfd: a regular file)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise PayloadError(
+            "a multiprocessing object (queue, pipe, lock, event) cannot be sent to ranks "
+            "on other machines; create it inside the function, or use torch.distributed"
+        )
+    size, parts, done = os.fstat(fd).st_size, [], 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, 1 << 26), done)
+        if not chunk:
+            break
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
+
+
+def write_fd(data: bytes) -> int:
+    """A fresh memfd holding ``data`` (the caller owns it)."""
+    fd = os.memfd_create("nbddp-landed", os.MFD_CLOEXEC)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.write(fd, view[done:])
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(frozen=True)
+class ShippedValue:
+    """A ``Packed`` value with its shared memory as bytes."""
+
+    data: bytes
+    type_name: str
+    memory: tuple[bytes, ...]
+
+
+def ship_value(packed: Packed) -> ShippedValue:
+    """``packed`` made plain bytes (sending side)."""
+    return ShippedValue(packed.data, packed.type_name, tuple(read_fd(fd) for fd in packed.fds.fds))
+
+
+def land_value(shipped: ShippedValue) -> Packed:
+    """The ``Packed`` again, on fresh shared memory it owns (receiving side)."""
+    fds = [write_fd(part) for part in shipped.memory]
+    return Packed(shipped.data, shipped.type_name, Descriptors(fds, owned=True))
+
+
+@dataclass(frozen=True)
+class ShippedError:
+    """An ``ErrorInfo`` whose exception is shipped apart."""
+
+    info: ErrorInfo
+    """The error without its packed exception."""
+    exc: ShippedValue | None
+
+
+def ship_error(info: ErrorInfo) -> ShippedError:
+    exc = ship_value(info.exc) if info.exc is not None else None
+    return ShippedError(replace(info, exc=None), exc)
+
+
+def land_error(shipped: ShippedError) -> ErrorInfo:
+    exc = land_value(shipped.exc) if shipped.exc is not None else None
+    return replace(shipped.info, exc=exc)
+
+
+@dataclass(frozen=True)
+class ShippedOutcome:
+    """A ``RankOutcome`` with its value and error shipped apart."""
+
+    outcome: RankOutcome
+    value: ShippedValue | None
+    error: ShippedError | None
+
+
+def ship_outcome(outcome: RankOutcome, first_rank: int) -> ShippedOutcome:
+    """A node's outcome made plain, its rank made global."""
+    value = ship_value(outcome.value) if outcome.value is not None else None
+    error = ship_error(outcome.error) if outcome.error is not None else None
+    plain = replace(outcome, rank=outcome.rank + first_rank, value=None, error=None)
+    return ShippedOutcome(plain, value, error)
+
+
+@dataclass(frozen=True)
+class ShippedFailure:
+    """A ``Failure`` as a node saw it: ``at`` is ``time.time()`` there."""
+
+    at: float
+    failure: Failure
+    error: ShippedError | None
+
+
+def ship_failure(at: float, failure: Failure, first_rank: int) -> ShippedFailure:
+    error = ship_error(failure.error) if failure.error is not None else None
+    return ShippedFailure(at, replace(failure, rank=failure.rank + first_rank, error=None), error)
+
+
+def ship_payload(payload: Payload) -> tuple[bytes, tuple[bytes, ...]]:
+    """The call's bytes and its shared memory as bytes (notebook side)."""
+    return payload.data, tuple(read_fd(fd) for fd in payload.fds)
+
+
+def land_payload(shipped: tuple[bytes, tuple[bytes, ...]]) -> Payload:
+    """The ``Payload`` again on a node, on shared memory it owns."""
+    data, memory = shipped
+    fds = tuple(write_fd(part) for part in memory)
+    return Payload(data, fds, tuple(OwnedFd(fd) for fd in fds))

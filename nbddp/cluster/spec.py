@@ -1,0 +1,83 @@
+"""The ``cluster`` launch option's value: which Ray cluster a run goes to.
+
+Contract: ``RayCluster(address, runtime_env=None)`` names a cluster the way
+``ray.init`` does: ``"ray://head:10001"`` (Ray Client, from a notebook
+outside the cluster), ``"ray"`` or ``"auto"`` (the cluster this process runs
+inside), or a GCS address ``"host:6379"``. ``as_cluster(value)`` turns an
+option's value (a string or a ``RayCluster``) into one, and says in one line
+what is wrong otherwise. ``configured()`` is the cluster named by
+``NBDDP_CLUSTER`` (what ``notebook_launcher(num_nodes=...)`` uses).
+``release()`` hands back the agents a run keeps for the next launch.
+
+Nothing here imports ray: the option is checked before any process starts,
+also where ray is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbddp.errors import ConfigError
+
+ENV_NAME = "NBDDP_CLUSTER"
+"""The environment variable naming the default cluster (``notebook_launcher``)."""
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A Ray cluster to run on (see module contract)."""
+
+    address: str
+    """``ray://head:10001``, ``ray`` (this process's cluster) or a GCS ``host:port``."""
+    runtime_env: Mapping[str, Any] | None = field(default=None, compare=False)
+    """Ray's ``runtime_env`` for the agents (and so the ranks): ``pip``, ``env_vars``..."""
+
+    def __str__(self) -> str:
+        return self.address
+
+    @property
+    def ray_address(self) -> str:
+        """The address as ``ray.init`` takes it."""
+        return "auto" if self.address == "ray" else self.address
+
+    @property
+    def is_client(self) -> bool:
+        """Ray Client (``ray://``): the notebook is outside the cluster."""
+        return self.address.startswith("ray://")
+
+
+def as_cluster(value: object, flag: str = "cluster") -> RayCluster | None:
+    """The cluster an option's value names, or None (see module contract)."""
+    if value is None or isinstance(value, RayCluster):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"{flag} must be a Ray address such as 'ray://head:10001', 'ray' (the cluster "
+            f"this runs in) or nbddp.RayCluster(...), got {value!r}"
+        )
+    address = value.strip()
+    if address not in ("ray", "auto") and ":" not in address:
+        raise ConfigError(
+            f"{flag} {address!r} is not a Ray address; use 'ray://{address}:10001' (Ray "
+            f"Client), '{address}:6379' (its GCS) or 'ray' (the cluster this runs in)"
+        )
+    return RayCluster(address)
+
+
+def configured() -> RayCluster | None:
+    """The cluster ``NBDDP_CLUSTER`` names, if set."""
+    return as_cluster(os.environ.get(ENV_NAME) or None, ENV_NAME)
+
+
+def release() -> None:
+    """Hand back the agents (and their placement group) kept for the next launch.
+
+    The next cluster launch starts new ones (slower: seconds). Does nothing
+    when no cluster run was made in this process."""
+    client = sys.modules.get("nbddp.cluster.client")
+    if client is not None:
+        client.release_agents()

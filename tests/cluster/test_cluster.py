@@ -1,0 +1,220 @@
+"""Runs across the two nodes of a local Ray cluster (``conftest.cluster``): the same
+values, output, errors, stops and cleanup as on one machine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbddp
+from nbddp.cluster import nodes
+from nbddp.errors import ConfigError, RankError, RankExitedError
+from nbddp.launcher.events import RankState
+from tests.cluster.conftest import HEAD, kill_tree
+from tests.cluster.notebook import stand_in_notebook
+from tests.cluster.ranks import (
+    StepFailed,
+    all_reduce_ranks,
+    env_of_rank,
+    fail_on_rank,
+    scaled,
+    sleep_forever,
+    sleep_in_a_named_function,
+)
+from tests.procs import wait_procs_gone
+
+
+def test_ranks_on_both_nodes_form_one_group_and_return_rank_0s_value(
+    cluster: object, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    run = nbddp.launch(
+        all_reduce_ranks, str(gate), nodes=2, procs=2, cluster=cluster.address, block=False
+    )  # type: ignore[attr-defined]
+    # Live: every rank's first line reaches the notebook while the ranks still wait.
+    deadline = time.monotonic() + 60
+    while not all("ready on rank" in run.output(r) for r in range(4)):
+        assert time.monotonic() < deadline, [run.output(r) for r in range(4)]
+        time.sleep(0.05)
+    assert run.status == "running"
+    gate.touch()
+    result = run.wait()
+    assert result.values[0]["sum"] == 0 + 1 + 2 + 3
+    envs = {rank: value["env"] for rank, value in result.values.items()}
+    port = envs[0]["MASTER_PORT"]
+    assert nodes._kept is not None
+    addresses = [info.address for info in nodes._kept.infos]
+    assert len(set(addresses)) == 2 and HEAD in addresses
+    for rank, env in envs.items():
+        node = rank // 2
+        assert env == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % 2),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "NODE_RANK": str(node),
+            "GROUP_RANK": str(node),
+            "MASTER_ADDR": addresses[0],
+            "MASTER_PORT": port,
+            "CUDA_VISIBLE_DEVICES": "",
+        }, rank
+    assert set(result.exit_codes.values()) == {0}
+
+
+def test_a_warm_launch_reuses_the_nodes_agents(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    kept = nodes._kept
+    started = time.monotonic()
+    env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    assert nodes._kept is kept
+    assert env["WORLD_SIZE"] == "2"
+    assert time.monotonic() - started < 5.0  # seconds to spare; the bench measures it
+
+
+def test_a_ranks_own_exception_is_raised_with_its_type_and_stops_the_others(
+    cluster: object,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match="step failed on rank 3") as info:
+        nbddp.launch(fail_on_rank, 3, nodes=2, procs=2, cluster=cluster.address)  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 30  # not the others' 60 s sleep
+    assert "rank 3" in "".join(getattr(info.value, "__notes__", []))
+    assert "StepFailed" in str(info.value.__cause__)
+
+
+def test_stop_ends_every_rank_on_every_node_within_seconds(cluster: object) -> None:
+    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while set(run.rank_states().values()) != {RankState.RUNNING}:
+        assert time.monotonic() < deadline, run.rank_states()
+        time.sleep(0.05)
+    procs = [psutil.Process(pid) for pid in run.pids.values()]
+    assert len(procs) == 4
+    stopped = time.monotonic()
+    run.stop()
+    with pytest.raises(RankError, match="stopped"):
+        run.wait()
+    assert time.monotonic() - stopped < 10
+    assert not wait_procs_gone(procs, timeout=5)
+    assert run.status == "stopped"
+
+
+def test_too_few_nodes_or_gpus_say_what_the_cluster_has(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"needs 3 nodes .* the cluster has 2 such nodes: "):
+        nbddp.launch(env_of_rank, nodes=3, procs=1, cluster=address)
+    with pytest.raises(ConfigError, match=r"4 GPUs .* has 0 such nodes: 127.0.0.\d \(2 GPUs"):
+        nbddp.launch(env_of_rank, nodes=2, gpus=4, cluster=address)
+
+
+def test_an_unreachable_cluster_fails_in_seconds_with_one_line() -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"cannot reach the Ray cluster at 127.0.0.9:9") as info:
+        nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="127.0.0.9:9")
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - started < 10
+
+
+def test_a_killed_notebooks_ranks_are_gone_from_every_node_within_10s(cluster: object) -> None:
+    nbddp.cluster.release()  # the nodes' CPUs go to the other notebook
+    proc, pids = stand_in_notebook(cluster.address)  # type: ignore[attr-defined]
+    ranks = [psutil.Process(pid) for pid in pids]
+    killed = time.monotonic()
+    kill_tree(proc.pid)
+    proc.wait()
+    left = wait_procs_gone(ranks, timeout=10)
+    assert not left, f"ranks alive 10 s after the notebook was killed: {[p.pid for p in left]}"
+    print(f"ranks gone {time.monotonic() - killed:.2f}s after the notebook was killed")
+
+
+def test_a_timeout_dumps_every_ranks_stacks_on_every_node_then_stops(cluster: object) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(
+        sleep_in_a_named_function, nodes=2, procs=1, cluster=address, timeout=3, block=False
+    )
+    with pytest.raises(nbddp.LaunchTimeout, match="the stacks of ranks 0, 1 are in the output"):
+        run.wait()
+    for rank in (0, 1):
+        assert "stuck_here_for_a_while" in run.output(rank), run.output(rank)
+    assert run.status == "timeout"
+
+
+def test_a_dead_kept_agent_is_replaced_at_the_next_launch(cluster: object) -> None:
+    import ray
+
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    kept = nodes._kept
+    assert kept is not None
+    ray.kill(kept.handles[1])
+    assert nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)["WORLD_SIZE"] == "2"
+    assert nodes._kept is not kept
+
+
+def test_a_busy_port_on_the_store_node_is_said_as_on_one_machine(cluster: object) -> None:
+    import socket
+
+    address = cluster.address  # type: ignore[attr-defined]
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+    assert nodes._kept is not None
+    with socket.socket() as busy:
+        busy.bind((nodes._kept.infos[0].address, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port}") as info:
+            nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address, port=port)
+    assert "\n" not in str(info.value)
+
+
+def test_large_tensors_go_to_every_node_and_come_back(cluster: object) -> None:
+    import torch
+
+    weights = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: shared memory, not bytes
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(scaled, weights, nodes=2, procs=1, cluster=address, block=False)
+    result = run.wait()
+    for rank in (0, 1):
+        assert torch.equal(result.values[rank], weights * 2), rank
+    assert result.values[0].untyped_storage().is_shared()
+
+
+def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
+    # A third node, so that two are left for the tests after this one.
+    cluster.add_node(node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
+    cluster.wait_for_nodes()  # type: ignore[attr-defined]
+    nbddp.cluster.release()
+    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while set(run.rank_states().values()) != {RankState.RUNNING}:
+        assert time.monotonic() < deadline, run.rank_states()
+        time.sleep(0.05)
+    infos = nodes._kept.infos  # type: ignore[union-attr]
+    lost_index = next(i for i, info in enumerate(infos) if info.address != HEAD)
+    try:
+        lost = next(
+            n
+            for n in cluster.list_all_nodes()  # type: ignore[attr-defined]
+            if n.node_ip_address == infos[lost_index].address
+        )
+        ranks = [2 * lost_index, 2 * lost_index + 1]
+        removed = time.monotonic()
+        cluster.remove_node(lost)  # type: ignore[attr-defined]
+        with pytest.raises(RankExitedError) as info:
+            run.wait()
+        took = time.monotonic() - removed
+    finally:
+        run.stop()
+        run.ended(30)
+    assert str(info.value).startswith(
+        f"rank {ranks[0]} ended with the loss of node {lost_index} ({infos[lost_index].address}), "
+        f"which ran ranks {ranks[0]}, {ranks[1]}, before returning"
+    ), info.value
+    states = run.rank_states()
+    assert [states[r] for r in ranks] == ["failed", "failed"]
+    assert [states[r] for r in range(4) if r not in ranks] == ["stopped", "stopped"]
+    assert took < 30, took
+    print(f"node loss ended the run in {took:.2f}s: {info.value}")

@@ -1,0 +1,218 @@
+"""A run across nodes, before anything starts: the ``nodes`` and ``cluster`` options,
+each node's environment, the versions check and what crosses between machines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nbddp import RayCluster, notebook_launcher
+from nbddp.cluster.portable import land_payload, land_value, ship_payload, ship_value
+from nbddp.cluster.versions import mismatch
+from nbddp.errors import ConfigError, PayloadError, RankExitedError
+from nbddp.launcher import entry
+from nbddp.launcher.config import LaunchConfig, NodeSlice
+from nbddp.launcher.devices import VisibleGpus
+from nbddp.launcher.events import Failure
+from nbddp.launcher.failures import rank_error
+from nbddp.launcher.spelling import FLAGS
+from nbddp.wire.payload import Payload, load_call
+from nbddp.wire.values import pack, unpack
+
+NO_GPU = VisibleGpus((), "none in a test")
+ROOT = Path(__file__).parents[2]
+
+
+def build(**options: Any) -> LaunchConfig:
+    return LaunchConfig.build(visible=NO_GPU, environ={}, **options)
+
+
+def test_ranks_per_node_times_nodes_is_the_world_and_gpus_are_the_nodes_own() -> None:
+    config = build(nodes=2, gpus=8, cluster="ray://head:10001")  # none visible here: fine
+    assert (config.world_size, config.device, config.backend) == (16, "cuda", "nccl")
+    assert config.cluster == RayCluster("ray://head:10001")
+    cpu = build(nodes=3, procs=2, cluster=RayCluster("ray", runtime_env={"pip": ["x"]}))
+    assert (cpu.world_size, cpu.device, cpu.nodes) == (6, "cpu", 3)
+    assert cpu.cluster is not None and cpu.cluster.ray_address == "auto"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"nodes": 2, "procs": 1}, "nodes=2 needs a Ray cluster: add cluster='ray://head:10001'"),
+        ({"nodes": 0, "procs": 1}, "nodes must be at least 1, got 0"),
+        (
+            {"cluster": "head", "procs": 1},
+            "cluster 'head' is not a Ray address; use 'ray://head:10001'",
+        ),
+        ({"cluster": "", "procs": 1}, "cluster must be a Ray address such as 'ray://head:10001'"),
+        (
+            {"cluster": "ray", "gpus": [0, 1]},
+            "on a cluster gpus is a count per node, such as gpus=8",
+        ),
+        ({"cluster": "ray"}, "on a cluster, say how many ranks each node runs: gpus=N"),
+        ({"cluster": "ray", "procs": 1, "gpus": 1}, "give either gpus=N (GPUs per node)"),
+        ({"cluster": "ray", "procs": 1, "start_method": "fork"}, "start_method='fork' cannot"),
+        ({"cluster": "ray", "procs": 1, "max_restarts": 1}, "max_restarts is not supported"),
+    ],
+)
+def test_a_cluster_launch_that_cannot_work_is_refused_in_one_line(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(**options)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_the_magics_spell_the_cluster_options_as_flags() -> None:
+    with pytest.raises(ConfigError, match=r"^--nodes 2 needs a Ray cluster: add --cluster ray://"):
+        LaunchConfig.build(visible=NO_GPU, spelling=FLAGS, nodes=2, procs=1)
+
+
+def test_each_node_gives_its_ranks_torchruns_environment() -> None:
+    config = build(nodes=2, gpus=2, cluster="ray")
+    node = NodeSlice(
+        node_rank=1, nodes=2, first_rank=2, world_size=4, master_addr="10.0.0.2", port=29400
+    )
+    mine = config.for_node(node, 2, ("6", "7"))
+    env = mine.rank_env(1, 29400)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+    }
+    assert (env["NODE_RANK"], env["GROUP_RANK"], env["ROLE_RANK"]) == ("1", "1", "3")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.2", "29400")
+    assert env["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert (mine.world_size, mine.total_ranks, mine.global_rank(0), mine.cluster) == (2, 4, 2, None)
+    assert (config.total_ranks, config.global_rank(1)) == (4, 1)
+
+
+def test_notebook_launcher_runs_across_nodes_only_with_a_configured_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NBDDP_CLUSTER", raising=False)
+    with pytest.raises(ConfigError, match=r"^num_nodes=2 needs a Ray cluster: set NBDDP_CLUSTER="):
+        notebook_launcher(print, num_nodes=2)
+    with pytest.raises(ConfigError, match=r"^node_rank and rdzv_\* are not used"):
+        notebook_launcher(print, num_nodes=2, node_rank=1)
+    monkeypatch.setenv("NBDDP_CLUSTER", "ray://head:10001")
+
+    class Built(Exception):
+        pass
+
+    seen: dict[str, Any] = {}
+
+    def capture(**kwargs: Any) -> LaunchConfig:
+        seen.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(entry.LaunchConfig, "build", capture)
+    with pytest.raises(Built):
+        notebook_launcher(print, num_processes=8, num_nodes=2)
+    assert (seen["nodes"], seen["cluster"]) == (2, RayCluster("ray://head:10001"))
+
+
+def test_a_version_that_differs_names_the_node_and_what_differs() -> None:
+    ours = {
+        "python": "3.11",
+        "ray": "2.60.0",
+        "torch": "2.13.0",
+        "cloudpickle": "3.1.2",
+        "nbddp": "0.1.0",
+    }
+    assert mismatch(ours, dict(ours), "10.0.0.3 (gpu-2)") is None
+    theirs = {**ours, "torch": "2.12.1", "python": "3.10"}
+    text = mismatch(ours, theirs, "10.0.0.3 (gpu-2)")
+    assert text is not None and "\n" not in text
+    assert text.startswith("node 10.0.0.3 (gpu-2) has different versions than this notebook (")
+    assert "python 3.10 there, 3.11 here; torch 2.12.1 there, 2.13.0 here" in text
+
+
+def test_without_ray_a_cluster_launch_says_how_to_install_it() -> None:
+    code = """
+        import sys
+        sys.modules["ray"] = None  # as if not installed
+        import nbddp
+        try:
+            nbddp.launch(print, nodes=2, procs=1, cluster="127.0.0.1:1")
+        except nbddp.ConfigError as exc:
+            print(exc)
+    """
+    env = {**os.environ, "NBDDP_PREWARM": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.startswith("running on a cluster needs Ray: pip install nbddp[ray]"), done
+
+
+def test_a_value_and_its_large_tensor_cross_machines_as_bytes_and_land_in_shared_memory() -> None:
+    big = torch.arange(1 << 18, dtype=torch.float32)
+    packed = pack({"weights": big, "step": 3})
+    assert len(packed.fds) == 1
+    shipped = ship_value(packed)
+    packed.fds.close()
+    landed = unpack(land_value(shipped))
+    assert landed["step"] == 3 and torch.equal(landed["weights"], big)
+    assert landed["weights"].untyped_storage().is_shared()
+
+
+def test_the_call_and_its_large_arguments_cross_as_bytes() -> None:
+    big = torch.ones(1 << 18)
+    payload = Payload.serialize(torch.sum, (big,), {})
+    assert payload.fds
+    landed = land_payload(ship_payload(payload))
+    call = load_call(landed.data, landed.fds)
+    assert torch.equal(call.args[0], big)
+
+
+def test_a_multiprocessing_object_cannot_go_to_another_machine() -> None:
+    import multiprocessing
+
+    queue = multiprocessing.get_context("spawn").SimpleQueue()
+    payload = Payload.serialize(print, (queue,), {})
+    with pytest.raises(PayloadError, match="cannot be sent to ranks on other machines"):
+        ship_payload(payload)
+
+
+def test_a_rank_lost_with_its_node_says_so() -> None:
+    why = "the loss of node 1 (10.0.0.3), which ran ranks 2, 3,"
+    exc = rank_error(Failure(2, "died", cause=why), None, Path("/logs"))
+    assert isinstance(exc, RankExitedError)
+    assert str(exc).startswith(
+        "rank 2 ended with the loss of node 1 (10.0.0.3), which ran ranks 2, 3, before returning;"
+    )
+
+
+def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code() -> None:
+    from nbddp.notebook.panel.settings import PanelSettings
+
+    settings = replace(PanelSettings.initial(0), procs=2, nodes="2", cluster=" ray://head:10001 ")
+    validated = settings.validate()
+    assert validated.errors == {}
+    assert validated.config is not None
+    assert (validated.config.world_size, validated.config.nodes) == (4, 2)
+    assert validated.config.cluster == RayCluster("ray://head:10001")
+    assert "--procs 2 --nodes 2 --cluster ray://head:10001" in settings.magic_cell("train()")
+    assert "nodes=2, cluster='ray://head:10001'" in settings.launch_call("train", "")
+    assert replace(settings, nodes="two").errors() == {
+        "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
+    }
+    assert replace(settings, cluster="").errors() == {
+        "launch": "Nodes 2 needs a Ray cluster: add Ray cluster ray://head:10001 "
+        "(or 'ray' inside one)"
+    }
