@@ -67,6 +67,11 @@ class Session:
         self.options: LaunchOptions = options
         """The options the session was started with."""
         built = config or LaunchConfig.build(**options)
+        if built.cluster is not None:
+            raise ConfigError(
+                "a session runs on this machine: cluster= (and nodes=) are for one-shot "
+                "runs; start the session without them"
+            )
         self.config = dataclasses.replace(built, init_process_group=True, timeout=None)
         """Its validated config (a cell's timeout is the cell's own)."""
         self._cell_config = built

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nbddp.errors import CellError
+from nbddp.errors import CellError, ConfigError
 from nbddp.notebook.cell import CellProgram, CellValues, names_bound
 from nbddp.notebook.runner import CellRunner
 from nbddp.notebook.session import Session
@@ -134,3 +134,8 @@ def test_a_name_the_ranks_deleted_is_the_notebooks_again(
     _cell("del x")()
     assert "x" not in in_session_rank.owned
     assert _last(_cell("x", x="notebook")()) == "notebook"
+
+
+def test_a_session_on_a_cluster_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="a session runs on this machine"):
+        Session({"procs": 2, "nodes": 2, "cluster": "ray://head:10001"})
