@@ -11,16 +11,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 
-NOTEBOOK = """
-import os, sys, time
+# The ranks' functions live in this checkout: it must be importable on the nodes, as a
+# user's own modules must be. Over Ray Client the driver is not this process, so its
+# directory is not on the workers' path by itself: the runtime_env puts it there.
+CLUSTER = """
+import os, sys
 import nbddp
+cluster = nbddp.RayCluster(sys.argv[1], runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+"""
+
+NOTEBOOK = (
+    CLUSTER
+    + """
+import time
 from tests.cluster.ranks import sleep_forever
-run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=sys.argv[1], block=False)
+run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster, block=False)
 while set(run.rank_states().values()) != {"running"}:
     time.sleep(0.05)
 print("PIDS", *run.pids.values(), flush=True)
 time.sleep(600)
 """
+)
 
 
 def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
@@ -46,17 +57,18 @@ def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
     return proc, found
 
 
-RESULTS = """
-import sys
-import nbddp
+RESULTS = (
+    CLUSTER
+    + """
 from tests.cluster.ranks import StepFailed, env_of_rank, fail_on_rank
-env = nbddp.launch(env_of_rank, nodes=2, procs=2, cluster=sys.argv[1])
+env = nbddp.launch(env_of_rank, nodes=2, procs=2, cluster=cluster)
 print("ENV", env["RANK"], env["WORLD_SIZE"], env["NODE_RANK"], flush=True)
 try:
-    nbddp.launch(fail_on_rank, 2, nodes=2, procs=2, cluster=sys.argv[1])
+    nbddp.launch(fail_on_rank, 2, nodes=2, procs=2, cluster=cluster)
 except StepFailed as exc:
     print("RAISED", type(exc).__name__, exc, flush=True)
 """
+)
 
 
 def results_through(address: str) -> str:
