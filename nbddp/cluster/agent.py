@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 
 from nbddp.cluster.portable import (
     ShippedFailure,
@@ -42,8 +41,8 @@ from nbddp.cluster.portable import (
 from nbddp.cluster.versions import local_versions
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import Done, Metrics, Output, RunEvent, RunStatus, StateChanged
-from nbddp.launcher.job import STORE_TIMEOUT, Job
-from nbddp.launcher.ports import listen
+from nbddp.launcher.job import Job
+from nbddp.launcher.ports import host_store, listen
 
 MAX_BATCH = 5000  # events per poll: a batch stays a bounded message
 
@@ -99,21 +98,11 @@ class NodeAgent:
 
     def host_store(self, port: int | None) -> int:
         """Host the run's rendezvous store on this node's address; its port."""
-        import torch.distributed as dist
-
         sock, _ = listen(_node_address(), port, fallback=False)
         bound = int(sock.getsockname()[1])
         with self._lock:
-            # The store takes the socket over; replacing it closes the last run's.
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
-                sock.getsockname()[0],
-                bound,
-                None,
-                True,
-                timedelta(seconds=STORE_TIMEOUT),
-                wait_for_workers=False,
-                master_listen_fd=sock.detach(),
-            )
+            # Replacing the last run's store closes its socket.
+            self._store = host_store(sock.getsockname()[0], sock)
         return bound
 
     def start(

@@ -43,6 +43,7 @@ from nbddp.launcher.events import (
     RunEvent,
     RunStatus,
     StateChanged,
+    run_status,
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import new_run_dir, rank_log
@@ -186,13 +187,12 @@ class ClusterJob:
     @property
     def status(self) -> RunStatus:
         """Where the run is; once it has ended, how it ended."""
-        if not self._done.is_set():
-            started = any(r.state is not RankState.STARTING for r in self._ranks)
-            return RunStatus.RUNNING if started else RunStatus.STARTING
-        reason = self._stop_reason or _node_reason([n.status for n in self._nodes])
-        if self.root_cause is not None and reason in (None, RunStatus.FAILED):
-            return RunStatus.FAILED
-        return reason or RunStatus.DONE
+        ended = self._done.is_set()
+        reason = self._stop_reason or (
+            _node_reason([n.status for n in self._nodes]) if ended else None
+        )
+        failed = ended and self.root_cause is not None
+        return run_status(ended, (r.state for r in self._ranks), reason, failed)
 
     def elapsed(self) -> float:
         """Seconds from the start until the run ended (or until now)."""

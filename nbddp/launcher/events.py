@@ -15,6 +15,7 @@ print as them and cross processes as plain strings.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -152,3 +153,17 @@ class Failure:
     """What it raised, when ``kind`` is ``raised``."""
     cause: str | None = None
     """What ended it, when nbddp knows better than its exit code (its node was lost)."""
+
+
+def run_status(
+    ended: bool, states: Iterable[RankState], reason: RunStatus | None, failed: bool
+) -> RunStatus:
+    """A run's status from its ranks' states while it goes on; once it has ``ended``,
+    from how it was stopped (``reason``, None if it was not) and whether a rank
+    ``failed``: a failure wins unless the run was stopped for another reason first."""
+    if not ended:
+        started = any(state is not RankState.STARTING for state in states)
+        return RunStatus.RUNNING if started else RunStatus.STARTING
+    if failed and reason in (None, RunStatus.FAILED):
+        return RunStatus.FAILED
+    return reason or RunStatus.DONE

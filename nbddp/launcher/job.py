@@ -39,7 +39,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from threading import Event
 from typing import Any
 
@@ -58,11 +57,12 @@ from nbddp.launcher.events import (
     RunStatus,
     StacksTaken,
     StateChanged,
+    run_status,
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import new_run_dir
-from nbddp.launcher.ports import choose_port, listen
+from nbddp.launcher.ports import choose_port, host_store, listen
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import Child, ChildFds, Starter, starter
 from nbddp.wire import protocol
@@ -74,7 +74,6 @@ STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the sig
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
 STACKS_POLL = 0.05  # seconds between looks at whether every asked rank has answered
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
-STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
 
 
 @dataclass
@@ -178,18 +177,7 @@ class Job:
             return choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
         sock, notice = listen(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
         port = int(sock.getsockname()[1])
-        import torch.distributed as dist  # not CUDA: safe in the notebook
-
-        # The store takes the socket over (and closes it when it is destroyed).
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
-            cfg.master_addr,
-            port,
-            None,
-            True,
-            timedelta(seconds=STORE_TIMEOUT),
-            wait_for_workers=False,
-            master_listen_fd=sock.detach(),
-        )
+        self._store = host_store(cfg.master_addr, sock)
         return port, notice
 
     def _start_rank(
@@ -290,13 +278,10 @@ class Job:
     @property
     def status(self) -> RunStatus:
         """Where the run is; once it has ended, how it ended."""
-        if not self._done.is_set():
-            started = any(r.state is not RankState.STARTING for r in self._ranks)
-            return RunStatus.RUNNING if started else RunStatus.STARTING
-        reason = self._stop_reason
-        if self.root_cause is not None and reason in (None, RunStatus.FAILED):
-            return RunStatus.FAILED
-        return reason or RunStatus.DONE
+        ended = self._done.is_set()
+        failed = ended and self.root_cause is not None
+        states = (r.state for r in self._ranks)
+        return run_status(ended, states, self._stop_reason, failed)
 
     def elapsed(self) -> float:
         """Seconds from the start until the run ended (or until now, while it goes on)."""

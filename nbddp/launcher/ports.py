@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from datetime import timedelta
 
 from nbddp.errors import ConfigError
 
@@ -92,3 +93,25 @@ def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socke
         sock.close()
         raise
     return sock, notice
+
+
+STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
+
+
+def host_store(address: str, sock: socket.socket) -> object:
+    """A rendezvous ``TCPStore`` served on ``sock`` (bound and listening on ``address``).
+
+    The store takes the socket over and closes it when it is destroyed: dropping
+    the returned object shuts the server down. Bound before any rank starts, so
+    no rank can race another process for the port."""
+    import torch.distributed as dist  # not CUDA: safe in the notebook and in an agent
+
+    return dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
+        address,
+        int(sock.getsockname()[1]),
+        None,
+        True,
+        timedelta(seconds=STORE_TIMEOUT),
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )
