@@ -82,7 +82,7 @@ class _Cell:
     escalated: bool = False  # the busy ranks were interrupted after a failure
     freeing: bool = False  # the idle ranks were told to close their group (gloo)
     regrouping: set[int] = field(default_factory=set)  # ranks not yet in the new group
-    stacks: dict[int, str] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)  # the ranks asked for their stacks
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
 
@@ -197,6 +197,8 @@ class SessionJob(Job):
             ranks = set(range(self.config.world_size))
             cell = _Cell(order.cell, source, source.config.timeout, ranks)
             self.note = None
+            for record in self._ranks:
+                record.stacks = None  # each cell asks afresh
             self._cell = cell
             while self._between:
                 source.events.put(self._between.popleft())
@@ -216,9 +218,6 @@ class SessionJob(Job):
             self._replied(rank, body)
         elif kind == "regrouped":
             self._regrouped(rank, body)
-        elif kind == "stacks" and self._cell is not None:
-            self._cell.stacks[rank] = "written"
-            super().on_message(rank, kind, body)
         else:
             super().on_message(rank, kind, body)
 
@@ -364,9 +363,15 @@ class SessionJob(Job):
             self._ask_stacks(current)
 
     def _ask_stacks(self, cell: _Cell) -> None:
+        """As a run's (``Job._dump_stacks``), for the ranks still in ``cell``: a rank that
+        does not answer (a thread holds the GIL) is signalled for a C-level dump."""
+        asked = []
         for rank in sorted(cell.busy):
             if self._relay.ask(rank, "stacks"):
                 cell.stacks[rank] = "asked"
+                self._ranks[rank].stacks = "asked"
+                asked.append(rank)
+        self._later(STACKS_WAIT, self._signal_for_stacks, asked)
 
     def _send_all(self, kind: str, body: object) -> None:
         for rank in range(self.config.world_size):
@@ -388,6 +393,8 @@ class SessionJob(Job):
         out = []
         for record in records:
             reply = cell.replies.get(record.rank) if cell is not None else None
+            # What became of the stacks this cell asked for is in the job's record.
+            asked = cell is not None and record.rank in cell.stacks
             if reply is not None:
                 state = RankState.FAILED if reply.error is not None else RankState.DONE
             elif record.exited:
@@ -405,14 +412,10 @@ class SessionJob(Job):
                     error=reply.error if reply is not None else record.error,
                     started_at=cell.started_at if cell is not None else record.started_at,
                     ended_at=cell.ended_at if cell is not None else None,
-                    stacks=_stacks(cell, record.rank) if cell is not None else None,
+                    stacks=record.stacks if asked else None,
                 )
             )
         return tuple(out)
-
-
-def _stacks(cell: _Cell, rank: int) -> Any:
-    return cell.stacks.get(rank)
 
 
 class CellSource:

@@ -275,3 +275,22 @@ def test_a_session_dropped_without_stop_ends_its_ranks() -> None:
     pids = dropped.pids
     del dropped
     assert _gone(pids)
+
+
+def test_a_cells_timeout_takes_a_c_level_dump_of_a_rank_holding_the_gil(
+    session: Session,
+) -> None:
+    from tests.multiproc import fns as run_fns
+
+    pids = session.pids
+    run, display = _start(session, run_fns.stuck_holding_the_gil, timeout=2.0)
+    with pytest.raises(nbddp.LaunchTimeout) as info:
+        session.finish(run)
+    assert "ranks 0, 1 did not answer (a thread held the GIL)" in str(info.value)
+    assert any("did not answer for its stacks" in n for n in display.notices)
+    for rank in (0, 1):
+        log = run.output(rank)
+        assert "in stuck_holding_the_gil" in log  # faulthandler's dump, from C
+    # The regex never gives the GIL back: the interrupt cannot land, the session ends.
+    assert "state is lost" in info.value.__notes__[-1]
+    assert _gone(pids)
