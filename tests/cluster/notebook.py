@@ -11,20 +11,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 
-# The ranks' functions live in this checkout: it must be importable on the nodes, as a
-# user's own modules must be. Over Ray Client the driver is not this process, so its
-# directory is not on the workers' path by itself: the runtime_env puts it there.
+# The ranks' functions are defined in the stand-in notebook itself, as a user's are in a
+# notebook: they travel by value, so the nodes import nothing of this checkout (over Ray
+# Client the driver is not this process, and its directory is on no worker's path).
 CLUSTER = """
-import os, sys
+import os, sys, time
 import nbddp
-cluster = nbddp.RayCluster(sys.argv[1], runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+
+
+class StepFailed(Exception):
+    pass
+
+
+def env_of_rank():
+    return {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "NODE_RANK")}
+
+
+def fail_on_rank(bad):
+    if int(os.environ["RANK"]) == bad:
+        raise StepFailed(f"step failed on rank {bad}")
+    time.sleep(60)  # stopped after the failure's grace
+
+
+def sleep_forever():
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+cluster = sys.argv[1]
 """
 
 NOTEBOOK = (
     CLUSTER
     + """
-import time
-from tests.cluster.ranks import sleep_forever
 run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster, block=False)
 while set(run.rank_states().values()) != {"running"}:
     time.sleep(0.05)
@@ -60,7 +79,6 @@ def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
 RESULTS = (
     CLUSTER
     + """
-from tests.cluster.ranks import StepFailed, env_of_rank, fail_on_rank
 env = nbddp.launch(env_of_rank, nodes=2, procs=2, cluster=cluster)
 print("ENV", env["RANK"], env["WORLD_SIZE"], env["NODE_RANK"], flush=True)
 try:
