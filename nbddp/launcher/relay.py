@@ -52,7 +52,6 @@ from nbddp.launcher.starters import STATUS
 from nbddp.wire.protocol import (
     FD_SPACE,
     FrameReader,
-    encode,
     encode_with_fds,
     received_fds,
     send_with_fds,
@@ -220,17 +219,7 @@ class Relay:
     def ask(self, rank: int, kind: str) -> bool:
         """Send the small request ``kind`` to ``rank``'s worker (loop thread); False if
         it cannot take it now (its link is closed, or its socket buffer is full)."""
-        streams = self._ranks.get(rank)
-        if streams is None or streams.ctrl_fd not in streams.open_fds:
-            return False
-        try:
-            # Non-blocking, never partial in practice: a few dozen bytes into an
-            # idle socket's buffer. A partial send would corrupt the framing, so
-            # it is treated as a closed link.
-            data = encode(kind, None)
-            return streams.pipes.ctrl.send(data) == len(data)
-        except OSError:
-            return False
+        return self.send(rank, kind, None)
 
     def send(self, rank: int, kind: str, body: object) -> bool:
         """Send the small message ``(kind, body)`` to ``rank``'s worker, with the
@@ -241,6 +230,9 @@ class Relay:
             return False
         data, fds = encode_with_fds(kind, body)
         try:
+            # Non-blocking, never partial in practice: a small message into a socket
+            # buffer the worker keeps empty. A partial send would corrupt the framing,
+            # so it counts as a closed link.
             send_with_fds(streams.pipes.ctrl, data, fds)
         except (OSError, ValueError):
             return False

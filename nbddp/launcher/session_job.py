@@ -387,7 +387,7 @@ class SessionJob(Job):
         if cell.number > 0:
             self._lock.release()
 
-    def cell_outcomes(self, cell: _Cell | None, number: int) -> tuple[RankOutcome, ...]:
+    def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
         """Each rank as ``cell`` left it (any thread: built from frozen values)."""
         records = self.outcomes()
         out = []
@@ -464,7 +464,7 @@ class CellSource:
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's part in this cell (its value and error)."""
-        return self._job.cell_outcomes(self._cell, self.number)
+        return self._job.cell_outcomes(self._cell)
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once every rank has replied (or the session is gone)."""
