@@ -64,7 +64,7 @@ from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import new_run_dir
 from nbddp.launcher.ports import choose_port, host_store, listen
 from nbddp.launcher.relay import RankPipes, Relay
-from nbddp.launcher.starters import Child, ChildFds, Starter, starter
+from nbddp.launcher.starters import Child, ChildFds, Starter, Starting, starter
 from nbddp.wire import protocol
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import STACKS_SIGNAL, ErrorInfo, Placement, RunOrder
@@ -109,6 +109,29 @@ class _RankRecord:
         )
 
 
+@dataclass
+class _Asked:
+    """A rank asked of the starter, not yet started: the notebook's ends of its fds."""
+
+    record: _RankRecord
+    ours: socket.socket
+    out_r: int
+    err_r: int
+    order: RunOrder
+    starting: Starting | None = None
+
+    def give_up(self) -> None:
+        """Close the notebook's ends: a worker started for this rank (the forkserver
+        may fork it later) finds its link closed, so it knows no order will come."""
+        if self.starting is not None:
+            self.starting.abandon()
+        for fd in (self.ours.fileno(), self.out_r, self.err_r):
+            NOTEBOOK_FDS.release(fd)
+        self.ours.close()
+        os.close(self.out_r)
+        os.close(self.err_r)
+
+
 class Job:
     """One run's processes (see module contract)."""
 
@@ -149,11 +172,18 @@ class Job:
         start = starter(self.config)
         base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
         links: list[tuple[socket.socket, RunOrder]] = []
+        asked: list[_Asked] = []
         try:
+            # Every rank is asked for before any is waited for, so that their
+            # forks (each in its own keeper) go on side by side.
             for state in self._ranks:
                 env = {**base_env, **self.config.rank_env(state.rank, port)}
-                links.append((self._start_rank(start, state, env), self._order(state.rank, env)))
+                asked.append(self._ask_rank(start, state, env))
+            while asked:
+                links.append(self._take_rank(asked.pop(0)))
         except BaseException:  # a rank that cannot start, or an interrupt meanwhile
+            for pending in asked:
+                pending.give_up()
             self._abandon_start()
             raise
         for state, (sock, order) in zip(self._ranks, links, strict=True):
@@ -180,32 +210,37 @@ class Job:
         self._store = host_store(cfg.master_addr, sock)
         return port, notice
 
-    def _start_rank(
-        self, start: Starter, record: _RankRecord, env: dict[str, str]
-    ) -> socket.socket:
+    def _ask_rank(self, start: Starter, record: _RankRecord, env: dict[str, str]) -> _Asked:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         NOTEBOOK_FDS.keep(ours.fileno(), out_r, err_r)
+        asked = _Asked(record, ours, out_r, err_r, self._order(record.rank, env))
         try:
-            child: Child = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
+            asked.starting = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
         except BaseException:
-            # Closing our end is what tells a worker started for this rank
-            # (the forkserver may fork it later) that there is no order for it.
-            for fd in (ours.fileno(), out_r, err_r):
-                NOTEBOOK_FDS.release(fd)
-            ours.close()
-            os.close(out_r)
-            os.close(err_r)
+            asked.give_up()
             raise
         finally:
             theirs.close()
             os.close(out_w)
             os.close(err_w)
+        return asked
+
+    def _take_rank(self, asked: _Asked) -> tuple[socket.socket, RunOrder]:
+        """Wait for an asked-for rank's pid; from then on its pipes are the job's."""
+        starting, asked.starting = asked.starting, None  # child() releases its own if it raises
+        assert starting is not None
+        try:
+            child: Child = starting.child()
+        except BaseException:
+            asked.give_up()
+            raise
         NOTEBOOK_FDS.keep(child.status_fd)
-        record.pid = child.pid
-        self._pipes[record.rank] = RankPipes(out_r, err_r, ours, child.status_fd)
-        return ours
+        asked.record.pid = child.pid
+        pipes = RankPipes(asked.out_r, asked.err_r, asked.ours, child.status_fd)
+        self._pipes[asked.record.rank] = pipes
+        return asked.ours, asked.order
 
     def _abandon_start(self) -> None:
         """Starting failed part-way: stop the ranks started so far and wait (bounded)

@@ -1,16 +1,20 @@
 """Starting one worker process: from nbddp's forkserver, by spawn, or by fork.
 
-Contract: ``starter(config).start(fds, env)`` starts a process that is the
+Contract: ``starter(config).start(fds, env)`` asks for a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
-``worker.serve`` on ``fds.ctrl``; it returns a ``Child`` whose
-``status_fd`` becomes readable once, with the 8-byte exit code (negative:
-killed by that signal), when the process has exited. Whatever the start
+``worker.serve`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
+waiting for the process: a launch asks for all its ranks first and only then
+waits for each (``Starting.child``), so that they are forked side by side. The
+``Child`` has the pid and a ``status_fd`` that becomes readable once, with the
+8-byte exit code (negative: killed by that signal), when the process has exited. Whatever the start
 method, the rank's parent is its keeper (``nbddp.rank.keeper``): the code
 arrives once the rank's whole tree is gone (a ``setsid`` daemon too), and
 the keeper, not the forkserver, reports it, so a rank outlives its
 forkserver. A spawned keeper is a fresh interpreter; a forked one is the
 notebook's or the forkserver's child. The caller keeps
-ownership of ``fds`` and closes its copies after ``start`` returns. From the
+ownership of ``fds`` and closes its copies after ``start`` returns; a
+``Starting`` it will not wait for is ``abandon``-ed (the process, if it
+starts, finds its link closed and ends). From the
 forkserver, each start also tells it the pool to keep (``pool_request``: the
 config's world size and pool settings, validated when it was built).
 
@@ -66,12 +70,43 @@ class Child:
     status_fd: int
 
 
+class Starting(Protocol):
+    """A worker asked for, whose pid may not have come yet."""
+
+    def child(self) -> Child:
+        """Wait for the worker's pid; raises if it did not start (the message says
+        which start method to use instead)."""
+        ...
+
+    def abandon(self) -> None:
+        """Give the worker up without waiting: release what ``child`` would have read."""
+        ...
+
+
 class Starter(Protocol):
     """Starts workers one way (see module contract)."""
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
-        """Start one worker."""
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
+        """Ask for one worker."""
         ...
+
+
+@dataclass(frozen=True)
+class KeptStarting:
+    """A worker whose keeper is the notebook's child (``kept_child``)."""
+
+    reap: Callable[[], object]
+    keeper_r: int
+    what: str
+    instead: str
+
+    def child(self) -> Child:
+        """The worker, once its keeper has reported its pid."""
+        return kept_child(self.reap, self.keeper_r, self.what, self.instead)
+
+    def abandon(self) -> None:
+        """Close the keeper's pipe; a thread still reaps the keeper."""
+        _abandon(self.reap, self.keeper_r)
 
 
 def package_pythonpath(env: dict[str, str]) -> str:
@@ -104,7 +139,7 @@ keeper.spawned_main()
 """
 """A spawned keeper's program: it loads ``nbddp.rank.keeper`` from its file alone,
 because importing the ``nbddp`` package (tenths of a second) would delay every rank's
-pid, which ``start`` waits for rank by rank; the rank imports nbddp after its fork."""
+pid, which the launch waits for; the rank imports nbddp after its fork."""
 
 
 class SpawnStarter:
@@ -114,7 +149,7 @@ class SpawnStarter:
     rank and reports its pid and exit code on a status pipe given on its command line.
     """
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
         child_env = dict(env, PYTHONPATH=package_pythonpath(env))
         keeper_r, keeper_w = os.pipe()
         NOTEBOOK_FDS.keep(keeper_r)
@@ -132,7 +167,7 @@ class SpawnStarter:
             raise
         finally:
             os.close(keeper_w)
-        return kept_child(proc.wait, keeper_r, "spawn a worker", "forkserver")
+        return KeptStarting(proc.wait, keeper_r, "spawn a worker", "forkserver")
 
 
 def detach(close: Iterable[int]) -> None:
@@ -222,7 +257,7 @@ def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) 
 class ForkStarter:
     """Fork the notebook itself, as accelerate does: breaks if the notebook used CUDA."""
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
         status_r, status_w = os.pipe()
         with NOTEBOOK_FDS.frozen() as kept:
             pid = os.fork()
@@ -230,7 +265,7 @@ class ForkStarter:
             run_kept_worker(fds, status_w, {*kept, status_r})
         NOTEBOOK_FDS.keep(status_r)
         os.close(status_w)
-        return kept_child(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")
+        return KeptStarting(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")
 
 
 @dataclass(frozen=True)
@@ -318,8 +353,9 @@ class ForkserverStarter:
         NOTEBOOK_FDS.keep(ours.fileno())
         return ours
 
-    def fork(self, fds: ChildFds, pool: PoolRequest) -> Child:
-        """Fork one worker from the forkserver; afterwards it keeps ``pool``."""
+    def fork(self, fds: ChildFds, pool: PoolRequest) -> ForkserverStarting:
+        """Ask the forkserver for one worker; afterwards it keeps ``pool``. Returns once
+        the request is sent: the pid comes on the returned ``status_r``."""
         with self._lock:
             for attempt in (1, 2):
                 request = REQUEST.pack(b"F", pool.size, pool.idle)
@@ -336,20 +372,23 @@ class ForkserverStarter:
                         raise
                     continue
                 os.close(status_w)
-                return Child(self._read_pid(status_r), status_r)
+                NOTEBOOK_FDS.keep(status_r)
+                return ForkserverStarting(self, status_r)
         raise AssertionError("unreachable")
 
-    def _read_pid(self, status_r: int) -> int:
+    def read_pid(self, status_r: int) -> int:
+        """The pid of the worker asked for with ``status_r``; raises if none comes
+        (``status_r`` is then closed, and so is this forkserver)."""
         # Why a timeout: the first request waits for the forkserver's torch import
         # (seconds); a forkserver that never answers must not hang the notebook.
         try:
             pid = read_pid(status_r, FORKSERVER_REPLY_TIMEOUT)
         except BaseException:  # an interrupt while it starts: the rank will find its link closed
-            os.close(status_r)
+            _close(status_r)
             raise
         if pid is None:
-            os.close(status_r)
-            self._close_locked()
+            _close(status_r)
+            self.close()
             raise RuntimeError(
                 "nbddp's forkserver did not start a worker (see the kernel's log); "
                 "retry, or use start_method='spawn'"
@@ -384,13 +423,29 @@ FORKSERVER = ForkserverStarter()
 
 
 @dataclass(frozen=True)
+class ForkserverStarting:
+    """A worker asked of the forkserver; its keeper writes the pid to ``status_r``."""
+
+    server: ForkserverStarter
+    status_r: int
+
+    def child(self) -> Child:
+        """The worker, once its pid has come."""
+        return Child(self.server.read_pid(self.status_r), self.status_r)
+
+    def abandon(self) -> None:
+        """Close the status pipe: the worker, if forked, finds its link closed and ends."""
+        _close(self.status_r)
+
+
+@dataclass(frozen=True)
 class ForkserverLaunch:
     """The forkserver as one launch's starter: every rank it starts asks for ``pool``."""
 
     server: ForkserverStarter
     pool: PoolRequest
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Child:
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
         del env  # the rank's environment travels in its run order, not through the forkserver
         return self.server.fork(fds, self.pool)
 
