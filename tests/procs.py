@@ -13,8 +13,9 @@ Zombies count as gone: in some containers nothing reaps orphans.
 
 Idle pool workers are expected while their forkserver lives: ``stray_idle``
 finds the ones that are not (an orphan, or more than a pool may hold). Each
-idle worker is the child of an idle keeper, the forkserver's child; both are
-named ``nbddp-idle``. The pool's workers are the keepers' children.
+idle worker is the child of a free keeper, the forkserver's child; both are
+named ``nbddp-idle`` (the worker ``nbddp-warming`` until it is ready). A
+keeper stays, free, after its rank for the next one: it is a pool member too.
 
 What a process holds is told by identity, not count: ``fd_identities`` names
 each open fd by the (device, inode) of what it refers to, which is the same in
@@ -34,11 +35,12 @@ import psutil
 MARKER = "NBDDP_TEST_SESSION"
 FORKSERVER_NAME = "nbddp-forksrv"
 IDLE_NAME = "nbddp-idle"
+WARMING_NAME = "nbddp-warming"  # an idle worker still warming up
 POOL_CAP = 8  # nbddp.launcher.config.POOL_MAX (checked by a unit test): no nbddp import here
 
 
 def _role(proc: psutil.Process, name: str) -> str:
-    if name == IDLE_NAME:
+    if name in (IDLE_NAME, WARMING_NAME):
         return "idle"
     if name == FORKSERVER_NAME:
         # A child the forkserver (or an idle keeper) has just forked still carries
@@ -103,23 +105,25 @@ def fd_identities(pid: int) -> dict[int, Identity]:
     return found
 
 
-def _pipes_and_sockets(pid: int, first: int = 0) -> set[Identity]:
+def _pipes_and_sockets(pid: int, first: int = 0, sockets: bool = True) -> set[Identity]:
     found = set()
     for fd, ident in fd_identities(pid).items():
         try:
             mode = os.stat(f"/proc/{pid}/fd/{fd}").st_mode
         except FileNotFoundError:
             continue
-        if fd >= first and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        if fd >= first and (stat.S_ISFIFO(mode) or (sockets and stat.S_ISSOCK(mode))):
             found.add(ident)
     return found
 
 
 def rank_and_keeper_pipes() -> list[Identity]:
-    """Run in a rank: the pipes and sockets it and its keeper hold (its link, its
-    stdout/stderr pipes, its exit-status pipe; not the keeper's stdio, which is the
-    forkserver's)."""
-    return sorted(_pipes_and_sockets(os.getpid()) | _pipes_and_sockets(os.getppid(), first=3))
+    """Run in a rank: the pipes and sockets of its run, which nothing may hold once
+    it has ended: the rank's (its link, its stdout/stderr pipes) and its keeper's
+    exit-status pipe. Not the keeper's stdio (the forkserver's), nor its socket to
+    the forkserver, which it keeps from rank to rank."""
+    mine = _pipes_and_sockets(os.getpid())
+    return sorted(mine | _pipes_and_sockets(os.getppid(), first=3, sockets=False))
 
 
 def _alive(proc: psutil.Process) -> bool:

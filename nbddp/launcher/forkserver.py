@@ -3,10 +3,12 @@
 Contract: started by ``starters.ForkserverStarter`` with one end of a Unix
 socketpair as ``argv[1]``. For each request (``starters.REQUEST`` plus four
 fds: status write end, ctrl, out, err) it finds a keeper for the rank
-(an idle one from its pool, or else a child forked now) and hands it the
-four fds; the keeper (``nbddp.rank.keeper``), the rank's parent, writes the
+(a free one, warm first, or else a child forked now) and hands it the
+four fds; the keeper (``nbddp.rank.pooled``), the rank's parent, writes the
 rank's pid (8 bytes) to the status fd, and later, once the rank and all
-its descendants are gone, its exit code (8 bytes). The forkserver keeps no
+its descendants are gone, its exit code (8 bytes). Requests are answered in
+the order they come, without waiting for a keeper's fork: a launch sends all
+its requests at once, and its ranks' keepers fork them side by side. The forkserver keeps no
 status fd: ranks outlive it, and their exit codes still reach the notebook.
 It is a child subreaper, so that it reaps what a killed keeper leaves. It exits when
 the notebook's end of the socket closes (the notebook exited, was killed,
@@ -14,11 +16,12 @@ or closed it on purpose), after ending its idle workers and waiting for
 its ranks.
 
 The pool (``nbddp.launcher.pool``): each request says how many idle workers
-to keep (the launch's size, capped) and for how long without a launch. The
-forkserver refills it when ``pool.refill_wait`` says (during a run where a
-core is spare, else once no rank of its own has run for a moment), one fork
-at a time with requests served first, and ends the idle workers when that
-time passes.
+to keep (the launch's size, capped) and for how long without a launch; a
+keeper whose rank has ended stays, free, for the next rank while fewer than
+that are free. The forkserver refills the pool when ``pool.refill_wait`` says
+(during a run where a core is spare, else once no rank of its own has run for
+a moment), one keeper at a time with requests served first, and ends the
+free keepers when that time passes.
 
 It must stay CUDA-clean: it imports torch but never calls anything that
 initialises CUDA, so its children can use the GPUs even when the notebook
@@ -39,7 +42,7 @@ import sys
 import time
 
 from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait, stall_limit
-from nbddp.launcher.starters import REQUEST, ChildFds, run_kept_worker
+from nbddp.launcher.starters import REQUEST
 from nbddp.rank.keeper import become_subreaper
 
 PRELOAD = (
@@ -71,15 +74,14 @@ class Forkserver:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.children: set[int] = set()  # the keepers of running ranks
-        self.pool = Pool()
+        self.selector = selectors.DefaultSelector()
+        self.pool = Pool(self.selector)
         self.cores = _cores()
         self.stall_limit = stall_limit(os.environ)
         self.stall_at_request = cpu_stall_us()  # the CPU's stall total at the last request
         self.listening = True
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
-        self.selector = selectors.DefaultSelector()
 
     def serve(self) -> None:
         """Serve requests until the notebook closes its end, then wait for the children.
@@ -92,9 +94,11 @@ class Forkserver:
         sel = self.selector
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(self.wake_r, selectors.EVENT_READ)
-        while self.listening or self.children or self.pool.ending:
+        while self.listening or self.pool.busy or self.pool.ending:
             for key, _ in sel.select(self._timeout()):
-                if key.fileobj is self.sock:
+                if key.data is not None:  # a keeper's link: its pid
+                    self.pool.heard(key.data, self.listening)
+                elif key.fileobj is self.sock:
                     if not self._serve_request():
                         sel.unregister(self.sock)
                         self.listening = False
@@ -112,7 +116,7 @@ class Forkserver:
         now = time.monotonic()
         return refill_wait(
             short=self.pool.short(),
-            running=len(self.children),
+            running=len(self.pool.busy),
             cores=self.cores,
             since_request=now - self.pool.last_request,
             since_active=now - self.pool.last_used,
@@ -132,16 +136,16 @@ class Forkserver:
         return min(waits, default=None)
 
     def _tend_pool(self) -> None:
-        """Refill one worker at a time (a request that arrives meanwhile goes first,
-        since the loop polls before each fork), or wind the pool down when idle."""
+        """Warm one keeper at a time (a request that arrives meanwhile goes first,
+        since the loop polls before each), or wind the pool down when idle."""
         if self.pool.wind_down_in() == 0.0:
             self.pool.wind_down()
         elif self._refill_in() == 0.0 and not _readable(self.sock):
             try:
-                self.pool.spawn_one(self._fds())
+                self.pool.warm_one(self._fds())
             except OSError as exc:  # out of processes or fds: serve requests by fork alone
                 print(f"nbddp forkserver: could not refill the pool: {exc}", file=sys.stderr)
-                self.pool.size = len(self.pool.idle)
+                self.pool.size = self.pool.warm()
 
     def _fds(self) -> set[int]:
         """Every fd the forkserver holds: a forked child must close them all."""
@@ -163,15 +167,11 @@ class Forkserver:
         self.pool.resize(size, idle_timeout)
         self.stall_at_request = cpu_stall_us()
         status_w, ctrl, out, err = fds
-        pid = self.pool.hand_over((ctrl, out, err, status_w))
-        if pid is None:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child
-                own = {*self._fds(), *self.pool.fds()}
-                run_kept_worker(ChildFds(ctrl, out, err), status_w, own)
+        rank_fds = (ctrl, out, err, status_w)
+        if self.pool.hand_over(rank_fds) is None:
+            self.pool.start_keeper(self._fds(), rank_fds)
         for fd in fds:
             os.close(fd)
-        self.children.add(pid)
         return True
 
     def _reap(self) -> None:
@@ -183,12 +183,7 @@ class Forkserver:
             if pid == 0:
                 return
             del status  # the keeper reported its rank's exit code itself
-            if self.pool.forget(pid):
-                continue
-            if pid in self.children:
-                self.children.discard(pid)
-                self.pool.touch()
-            # Anything else: an orphan a killed keeper left, re-parented here.
+            self.pool.forget(pid)  # False: an orphan a killed keeper left, re-parented here
 
 
 def _cores() -> int:

@@ -40,25 +40,43 @@ def _procs(pids: set[int]) -> list[psutil.Process]:
 
 def test_a_run_leaves_nothing_for_the_next_which_runs_in_fresh_pool_workers() -> None:
     first = nbddp.launch(fns.leave_state, procs=2, block=False, output="none")
-    first_pids = {pid for pids in first.wait().values.values() for pid in pids}  # ranks, keepers
-    assert len(first_pids) == 4
-    # One-shot: the first run's ranks and keepers are gone, none kept for another run.
-    assert wait_procs_gone(_procs(first_pids), timeout=5) == []
+    first_ranks = {pids[0] for pids in first.wait().values.values()}
+    first_keepers = {pids[1] for pids in first.wait().values.values()}
+    # One-shot: the first run's ranks are gone, none kept for another run.
+    assert wait_procs_gone(_procs(first_ranks), timeout=5) == []
     forkserver = FORKSERVER.pid
     assert forkserver is not None
     workers = wait_pool(forkserver, 2)
     idle = {p.pid for p in workers}
-    pool = idle | {p.ppid() for p in workers}  # the idle workers and their keepers
+    # The keepers stay, free, and each forked a fresh idle worker.
+    assert {p.ppid() for p in workers} == first_keepers
 
     second = nbddp.launch(fns.find_state, procs=2, block=False, output="none").wait()
 
     seen = second.values
     assert {s["pid"] for s in seen.values()} == idle  # the pool served it...
-    assert not pool & first_pids  # ...with processes (and keepers) that had run nothing
+    assert not idle & first_ranks  # ...with processes that had run nothing
     for state in seen.values():
         assert state["global"] is None and state["env"] is None
         assert not state["module"] and not state["group"]
         assert state["cuda_initialized"] is False
+
+
+def test_back_to_back_launches_reuse_the_keepers_and_each_rank_is_a_fresh_process() -> None:
+    """A launch right after another (a sweep's loop) finds the keepers free but not
+    warm: each forks its rank now, side by side, and the rank has none of the last
+    one's state."""
+    first = nbddp.launch(fns.leave_state, procs=2, output="none", block=False).wait()
+    second = nbddp.launch(fns.leave_state, procs=2, output="none", block=False).wait()
+    third = nbddp.launch(fns.find_state, procs=2, output="none", block=False).wait()
+    keepers = [{pids[1] for pids in run.values.values()} for run in (first, second)]
+    ranks = [{pids[0] for pids in run.values.values()} for run in (first, second)]
+    assert keepers[0] == keepers[1]  # the same two keepers kept both runs' ranks
+    assert not ranks[0] & ranks[1]
+    for state in third.values.values():
+        assert state["pid"] not in ranks[0] | ranks[1]
+        assert state["global"] is None and state["env"] is None
+        assert not state["module"] and not state["group"]
 
 
 def test_the_pool_refills_to_the_last_launch_size_capped_by_nbddp_pool(

@@ -160,9 +160,10 @@ def test_what_the_forkserver_runs_never_initialises_cuda() -> None:
         torch.cuda.init = trap
         torch._C._cuda_init = trap
 
-        from nbddp.launcher import forkserver, pool
+        from nbddp.launcher import forkserver
+        from nbddp.rank import pooled
         forkserver._preload()
-        pool._warm_up()
+        pooled._warm_up()
         print(calls)
         """
     )
