@@ -22,7 +22,11 @@ seconds; those count towards the bound, so it can be exceeded while they
 last. Only ``run-*`` directories in the base directory are touched, never
 symlinks or other files. The settings are read, and checked, each time a
 run starts: a bad value raises ``ConfigError`` saying what to set. Pruning
-itself never fails a run: what cannot be removed is left.
+itself never fails a run: what cannot be removed is left. A new run skips
+the prune while no run left by this process's last prune can have become
+removable (each was written to in the last ``RECENT`` seconds): a sweep's
+launches, seconds apart or less, would each walk every run directory to
+remove nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ RUN_PREFIX = "run-"
 _MB = 1 << 20
 
 _fallback: dict[Path, Path] = {}  # our private base instead of one we must not use
+_quiet_until: dict[Path, float] = {}  # base -> time.time() before which no run there is removable
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,8 @@ def new_run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> RunDir
     settings = log_settings(environ)
     base = run_base_dir(settings)
     run = RunDir(Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{run_id}-", dir=base)))
-    prune(base, settings.keep, settings.max_bytes)
+    if time.time() >= _quiet_until.get(base, 0.0):
+        prune(base, settings.keep, settings.max_bytes)
     return run
 
 
@@ -178,6 +184,10 @@ def prune(base: Path, keep: int, max_bytes: int, now: float | None = None) -> li
             continue
         removed.append(path)
         count, total = count - 1, total - size
+    # The oldest run left can be removed RECENT seconds after its last write at the
+    # earliest; newer ones later still (a lock only delays it more).
+    left = [last_write for path, last_write, _ in runs if path not in removed]
+    _quiet_until[base] = min(left, default=now) + RECENT
     return removed
 
 
@@ -192,15 +202,29 @@ def _survey(base: Path) -> list[tuple[Path, float, int]]:
         if not entry.name.startswith(RUN_PREFIX) or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            last_write, size = entry.stat(follow_symlinks=False).st_mtime, 0
-            for root, _, files in os.walk(entry.path):
-                for name in files:
-                    info = os.lstat(os.path.join(root, name))
-                    last_write, size = max(last_write, info.st_mtime), size + info.st_size
+            last_write, size = _tree_stats(entry.path, entry.stat(follow_symlinks=False).st_mtime)
         except OSError:
             continue  # removed meanwhile, or not ours to read: leave it
         runs.append((Path(entry.path), last_write, size))
     return runs
+
+
+def _tree_stats(path: str, last_write: float) -> tuple[float, int]:
+    """(latest of ``last_write`` and every file's mtime, bytes in all) under ``path``.
+
+    ``os.scandir`` rather than ``os.walk``: this runs at every launch over up to
+    a minute's worth of runs (a sweep's), and the walk's own bookkeeping was
+    most of the launch's time spent here."""
+    size = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                sub_write, sub_size = _tree_stats(entry.path, last_write)
+                last_write, size = max(last_write, sub_write), size + sub_size
+            else:
+                info = entry.stat(follow_symlinks=False)
+                last_write, size = max(last_write, info.st_mtime), size + info.st_size
+    return last_write, size
 
 
 def _remove_unless_locked(path: Path) -> bool:

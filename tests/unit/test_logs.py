@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from nbddp.errors import ConfigError
+from nbddp.launcher import logs
 from nbddp.launcher.logs import (
     DEFAULT_KEEP,
     DEFAULT_MAX_MB,
@@ -206,3 +207,32 @@ def test_the_test_suite_writes_its_logs_in_its_own_directory() -> None:
 
 def test_rank_log_names_the_rank() -> None:
     assert rank_log(Path("/logs/run-x"), 3) == Path("/logs/run-x/rank3.log")
+
+
+def test_a_new_run_skips_the_prune_while_no_run_can_be_removable_yet(
+    log_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = Path(log_env["NBDDP_LOG_DIR"])
+    base.mkdir()
+    env = {**log_env, "NBDDP_LOG_KEEP": "1"}
+    surveys: list[Path] = []
+    real_survey = logs._survey
+
+    def counting_survey(where: Path) -> list[tuple[Path, float, int]]:
+        surveys.append(where)
+        return real_survey(where)
+
+    monkeypatch.setattr(logs, "_survey", counting_survey)
+    runs = [new_run_dir(f"20240101-00000{i}-abcdef", env) for i in range(3)]
+    for run in runs:
+        run.release()
+    # Every run is fresh: none can be removed for a minute, so only the first walked them.
+    assert surveys == [base]
+    assert len(names(base)) == 3
+    # A minute on, the oldest left may go: the next run walks them again and prunes.
+    later = time.time() + logs.RECENT + 1
+    monkeypatch.setattr(logs.time, "time", lambda: later)
+    new_run_dir("20240101-000009-abcdef", env).release()
+    assert surveys == [base, base]
+    assert names(base) == [n for n in names(base) if n.startswith("run-20240101-000009-")]
+    assert len(names(base)) == 1
