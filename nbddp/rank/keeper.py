@@ -16,7 +16,9 @@ The keeper is the rank's parent, not the forkserver: a rank outlives its
 forkserver and its exit code still reaches the notebook. The keeper runs
 only this module's code (no user code, no threads) and holds none of the
 rank's fds but ``status_w``; it is never in the rank's process group, so
-stopping the rank does not stop it, and it ends right after the rank.
+stopping the rank does not stop it, and it ends right after the rank. The
+forkserver's keepers (``nbddp.rank.pooled``) do the same with ``supervise``,
+then stay for the forkserver's next rank.
 
 A spawned rank's keeper is the interpreter the notebook spawns
 (``spawned_main``); it forks the rank before anything imports nbddp, so the
