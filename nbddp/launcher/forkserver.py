@@ -169,10 +169,20 @@ class Forkserver:
         status_w, ctrl, out, err = fds
         rank_fds = (ctrl, out, err, status_w)
         if self.pool.hand_over(rank_fds) is None:
-            self.pool.start_keeper(self._fds(), rank_fds)
+            self._hear_keepers()
+            if self.pool.hand_over(rank_fds) is None:
+                self.pool.start_keeper(self._fds(), rank_fds)
         for fd in fds:
             os.close(fd)
         return True
+
+    def _hear_keepers(self) -> None:
+        """Take in what keepers have said and not yet been heard: a keeper says it is
+        free only after reporting its rank's exit code, so the notebook's next
+        launch can come first, and it should find that keeper free, not fork another."""
+        for key, _ in self.selector.select(0):
+            if key.data is not None:
+                self.pool.heard(key.data, self.listening)
 
     def _reap(self) -> None:
         while True:

@@ -53,6 +53,7 @@ def rank_fds() -> list[int]:
 
 def received(link: socket.socket) -> tuple[bytes, int]:
     """What a keeper reads: the order, and how many fds came with it."""
+    link.settimeout(5.0)  # an order that never comes fails the test, not the session
     msg, fds, _, _ = socket.recv_fds(link, 1, pooled.RANK_FDS)
     for fd in fds:
         os.close(fd)
@@ -164,3 +165,35 @@ def test_a_reaped_keeper_is_forgotten_wherever_it_was(pool: Pool, killed: list[i
     assert pool.fds() == set()
     for link in links:
         link.close()
+
+
+def test_a_request_finds_the_keeper_that_said_free_before_it_was_heard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keeper says it is free only after reporting its rank's exit code, so the
+    notebook's next request may reach the forkserver first: it must still go to
+    that keeper, not to a keeper forked for it."""
+    from nbddp.launcher.forkserver import Forkserver
+    from nbddp.launcher.starters import REQUEST
+
+    forked: list[object] = []
+    monkeypatch.setattr(Pool, "start_keeper", lambda self, close, fds: forked.append(fds))
+    notebook, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = Forkserver(theirs)
+    keeper = add(server.pool, 1, busy=True)
+    keeper.sendall(pooled.FREE)  # said, not yet heard
+    fds = rank_fds()
+    try:
+        socket.send_fds(notebook, [REQUEST.pack(b"F", 1, 10.0)], fds)
+        assert server._serve_request()
+        assert received(keeper) == (pooled.RUN, 4) and not forked
+        assert list(server.pool.busy) == [1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for end in (notebook, theirs, keeper, *(k.link for k in server.pool.busy.values())):
+            end.close()
+        server.pool.busy.clear()
+        os.close(server.wake_r)
+        os.close(server.wake_w)
+        server.selector.close()
