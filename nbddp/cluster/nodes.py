@@ -36,6 +36,12 @@ PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be rea
 PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are placed
 AGENT_CONCURRENCY = 16  # an agent's threads: a long poll never holds up a stop
 CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
+CLIENT_START_TRIES = 3
+"""Connections tried when Ray Client's server fails to start the notebook's own server
+process: its proxy forks that process from a gRPC-threaded one, and the child
+sometimes exits at once with nothing in its logs ("Starting Ray client server
+failed"; seen on this project's 2-core CI machine about one first connection in
+several); the proxy starts a fresh one for each new connection."""
 
 
 def import_ray() -> Any:
@@ -66,12 +72,7 @@ def connect(cluster: RayCluster) -> Any:
     # Why: a killed notebook's ranks must go within seconds, not Ray Client's 30 s.
     os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", CLIENT_GRACE)
     try:
-        ray.init(
-            address=cluster.ray_address,
-            runtime_env=dict(cluster.runtime_env) if cluster.runtime_env else None,
-            log_to_driver=False,  # the ranks' output comes through nbddp, not Ray's logs
-            logging_level=logging.WARNING,
-        )
+        _init(ray, cluster)
     except Exception as exc:
         raise ConfigError(
             f"cannot connect to the Ray cluster at {cluster.address} "
@@ -80,6 +81,25 @@ def connect(cluster: RayCluster) -> Any:
         ) from exc
     _connected = cluster.address
     return ray
+
+
+def _init(ray: Any, cluster: RayCluster) -> None:
+    """``ray.init`` for ``cluster``, tried again when Ray Client's server could not
+    start this connection's server (``CLIENT_START_TRIES``)."""
+    for attempt in range(1, CLIENT_START_TRIES + 1):
+        try:
+            ray.init(
+                address=cluster.ray_address,
+                runtime_env=dict(cluster.runtime_env) if cluster.runtime_env else None,
+                log_to_driver=False,  # the ranks' output comes through nbddp, not Ray's logs
+                logging_level=logging.WARNING,
+            )
+            return
+        except ConnectionAbortedError as exc:
+            if "client server failed" not in str(exc) or attempt == CLIENT_START_TRIES:
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
 
 
 def _reachable(cluster: RayCluster) -> None:

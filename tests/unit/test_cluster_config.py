@@ -216,3 +216,78 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
         "launch": "Nodes 2 needs a Ray cluster: add Ray cluster ray://head:10001 "
         "(or 'ray' inside one)"
     }
+
+
+class FakeRay:
+    """``ray`` as ``nodes.connect`` uses it: ``init`` fails with the given errors first."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.inits = 0
+        self.shutdowns = 0
+        self.connected = False
+
+    def is_initialized(self) -> bool:
+        return self.connected
+
+    def init(self, **kwargs: object) -> None:
+        self.inits += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.connected = True
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        self.connected = False
+
+
+CLIENT_SERVER_FAILED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err"
+)
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from nbddp.cluster import nodes
+
+    monkeypatch.setattr(nodes, "_reachable", lambda cluster: None)
+    monkeypatch.setattr(nodes, "_connected", None)
+    monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "2")
+
+    def use(failures: list[Exception]) -> FakeRay:
+        ray = FakeRay(failures)
+        monkeypatch.setattr(nodes, "import_ray", lambda: ray)
+        return ray
+
+    return use
+
+
+def test_a_client_server_that_fails_to_start_is_tried_again(fake_ray: Any) -> None:
+    from nbddp.cluster import nodes
+
+    ray = fake_ray([CLIENT_SERVER_FAILED, CLIENT_SERVER_FAILED])
+    assert nodes.connect(RayCluster("ray://127.0.0.2:10001")) is ray
+    assert ray.inits == 3 and ray.shutdowns == 2 and ray.connected
+
+
+def test_a_client_server_that_never_starts_says_so_in_one_line(fake_ray: Any) -> None:
+    from nbddp.cluster import nodes
+
+    ray = fake_ray([CLIENT_SERVER_FAILED] * nodes.CLIENT_START_TRIES)
+    with pytest.raises(ConfigError) as info:
+        nodes.connect(RayCluster("ray://127.0.0.2:10001"))
+    assert ray.inits == nodes.CLIENT_START_TRIES
+    assert "cannot connect to the Ray cluster at ray://127.0.0.2:10001" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_other_connection_failures_are_not_tried_again(fake_ray: Any) -> None:
+    from nbddp.cluster import nodes
+
+    ray = fake_ray(
+        [ConnectionAbortedError("Initialization failure from server:\nversion mismatch")]
+    )
+    with pytest.raises(ConfigError):
+        nodes.connect(RayCluster("ray://127.0.0.2:10001"))
+    assert ray.inits == 1
