@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
@@ -100,3 +101,24 @@ def results_through(address: str) -> str:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def kill_it_and_wait_for_its_ranks(address: str, within: float = 10.0) -> float:
+    """Start a stand-in notebook on ``address``, SIGKILL it (and its tree) once its ranks
+    run, and wait for them to go: seconds from the kill until they were all gone.
+    Fails the test if any is alive ``within`` seconds after the kill."""
+    import psutil
+
+    from tests.cluster.conftest import kill_tree
+    from tests.procs import wait_procs_gone
+
+    proc, pids = stand_in_notebook(address)
+    ranks = [psutil.Process(pid) for pid in pids]
+    killed = time.monotonic()
+    kill_tree(proc.pid)
+    proc.wait()
+    left = wait_procs_gone(ranks, timeout=within)
+    assert not left, (
+        f"ranks alive {within:g} s after the notebook was killed: {[p.pid for p in left]}"
+    )
+    return time.monotonic() - killed

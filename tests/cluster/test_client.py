@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
-import psutil
-
-from tests.cluster.conftest import CLIENT_PORT, HEAD, kill_tree
-from tests.cluster.notebook import results_through, stand_in_notebook
-from tests.procs import wait_procs_gone
+from tests.cluster.conftest import CLIENT_PORT, HEAD
+from tests.cluster.notebook import kill_it_and_wait_for_its_ranks, results_through
 
 ADDRESS = f"ray://{HEAD}:{CLIENT_PORT}"
 
@@ -20,11 +15,5 @@ def test_a_client_notebook_gets_values_and_the_ranks_own_exception(cluster: obje
 
 
 def test_a_killed_client_notebooks_ranks_are_gone_within_10s(cluster: object) -> None:
-    proc, pids = stand_in_notebook(ADDRESS)
-    ranks = [psutil.Process(pid) for pid in pids]
-    killed = time.monotonic()
-    kill_tree(proc.pid)
-    proc.wait()
-    left = wait_procs_gone(ranks, timeout=10)
-    assert not left, f"ranks alive 10 s after the notebook was killed: {[p.pid for p in left]}"
-    print(f"ranks gone {time.monotonic() - killed:.2f}s after the client notebook was killed")
+    gone = kill_it_and_wait_for_its_ranks(ADDRESS)
+    print(f"ranks gone {gone:.2f}s after the client notebook was killed")

@@ -13,8 +13,8 @@ import nbddp
 from nbddp.cluster import nodes
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
-from tests.cluster.conftest import HEAD, kill_tree
-from tests.cluster.notebook import stand_in_notebook
+from tests.cluster.conftest import HEAD
+from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.cluster.ranks import (
     StepFailed,
     all_reduce_ranks,
@@ -121,14 +121,8 @@ def test_an_unreachable_cluster_fails_in_seconds_with_one_line() -> None:
 
 def test_a_killed_notebooks_ranks_are_gone_from_every_node_within_10s(cluster: object) -> None:
     nbddp.cluster.release()  # the nodes' CPUs go to the other notebook
-    proc, pids = stand_in_notebook(cluster.address)  # type: ignore[attr-defined]
-    ranks = [psutil.Process(pid) for pid in pids]
-    killed = time.monotonic()
-    kill_tree(proc.pid)
-    proc.wait()
-    left = wait_procs_gone(ranks, timeout=10)
-    assert not left, f"ranks alive 10 s after the notebook was killed: {[p.pid for p in left]}"
-    print(f"ranks gone {time.monotonic() - killed:.2f}s after the notebook was killed")
+    gone = kill_it_and_wait_for_its_ranks(cluster.address)  # type: ignore[attr-defined]
+    print(f"ranks gone {gone:.2f}s after the notebook was killed")
 
 
 def test_a_timeout_dumps_every_ranks_stacks_on_every_node_then_stops(cluster: object) -> None:
