@@ -23,6 +23,11 @@ that are free. The forkserver refills the pool when ``pool.refill_wait`` says
 a moment), one keeper at a time with requests served first, and ends the
 free keepers when that time passes.
 
+Before its first refill, and waiting as a refill does, it moves the memory
+its preload wrote into huge pages, one at a time (``nbddp.launcher.hugepages``):
+each fork of it, and each exit of what it forked, then has hundreds of
+page-table entries to copy and tear down where it had tens of thousands.
+
 It must stay CUDA-clean: it imports torch but never calls anything that
 initialises CUDA, so its children can use the GPUs even when the notebook
 itself already has (forking a CUDA-initialised process is what breaks
@@ -41,6 +46,7 @@ import socket
 import sys
 import time
 
+from nbddp.launcher.hugepages import Collapser, plan
 from nbddp.launcher.pool import Pool, cpu_stall_us, refill_wait, stall_limit
 from nbddp.launcher.starters import REQUEST
 from nbddp.rank.keeper import become_subreaper
@@ -72,8 +78,9 @@ def _preload() -> None:
 class Forkserver:
     """The fork loop (see module contract)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, collapse: Collapser | None = None) -> None:
         self.sock = sock
+        self.collapse = collapse  # what is left to move into huge pages (hugepages)
         self.selector = selectors.DefaultSelector()
         self.pool = Pool(self.selector)
         self.cores = _cores()
@@ -111,11 +118,26 @@ class Forkserver:
     def _refill_in(self) -> float | None:
         """Seconds until a refill is due (0: now); None while none will be (the
         policy and its reasons: ``pool.refill_wait``)."""
+        return self._spare_in(self.pool.short())
+
+    def _collapse_in(self) -> float | None:
+        """Seconds until the next huge page of the collapse is due (0: now); None while
+        none will be. It costs CPU as a refill does, so it waits as one would; and it
+        waits while any keeper is alive, since those share the pages (see
+        ``hugepages``). It comes before the first refill: the pool's keepers then
+        start from the collapsed memory."""
+        pool = self.pool
+        if self.collapse is None or pool.free or pool.busy or pool.ending:
+            return None
+        return self._spare_in(True)
+
+    def _spare_in(self, wanted: bool) -> float | None:
+        """Seconds until background work (``wanted``) may take the CPU; see ``refill_wait``."""
         if not self.listening:
             return None
         now = time.monotonic()
         return refill_wait(
-            short=self.pool.short(),
+            short=wanted,
             running=len(self.pool.busy),
             cores=self.cores,
             since_request=now - self.pool.last_request,
@@ -132,15 +154,22 @@ class Forkserver:
         return (after - before) / (since * 1e6)
 
     def _timeout(self) -> float | None:
-        waits = [t for t in (self._refill_in(), self.pool.wind_down_in()) if t is not None]
+        due = (self._collapse_in(), self._refill_in(), self.pool.wind_down_in())
+        waits = [t for t in due if t is not None]
         return min(waits, default=None)
 
     def _tend_pool(self) -> None:
-        """Warm one keeper at a time (a request that arrives meanwhile goes first,
-        since the loop polls before each), or wind the pool down when idle."""
+        """Collapse one huge page, or else warm one keeper (a request that arrives
+        meanwhile goes first, since the loop polls before each), or wind the pool
+        down when idle."""
         if self.pool.wind_down_in() == 0.0:
             self.pool.wind_down()
-        elif self._refill_in() == 0.0 and not _readable(self.sock):
+        elif _readable(self.sock):
+            return
+        elif self.collapse is not None and self._collapse_in() == 0.0:
+            if not self.collapse.step():
+                self.collapse = None
+        elif self._refill_in() == 0.0:
             try:
                 self.pool.warm_one(self._fds())
             except OSError as exc:  # out of processes or fds: serve requests by fork alone
@@ -224,7 +253,7 @@ def main() -> None:
     # milliseconds of page faults at a random point of the rank's start. Frozen
     # objects are never walked (the pre-fork server pattern gc.freeze exists for).
     gc.freeze()
-    server = Forkserver(sock)
+    server = Forkserver(sock, plan(os.environ))
     if len(sys.argv) > 3:
         server.pool.resize(int(sys.argv[2]), float(sys.argv[3]))
     server.serve()

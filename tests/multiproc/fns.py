@@ -288,3 +288,22 @@ def stuck_holding_the_gil() -> None:
 
     print("spinning", flush=True)
     re.match(r"(a+)+$", "a" * 64 + "b")
+
+
+def memory_after_all_reduce() -> dict[str, int]:
+    """Join gloo, all_reduce, and return this rank's memory figures (kB) from
+    ``/proc/self/smaps_rollup``: ``AnonHugePages`` and ``Private_Dirty``."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == dist.get_world_size()
+    figures = {}
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            key, _, value = line.partition(":")
+            if key in ("AnonHugePages", "Private_Dirty"):
+                figures[key] = int(value.split()[0])
+    return figures

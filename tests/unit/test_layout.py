@@ -35,6 +35,7 @@ FORKSERVER_MAY_IMPORT = (
     "nbddp.errors",
     "nbddp.launcher.starters",
     "nbddp.launcher.pool",
+    "nbddp.launcher.hugepages",
     "nbddp.launcher.forkserver",
 )
 
@@ -99,7 +100,7 @@ def test_frontends_are_imported_only_inside_functions(path: Path) -> None:
     assert not bad, f"{module_name(path)} imports {sorted(bad)} at import time"
 
 
-@pytest.mark.parametrize("name", ["forkserver.py", "pool.py"])
+@pytest.mark.parametrize("name", ["forkserver.py", "pool.py", "hugepages.py"])
 def test_the_forkserver_imports_only_the_rank_and_wire_sides(name: str) -> None:
     path = PACKAGE / "launcher" / name
     ours = {n for n in imports(path) if n == "nbddp" or n.startswith("nbddp.")}
