@@ -27,6 +27,8 @@ Before its first refill, and waiting as a refill does, it moves the memory
 its preload wrote into huge pages, one at a time (``nbddp.launcher.hugepages``):
 each fork of it, and each exit of what it forked, then has hundreds of
 page-table entries to copy and tear down where it had tens of thousands.
+Keepers forked before it was done (for a launch that came during the
+preload) are replaced once it is (``Pool.renew``).
 
 It must stay CUDA-clean: it imports torch but never calls anything that
 initialises CUDA, so its children can use the GPUs even when the notebook
@@ -121,15 +123,11 @@ class Forkserver:
         return self._spare_in(self.pool.short())
 
     def _collapse_in(self) -> float | None:
-        """Seconds until the next huge page of the collapse is due (0: now); None while
-        none will be. It costs CPU as a refill does, so it waits as one would; and it
-        waits while any keeper is alive, since those share the pages (see
-        ``hugepages``). It comes before the first refill: the pool's keepers then
-        start from the collapsed memory."""
-        pool = self.pool
-        if self.collapse is None or pool.free or pool.busy or pool.ending:
-            return None
-        return self._spare_in(True)
+        """Seconds until the next huge page of the collapse is due (0: now); None when
+        it is done. It costs CPU as a refill does, so it waits as one would, and it
+        comes before any refill: the pool's keepers then start from the collapsed
+        memory. Keepers forked before it was done are replaced after it (``_tend_pool``)."""
+        return None if self.collapse is None else self._spare_in(True)
 
     def _spare_in(self, wanted: bool) -> float | None:
         """Seconds until background work (``wanted``) may take the CPU; see ``refill_wait``."""
@@ -168,6 +166,11 @@ class Forkserver:
             return
         elif self.collapse is not None and self._collapse_in() == 0.0:
             if not self.collapse.step():
+                if self.collapse.collapsed:
+                    # Keepers forked before now kept the pages as they were, not
+                    # shared with this process any more: memory for nothing, and no
+                    # cheaper forks. A launch that came during the preload forked them.
+                    self.pool.renew()
                 self.collapse = None
         elif self._refill_in() == 0.0:
             try:

@@ -25,9 +25,9 @@ anonymous mappings and the heap are collapsed; the mappings' own settings
 are not changed, so what a rank allocates later is backed as the system's
 THP setting says, as in any other process. Nothing here raises: a kernel
 that cannot collapse a mapping (too old, or the mapping not eligible) leaves
-it as it was. The caller collapses only while it has no child: a page it
-shares with one would be copied for it, not collapsed, and the child would
-keep the old pages (memory for nothing).
+it as it was. A page the forkserver shares with a child it forked before is
+copied for it, not collapsed, and the child keeps the old one: the caller
+replaces those children once the collapse is done (``Pool.renew``).
 """
 
 from __future__ import annotations

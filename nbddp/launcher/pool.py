@@ -130,6 +130,8 @@ class _Keeper:
     link: socket.socket
     warm: bool = False
     """Free and holding an idle worker (told to fork one)."""
+    generation: int = 0
+    """The pool's ``generation`` when it was forked."""
 
 
 class Pool:
@@ -144,6 +146,7 @@ class Pool:
         self.last_used = time.monotonic()  # the last request or rank exit
         self.last_request = self.last_used
         self._selector = selector  # every link is in it, with its keeper's pid as data
+        self.generation = 0  # keepers of an older one are not kept (``renew``)
 
     def fds(self) -> set[int]:
         """The forkserver's ends of the keepers' links: every child it forks must close
@@ -198,7 +201,7 @@ class Pool:
                 os._exit(1)
             pooled.serve(theirs, forkserver, None if fds is None else list(fds), fds is None)
         theirs.close()
-        keeper = _Keeper(ours, warm=fds is None)
+        keeper = _Keeper(ours, warm=fds is None, generation=self.generation)
         (self.busy if fds is not None else self.free)[pid] = keeper
         self._selector.register(ours, selectors.EVENT_READ, pid)
         return pid
@@ -240,7 +243,16 @@ class Pool:
             return
         self.touch()
         self.free[pid] = self.busy.pop(pid)
-        if not listening or len(self.free) > self.size:
+        if not listening or len(self.free) > self.size or keeper.generation != self.generation:
+            self._end(pid)
+
+    def renew(self) -> None:
+        """The forkserver's memory has changed under its keepers (moved into huge pages,
+        ``hugepages``), and those forked before no longer share it: end the free ones
+        now and the busy ones once their rank has ended, so that keepers forked from
+        the memory as it is now take their place (a refill, or the next request)."""
+        self.generation += 1
+        for pid in list(self.free):
             self._end(pid)
 
     def wind_down_in(self) -> float | None:

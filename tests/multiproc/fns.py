@@ -307,3 +307,8 @@ def memory_after_all_reduce() -> dict[str, int]:
             if key in ("AnonHugePages", "Private_Dirty"):
                 figures[key] = int(value.split()[0])
     return figures
+
+
+def pid_and_keeper() -> tuple[int, int]:
+    """This rank's pid and its parent's (the rank's keeper)."""
+    return os.getpid(), os.getppid()

@@ -66,3 +66,24 @@ def test_the_forkserver_and_its_ranks_run_on_huge_pages_with_no_more_private_mem
     # are about as many as without (5 MB against 7 measured); 2 MiB copies of
     # every page it writes would be tens of MB more.
     assert huge["Private_Dirty"] <= small["Private_Dirty"] + 4 * 1024
+
+
+def test_a_launch_before_the_collapse_gets_keepers_renewed_after_it(
+    monkeypatch: pytest.MonkeyPatch, fresh: None
+) -> None:
+    """A script, or a first cell, that launches right after ``import nbddp``: the request
+    comes while the forkserver still imports torch, so its ranks' keepers are forked
+    before the collapse. Once the forkserver has collapsed in the pause that
+    follows, those keepers are replaced by ones forked from the collapsed memory."""
+    monkeypatch.setenv("NBDDP_HUGEPAGES", "1")
+    FORKSERVER.close()
+    first = nbddp.launch(fns.pid_and_keeper, procs=2, output="none", block=False).wait()
+    forkserver = FORKSERVER.pid
+    assert forkserver is not None
+    old_keepers = {pids[1] for pids in first.values.values()}
+    size, _ = first_pool(os.environ)
+    idle = wait_pool(forkserver, size, timeout=60)
+    assert anon_huge_kb(forkserver) >= 32 * 1024
+    assert not {p.ppid() for p in idle} & old_keepers  # replaced, not kept
+    later = nbddp.launch(fns.memory_after_all_reduce, procs=2, output="none")
+    assert later["AnonHugePages"] > 0

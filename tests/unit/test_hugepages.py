@@ -22,6 +22,7 @@ from nbddp.launcher import hugepages
 from nbddp.launcher.forkserver import Forkserver
 from nbddp.launcher.hugepages import Collapser, huge_page_size, plan, regions
 from nbddp.launcher.pool import Pool
+from nbddp.rank import pooled
 from tests.unit.test_pool_keepers import add
 
 MB2 = 2 << 20
@@ -204,14 +205,16 @@ def test_the_kernel_collapses_a_private_mapping_and_its_bytes_stay() -> None:
 
 
 class StepRecorder:
-    """A collapse with ``left`` steps to go; records each step."""
+    """A collapse with ``left`` steps to go, each collapsing ``each`` bytes; records
+    each step."""
 
-    def __init__(self, left: int) -> None:
-        self.left, self.steps = left, 0
+    def __init__(self, left: int, each: int = MB2) -> None:
+        self.left, self.each, self.steps, self.collapsed = left, each, 0, 0
 
     def step(self) -> bool:
         self.steps += 1
         self.left -= 1
+        self.collapsed += self.each
         return self.left > 0
 
 
@@ -231,6 +234,7 @@ def loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
     made = Forkserver(theirs)
     made.pool.resize(2, 300.0)
     made.pool.last_used -= 10.0
+    made.pool.last_request -= 10.0
     refills: list[int] = []
     monkeypatch.setattr(Pool, "warm_one", lambda self, close: refills.append(1))
     yield Loop(made, notebook, refills)
@@ -262,18 +266,35 @@ def test_a_request_goes_before_the_collapse(loop: Loop) -> None:
     assert collapse.steps == 0 and loop.refills == []
 
 
-def test_no_collapse_while_a_keeper_shares_the_pages(loop: Loop) -> None:
-    collapse = StepRecorder(5)
-    loop.server.collapse = collapse  # type: ignore[assignment]
-    keeper = add(loop.server.pool, 7)  # a free keeper, cold: a refill warms it
+def test_keepers_forked_before_the_collapse_are_replaced_after_it(
+    loop: Loop, killed: list[int]
+) -> None:
+    """A launch during the preload forked keepers; the collapse goes on once the
+    CPU is spare, and then they are not kept: the free one ends now, the busy one
+    once its rank has ended. Ones forked afterwards are kept."""
+    pool = loop.server.pool
+    loop.server.collapse = StepRecorder(1)  # type: ignore[assignment]
+    free, busy = add(pool, 7), add(pool, 8, busy=True)
     try:
-        assert loop.server._collapse_in() is None
-        loop.server._tend_pool()
-        assert collapse.steps == 0 and loop.refills == [1]
-        loop.server.pool._close(loop.server.pool.free.pop(7))
-        loop.server.pool.ending.add(7)  # told to end, not yet reaped: it still shares them
-        assert loop.server._collapse_in() is None
-        loop.server.pool.ending.clear()
         assert loop.server._collapse_in() == 0.0
+        loop.server._tend_pool()
+        assert loop.server.collapse is None and killed == [7]
+        busy.sendall(pooled.FREE)
+        pool.heard(8, listening=True)
+        assert killed == [7, 8] and not pool.free
+        pool.last_used -= 10.0  # no rank has run for a while: a refill is due
+        loop.server._tend_pool()
+        assert loop.refills == [1]
+    finally:
+        free.close()
+        busy.close()
+
+
+def test_a_collapse_that_collapsed_nothing_keeps_the_keepers(loop: Loop, killed: list[int]) -> None:
+    loop.server.collapse = StepRecorder(1, each=0)  # type: ignore[assignment]
+    keeper = add(loop.server.pool, 7)
+    try:
+        loop.server._tend_pool()
+        assert loop.server.collapse is None and killed == [] and 7 in loop.server.pool.free
     finally:
         keeper.close()

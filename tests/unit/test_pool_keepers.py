@@ -14,17 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from nbddp.launcher import pool as pool_module
 from nbddp.launcher.pool import Pool, _Keeper
 from nbddp.rank import pooled
-
-
-@pytest.fixture
-def killed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids the pool ends (SIGKILL), recorded and not sent."""
-    seen: list[int] = []
-    monkeypatch.setattr(pool_module.os, "kill", lambda pid, sig: seen.append(pid))
-    return seen
 
 
 @pytest.fixture
