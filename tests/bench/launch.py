@@ -15,7 +15,9 @@ from the call to its return over all rounds, the spread of the rounds'
 medians, and each launcher's median as a ratio of nbddp's default
 (forkserver with its pool) and of accelerate's ``debug_launcher``, both
 measured in the same run. ``--only`` keeps the launchers whose names contain
-one of the words given. First, ``--first-reps`` fresh interpreters (0: none)
+one of the words given. The series start once nbddp's forkserver has
+finished starting (``settle_forkserver``), as it has in a notebook by the
+first launch. First, ``--first-reps`` fresh interpreters (0: none)
 each import nbddp, wait ``--think`` seconds (the background prewarm's head
 start) and time their first launch. Not a test: nothing here asserts a time.
 """
