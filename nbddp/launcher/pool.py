@@ -25,7 +25,9 @@ a launch); when a refill is due is ``refill_wait``'s (a pure function):
 during a run only where the machine has a core its ranks leave spare, and
 otherwise once no rank has run for a moment. A refill warms a free keeper
 (one fork, in that keeper) or forks a new warm one, and never makes more than
-the last launch's size warm: at most what one more launch needs.
+the last launch's size warm: at most what one more launch needs. Keepers
+forked before the forkserver moved its memory into huge pages no longer
+share it, and are ended once free (``renew``; ``nbddp.launcher.hugepages``).
 
 A free keeper exits on its own when its link closes (the forkserver ended
 it, exited, or died) and the kernel kills it if the forkserver dies first
