@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,12 +45,17 @@ MADV_COLLAPSE = 25
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int]:
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
 def madvise_collapse(start: int, length: int) -> int:
     """``madvise(start, length, MADV_COLLAPSE)``: 0, or the errno it failed with."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
-    if libc.madvise(start, length, MADV_COLLAPSE) == 0:
+    if _madvise()(start, length, MADV_COLLAPSE) == 0:
         return 0
     return ctypes.get_errno() or errno.EINVAL
 
