@@ -275,6 +275,15 @@ SUM = (
 )
 
 
+def group_works_then_stop(kernel: Kernel, pids: dict[int, int], state_kept: bool) -> None:
+    """Every rank joins an all_reduce (``SUM``) and has kept ``state`` or not; then the
+    session stops and its ranks (``pids``) are gone."""
+    line = f"2.0 {state_kept}"
+    assert per_rank(ok(kernel, SUM), "sum") == {0: line, 1: line}
+    ok(kernel, "%ddp_session stop")
+    assert wait_gone(pids=set(pids.values())) == []
+
+
 def test_an_interrupt_that_leaves_a_rank_in_a_collective_frees_it_and_keeps_the_state(
     kernel: Kernel,
 ) -> None:
@@ -291,9 +300,7 @@ def test_an_interrupt_that_leaves_a_rank_in_a_collective_frees_it_and_keeps_the_
     text = traceback_of(result)
     assert REGROUPED in text and "DistributedDataParallel wrapper" in text, text
     assert rank_pids(kernel) == pids  # the same ranks, their state kept
-    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 True", 1: "2.0 True"}
-    ok(kernel, "%ddp_session stop")
-    assert wait_gone(pids=set(pids.values())) == []
+    group_works_then_stop(kernel, pids, state_kept=True)
 
 
 BLOCKED = """\
@@ -317,9 +324,7 @@ def test_a_rank_blocked_in_a_collective_is_freed_and_the_state_kept(kernel: Kern
     assert "RuntimeError: rank 1 fails before the all_reduce" in text
     assert REGROUPED in text.splitlines()[-1], text
     assert rank_pids(kernel) == pids
-    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 True", 1: "2.0 True"}
-    ok(kernel, "%ddp_session stop")
-    assert wait_gone(pids=set(pids.values())) == []
+    group_works_then_stop(kernel, pids, state_kept=True)
 
 
 STUCK_IN_C = """\
@@ -353,9 +358,7 @@ def test_a_rank_that_cannot_be_freed_ends_the_session(kernel: Kernel) -> None:
     assert "session: running" in restarted
     fresh = rank_pids(kernel)
     assert set(fresh.values()).isdisjoint(pids.values())
-    assert per_rank(ok(kernel, SUM), "sum") == {0: "2.0 False", 1: "2.0 False"}
-    ok(kernel, "%ddp_session stop")
-    assert wait_gone(pids=set(fresh.values())) == []
+    group_works_then_stop(kernel, fresh, state_kept=False)
 
 
 def test_a_rank_killed_during_a_cell_ends_the_session_naming_it(kernel: Kernel) -> None:
