@@ -1,36 +1,67 @@
 """nbddp: run multi-GPU (or multi-CPU) PyTorch training from a notebook.
 
-Public API only; see README.md. Importing nbddp in a notebook or script
-starts the forkserver in the background (torch preloaded, CUDA untouched)
-so the first launch is fast; set ``NBDDP_PREWARM=0`` to opt out.
+Public API only; see README.md. Each name loads its module on first use
+(PEP 562), so a rank that imports nbddp for ``nbddp.log`` loads the rank's
+side alone. In a notebook or script (not in nbddp's own processes), importing
+nbddp starts the forkserver in the background (torch preloaded, CUDA
+untouched) so that the first launch is fast; ``NBDDP_PREWARM=0`` opts out.
 """
 
-from collections.abc import Callable as _Callable
+import importlib as _importlib
+import os as _os
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from nbddp.cluster.spec import RayCluster
-from nbddp.errors import (
-    ConfigError,
-    LaunchTimeout,
-    NbddpError,
-    PayloadError,
-    RankError,
-    RankExitedError,
-    ResultError,
-    SessionError,
-    WorkerError,
-)
-from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.entry import Launcher, launch, notebook_launcher, spawn
-from nbddp.launcher.prewarm import shutdown
-from nbddp.launcher.prewarm import start as _prewarm_start
-from nbddp.launcher.run import Run, RunResult, UnloadedValue
-from nbddp.notebook.session import Session, session
-from nbddp.rank.metrics import log
-
 if _TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nbddp.entry import Launcher, launch, notebook_launcher, spawn
+    from nbddp.errors import (
+        ConfigError,
+        LaunchTimeout,
+        NbddpError,
+        PayloadError,
+        RankError,
+        RankExitedError,
+        RemoteError,
+        ResultError,
+        SessionError,
+        WorkerError,
+    )
+    from nbddp.launcher.config import LaunchConfig
+    from nbddp.launcher.prewarm import shutdown
+    from nbddp.launcher.raycluster import RayCluster
+    from nbddp.launcher.run import Run, RunResult, UnloadedValue
     from nbddp.notebook.panel.panel import Panel
+    from nbddp.notebook.session import Session, session
+    from nbddp.rank.metrics import log
+
+_HOMES = {
+    "ConfigError": "nbddp.errors",
+    "LaunchTimeout": "nbddp.errors",
+    "NbddpError": "nbddp.errors",
+    "PayloadError": "nbddp.errors",
+    "RankError": "nbddp.errors",
+    "RankExitedError": "nbddp.errors",
+    "ResultError": "nbddp.errors",
+    "SessionError": "nbddp.errors",
+    "RemoteError": "nbddp.errors",
+    "WorkerError": "nbddp.errors",
+    "LaunchConfig": "nbddp.launcher.config",
+    "Launcher": "nbddp.entry",
+    "launch": "nbddp.entry",
+    "notebook_launcher": "nbddp.entry",
+    "spawn": "nbddp.entry",
+    "RayCluster": "nbddp.launcher.raycluster",
+    "Run": "nbddp.launcher.run",
+    "RunResult": "nbddp.launcher.run",
+    "UnloadedValue": "nbddp.launcher.run",
+    "Session": "nbddp.notebook.session",
+    "session": "nbddp.notebook.session",
+    "log": "nbddp.rank.metrics",
+    "shutdown": "nbddp.launcher.prewarm",
+}
+"""Each lazily loaded public name, and the module that defines it."""
 
 __all__ = [
     "ConfigError",
@@ -42,6 +73,7 @@ __all__ = [
     "RankError",
     "RankExitedError",
     "RayCluster",
+    "RemoteError",
     "ResultError",
     "Run",
     "RunResult",
@@ -63,7 +95,20 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def panel(fn: _Callable[..., _Any], *args: _Any, **kwargs: _Any) -> "Panel":
+def __getattr__(name: str) -> _Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'nbddp' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(home), name)
+    globals()[name] = value  # loaded once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def panel(fn: "Callable[..., _Any]", *args: _Any, **kwargs: _Any) -> "Panel":
     """Show a widget panel that launches ``fn(*args, **kwargs)`` on every rank.
 
     The panel sets the devices (visible GPUs, or CPU processes), start
@@ -87,7 +132,6 @@ def panel(fn: _Callable[..., _Any], *args: _Any, **kwargs: _Any) -> "Panel":
 
 def load_ipython_extension(ipython: _Any) -> None:
     """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config`` and ``%ddp_status``."""
-    # Imported here: importing nbddp must not import IPython (ranks import it).
     from nbddp.notebook.magics import load_ipython_extension as load
 
     load(ipython)
@@ -100,4 +144,8 @@ def unload_ipython_extension(ipython: _Any) -> None:
     unload(ipython)
 
 
-_prewarm_start()
+# In a notebook or a script, not in nbddp's own processes, nor when asked not to.
+if not _os.environ.get("NBDDP_ROLE") and _os.environ.get("NBDDP_PREWARM", "").strip() != "0":
+    from nbddp.launcher.prewarm import start as _prewarm
+
+    _prewarm()

@@ -69,8 +69,8 @@ class RankError(NbddpError, RuntimeError):
         self.log_path = log_path
 
 
-class WorkerError(RankError):
-    """A rank raised an exception whose type could not be rebuilt here.
+class RemoteError(RankError):
+    """A rank raised an exception that cannot be rebuilt here as itself.
 
     ``remote_type`` is the qualified name of the original type and
     ``remote_traceback`` the traceback text as the rank printed it.
@@ -88,6 +88,10 @@ class WorkerError(RankError):
         super().__init__(message, rank=rank, log_path=log_path)
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
+
+
+WorkerError = RemoteError
+"""``RemoteError``'s earlier name, kept so that code catching it goes on working."""
 
 
 class RankExitedError(RankError):

@@ -36,7 +36,7 @@ MARKER = "NBDDP_TEST_SESSION"
 FORKSERVER_NAME = "nbddp-forksrv"
 IDLE_NAME = "nbddp-idle"
 WARMING_NAME = "nbddp-warming"  # an idle worker still warming up
-POOL_CAP = 8  # nbddp.launcher.config.POOL_MAX (checked by a unit test): no nbddp import here
+POOL_CAP = 8  # NBDDP_POOL's default (checked by a unit test): no nbddp import here
 
 
 def _role(proc: psutil.Process, name: str) -> str:

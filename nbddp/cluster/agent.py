@@ -40,7 +40,7 @@ from nbddp.cluster.portable import (
 )
 from nbddp.cluster.versions import local_versions
 from nbddp.launcher.config import LaunchConfig, NodeSlice
-from nbddp.launcher.events import Done, Metrics, Output, RunEvent, RunStatus, StateChanged
+from nbddp.launcher.events import Done, MetricRows, RunEvent, RunStatus, StateChanged, Text
 from nbddp.launcher.job import Job
 from nbddp.launcher.ports import host_store, listen
 
@@ -177,7 +177,7 @@ def _node_address() -> str:
 
 def _global(event: RunEvent, first: int) -> RunEvent:
     """``event`` with its rank made global."""
-    if isinstance(event, Output | StateChanged | Metrics):
+    if isinstance(event, Text | StateChanged | MetricRows):
         return replace(event, rank=event.rank + first)
     return event
 

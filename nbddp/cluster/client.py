@@ -37,12 +37,12 @@ from nbddp.launcher.events import (
     Done,
     Failure,
     Notice,
-    Output,
     RankOutcome,
     RankState,
     RunEvent,
     RunStatus,
     StateChanged,
+    Text,
     run_status,
 )
 from nbddp.launcher.failures import root_cause
@@ -221,7 +221,7 @@ class ClusterJob:
 
     def _take(self, node: _Node, batch: Batch) -> None:
         for event in batch.events:
-            if isinstance(event, Output):
+            if isinstance(event, Text):
                 self._log(event.rank, event.text)
             elif isinstance(event, StateChanged):
                 self._ranks[event.rank].state = event.state

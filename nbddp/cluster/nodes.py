@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbddp.cluster.agent import NodeAgent, NodeInfo
-from nbddp.cluster.spec import RayCluster
 from nbddp.cluster.versions import local_versions, mismatch
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.raycluster import RayCluster
 
 CONNECT_CHECK = 5.0  # seconds the address gets to accept a TCP connection
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready

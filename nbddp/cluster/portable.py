@@ -2,7 +2,7 @@
 
 Contract: on one machine a rank's value, its exception and the call's large
 arguments travel as bytes plus shared-memory descriptors
-(``values.Packed``, ``payload.Payload``); descriptors cannot leave a
+(``descriptors.Packed``, ``payload.Payload``); descriptors cannot leave a
 machine. ``ship_*`` (on the sending side) reads each descriptor's memory
 into bytes once; ``land_*`` (on the receiving side) writes them into fresh
 shared memory (memfd), so the rest of nbddp gets the very types it gets
@@ -19,10 +19,9 @@ from dataclasses import dataclass, replace
 
 from nbddp.errors import PayloadError
 from nbddp.launcher.events import Failure, RankOutcome
+from nbddp.wire.descriptors import Descriptors, OwnedFd, Packed
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Descriptors, ErrorInfo
-from nbddp.wire.shm import OwnedFd
-from nbddp.wire.values import Packed
+from nbddp.wire.protocol import ErrorInfo
 
 
 def read_fd(fd: int) -> bytes:

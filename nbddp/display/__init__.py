@@ -1,14 +1,10 @@
-"""How a run's output is shown.
+"""How a run's output is shown: each module implements ``launcher.display.Display``.
 
 ``model``: the per-rank view model (``RunModel``) that the kernel display
 and the panel's feed render, each its own way. ``text``: rank-prefixed
 lines, for terminals and scripts. ``kernel``: one block per rank updated in
 place in the cell, plus a metrics chart (imports IPython only when it
-draws). ``screen``, ``ratelimit``, ``chart`` and ``style`` (state colours)
-are their building blocks; ``protocol`` is what a run's display implements.
+draws). ``guard``: a display that never raises, falling back to text.
+``screen``, ``ratelimit``, ``chart`` and ``style`` (state colours) are their
+building blocks. This package itself imports nothing.
 """
-
-from nbddp.display.kernel import KernelDisplay
-from nbddp.display.text import TextDisplay
-
-__all__ = ["KernelDisplay", "TextDisplay"]

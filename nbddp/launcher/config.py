@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from nbddp.cluster.spec import RayCluster, as_cluster
 from nbddp.errors import ConfigError
+from nbddp.launcher import settings
 from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
 from nbddp.launcher.execenv import exec_env_problem, working_directory
 from nbddp.launcher.options import (
@@ -39,6 +39,7 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.launcher.raycluster import RayCluster, as_cluster
 from nbddp.launcher.reserved import check_env
 from nbddp.launcher.spelling import KEYWORDS, Spelling
 from nbddp.wire.protocol import DeviceKind
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 DEFAULT_CPU_PROCS = 2
-POOL_MAX = 8  # default of NBDDP_POOL: the most idle workers the forkserver keeps
-POOL_IDLE = 300.0  # default of NBDDP_POOL_IDLE: seconds without a launch before they end
 
 S = TypeVar("S", bound=str)
 
@@ -116,9 +115,9 @@ class LaunchConfig:
     """Whose output is shown: every rank, rank 0, or none (all are logged regardless)."""
     tail: int = DEFAULT_TAIL
     """In a notebook, how many recent lines each rank's block shows."""
-    pool_max: int = POOL_MAX
+    pool_max: int = int(settings.POOL.default)
     """``NBDDP_POOL``: the most idle workers the forkserver keeps after a launch (0: none)."""
-    pool_idle: float = POOL_IDLE
+    pool_idle: float = settings.POOL_IDLE.default
     """``NBDDP_POOL_IDLE``: seconds without a launch before idle workers end."""
     nodes: int = 1
     """Machines the run spans (``world_size`` counts the ranks of all of them)."""
@@ -169,7 +168,7 @@ class LaunchConfig:
         )
         backend = _backend(values.backend, place.device, spell)
         rank_environ = {**(os.environ if environ is None else environ), **values.env}
-        pool_max, pool_idle = _pool(rank_environ)
+        chosen = settings.read(rank_environ)
         config = cls(
             world_size=place.world_size,
             device=place.device,
@@ -189,8 +188,8 @@ class LaunchConfig:
             kill_grace=_non_negative("kill_grace", kill_grace),
             output=values.output,
             tail=values.tail,
-            pool_max=pool_max,
-            pool_idle=pool_idle,
+            pool_max=chosen.pool,
+            pool_idle=chosen.pool_idle,
             nodes=values.nodes,
             cluster=cluster,
             notices=place.notices,
@@ -542,37 +541,16 @@ def _restarts(value: object, spell: Spelling) -> int:
     return value
 
 
-def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{name}={text!r} is not a number >= 0; unset it for the default")
-    return value
-
-
 def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
     """(idle workers, seconds they wait) for a new forkserver to keep before any
     launch has said: as many as a launch with no options starts (every visible
     GPU, else ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the
-    settings are not numbers (the launch then says what is wrong)."""
+    settings are wrong (the launch then says what is wrong)."""
     try:
-        most, idle = _pool(environ)
+        chosen = settings.read(environ)
     except ConfigError:
         return 0, 0.0
-    return min(most, len(visible_gpus(environ)) or DEFAULT_CPU_PROCS), idle
-
-
-def _pool(environ: Mapping[str, str]) -> tuple[int, float]:
-    """(``NBDDP_POOL``, ``NBDDP_POOL_IDLE``) of ``environ``, or their defaults."""
-    return (
-        int(_env_number(environ, "NBDDP_POOL", POOL_MAX)),
-        _env_number(environ, "NBDDP_POOL_IDLE", POOL_IDLE),
-    )
+    return min(chosen.pool, len(visible_gpus(environ)) or DEFAULT_CPU_PROCS), chosen.pool_idle
 
 
 def _master_addr(addr: object, spell: Spelling) -> str:

@@ -20,11 +20,21 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
+from nbddp.wire.descriptors import Packed
 from nbddp.wire.protocol import ErrorInfo
-from nbddp.wire.values import Packed
 
 
-class RankState(str, Enum):
+class _Word(str, Enum):
+    """A state that prints, and shows in a dict (``{0: 'done'}``), as its plain word."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class RankState(_Word):
     """Where one rank is: starting, running, then done, failed or stopped."""
 
     STARTING = "starting"
@@ -32,13 +42,6 @@ class RankState(str, Enum):
     DONE = "done"
     FAILED = "failed"
     STOPPED = "stopped"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        # Shown as the plain string it stands for (``{0: 'done'}``), as before it was an enum.
-        return repr(self.value)
 
     @property
     def ended(self) -> bool:
@@ -49,7 +52,7 @@ class RankState(str, Enum):
 _ENDED = frozenset((RankState.DONE, RankState.FAILED, RankState.STOPPED))
 
 
-class RunStatus(str, Enum):
+class RunStatus(_Word):
     """Where a whole run is; the last five are how it ended."""
 
     STARTING = "starting"
@@ -63,16 +66,9 @@ class RunStatus(str, Enum):
     INTERRUPTED = "interrupted"
     """Stopped by a ``KeyboardInterrupt`` in the notebook."""
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        # Shown as the plain string it stands for (``{0: 'done'}``), as before it was an enum.
-        return repr(self.value)
-
 
 @dataclass(frozen=True)
-class Output:
+class Text:
     """Decoded text ``rank`` wrote to ``stream`` (``stdout`` or ``stderr``)."""
 
     rank: int
@@ -89,7 +85,7 @@ class StateChanged:
 
 
 @dataclass(frozen=True)
-class Metrics:
+class MetricRows:
     """Rows ``rank`` sent with ``nbddp.log``, in the order it logged them."""
 
     rank: int
@@ -108,7 +104,7 @@ class Done:
     """Every rank has exited and all of its output has been read: the last event."""
 
 
-RunEvent = Output | StateChanged | Metrics | Notice | Done
+RunEvent = Text | StateChanged | MetricRows | Notice | Done
 
 
 StacksTaken = Literal["asked", "written", "signalled"]

@@ -8,7 +8,7 @@ job's typed values only: for a rank that raised, its own exception with its
 original type when it can be rebuilt here (once: its large tensors are
 mapped from the shared memory they came in, whose descriptors the rebuilt
 exception takes; ``release(outcomes)`` closes those of the errors never rebuilt),
-else ``WorkerError``; for a rank
+else ``RemoteError``; for a rank
 that exited or died, ``RankExitedError`` (a signal named by name); for a
 run past its timeout, ``LaunchTimeout``; for a stopped run, ``RankError``.
 What Python shows is carried by the exception: the rank's traceback as its
@@ -39,8 +39,8 @@ from nbddp.errors import (
     NbddpError,
     RankError,
     RankExitedError,
+    RemoteError,
     RemoteTraceback,
-    WorkerError,
 )
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.logs import rank_log
@@ -143,17 +143,17 @@ def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseExce
             exit_code=exit_code,
             log_path=log,
         )
-    exc = _rebuilt(info) or worker_error(rank, info, log)
+    exc = _rebuilt(info) or remote_error(rank, info, log)
     exc.__cause__ = RemoteTraceback(f"\n{_traceback_text(rank, info)}")
     if hasattr(exc, "add_note"):  # Python 3.11+
         exc.add_note(f"(raised on rank {rank}; full output in {log})")
     return exc
 
 
-def worker_error(rank: int, info: ErrorInfo, log: str | None) -> WorkerError:
+def remote_error(rank: int, info: ErrorInfo, log: str | None) -> RemoteError:
     """The stand-in for a rank's exception whose type cannot be rebuilt (or shown) here."""
     # rank -1: not a rank's error, an exception that could not carry its rendering.
-    return WorkerError(
+    return RemoteError(
         f"rank {rank} raised {info.type_name}: {info.message}" if rank >= 0 else info.message,
         rank=rank,
         remote_type=info.type_name,
@@ -175,7 +175,7 @@ def presentable(
     show the cell's lines), then which rank it was, which other ranks failed,
     and where the full log is, then ``after`` (what became of a session).
     Exceptions IPython would not render this way (syntax errors, exception
-    groups) are replaced by a ``WorkerError``.
+    groups) are replaced by a ``RemoteError``.
     """
     info = cause.error if cause is not None else None
     if cause is None or info is None:
@@ -187,7 +187,7 @@ def presentable(
     lines.append(f"(raised on rank {rank} of {len(outcomes)}{also}; full output in {log})")
     lines.extend(after)
     if isinstance(exc, NOT_RENDERED):
-        exc = worker_error(rank, info, str(log))
+        exc = remote_error(rank, info, str(log))
     return rendered(exc, lines)
 
 
@@ -224,7 +224,7 @@ def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseExce
         setattr(exc, "_render_traceback_", _Lines(shown))  # noqa: B010  # not a typed attribute
     except AttributeError:  # an exception type without instance attributes
         info = ErrorInfo(type(exc).__qualname__, str(exc), "\n".join(shown), None)
-        fallback = worker_error(-1, info, None)
+        fallback = remote_error(-1, info, None)
         fallback.show_as(shown)
         return fallback
     return exc

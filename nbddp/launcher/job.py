@@ -48,15 +48,15 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import (
     Done,
     Failure,
-    Metrics,
+    MetricRows,
     Notice,
-    Output,
     RankOutcome,
     RankState,
     RunEvent,
     RunStatus,
     StacksTaken,
     StateChanged,
+    Text,
     run_status,
 )
 from nbddp.launcher.failures import root_cause
@@ -66,9 +66,9 @@ from nbddp.launcher.ports import choose_port, host_store, listen
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.launcher.starters import Child, ChildFds, Starter, Starting, starter
 from nbddp.wire import protocol
+from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import STACKS_SIGNAL, ErrorInfo, Placement, RunOrder
-from nbddp.wire.values import Packed
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
@@ -326,7 +326,7 @@ class Job:
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         """Forward output to the event queue."""
-        self._emit(Output(rank, stream, text))
+        self._emit(Text(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Any) -> None:
         """Handle a worker message (``protocol``: its body's type depends on ``kind``)."""
@@ -346,12 +346,12 @@ class Job:
             record.exit_request = int(body)
             self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
-            self._emit(Metrics(rank, tuple(body)))
+            self._emit(MetricRows(rank, tuple(body)))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.
             record.stacks = "written"
-            self._emit(Output(rank, "stderr", body))
+            self._emit(Text(rank, "stderr", body))
             self._relay.log_now(rank, body)
 
     def on_link_closed(self, rank: int) -> None:

@@ -21,7 +21,7 @@ an nbddp without locks) one that was written to in the last ``RECENT``
 seconds; those count towards the bound, so it can be exceeded while they
 last. Only ``run-*`` directories in the base directory are touched, never
 symlinks or other files. The settings are read, and checked, each time a
-run starts: a bad value raises ``ConfigError`` saying what to set. Pruning
+run starts (``launcher.settings``). Pruning
 itself never fails a run: what cannot be removed is left. A new run skips
 the prune while no run left by this process's last prune can have become
 removable (each was written to in the last ``RECENT`` seconds): a sweep's
@@ -32,21 +32,17 @@ remove nothing.
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from nbddp.errors import ConfigError
+from nbddp.launcher import settings
 from nbddp.launcher.fds import NOTEBOOK_FDS
 
-DEFAULT_KEEP = 50
-DEFAULT_MAX_MB = 500
 RECENT = 60.0  # seconds: a run written to this recently may still be going
 RUN_PREFIX = "run-"
 _MB = 1 << 20
@@ -55,57 +51,11 @@ _fallback: dict[Path, Path] = {}  # our private base instead of one we must not 
 _quiet_until: dict[Path, float] = {}  # base -> time.time() before which no run there is removable
 
 
-@dataclass(frozen=True)
-class LogSettings:
-    """Where run directories go and how many are kept (see module contract)."""
-
-    base: Path | None
-    """``NBDDP_LOG_DIR``; None: ``$TMPDIR/nbddp-<uid>``."""
-    keep: int
-    """``NBDDP_LOG_KEEP``: the most run directories kept, the new one included."""
-    max_bytes: int
-    """``NBDDP_LOG_MAX_MB`` in bytes: the most all run directories hold together."""
-
-
-def log_settings(environ: Mapping[str, str] | None = None) -> LogSettings:
-    """The log settings of ``environ`` (default ``os.environ``); ConfigError when bad."""
-    env = os.environ if environ is None else environ
-    where = env.get("NBDDP_LOG_DIR", "").strip()
-    keep = _setting(env, "NBDDP_LOG_KEEP", DEFAULT_KEEP, "a whole number of runs >= 1")
-    max_mb = _setting(env, "NBDDP_LOG_MAX_MB", DEFAULT_MAX_MB, "a number of megabytes > 0")
-    if keep != int(keep) or keep < 1:
-        _bad("NBDDP_LOG_KEEP", env, "a whole number of runs >= 1", DEFAULT_KEEP)
-    if not max_mb > 0:
-        _bad("NBDDP_LOG_MAX_MB", env, "a number of megabytes > 0", DEFAULT_MAX_MB)
-    base = Path(where).expanduser().absolute() if where else None
-    return LogSettings(base, int(keep), int(max_mb * _MB))
-
-
-def _setting(env: Mapping[str, str], name: str, default: int, what: str) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        _bad(name, env, what, default)
-    if not math.isfinite(value):
-        _bad(name, env, what, default)
-    return value
-
-
-def _bad(name: str, env: Mapping[str, str], what: str, default: int) -> NoReturn:
-    raise ConfigError(
-        f"{name}={env[name]!r} is not {what}; set {name}={default} (the default) "
-        "or another such value, or unset it"
-    )
-
-
-def run_base_dir(settings: LogSettings | None = None) -> Path:
-    """Where run directories go (see module contract), made if missing."""
-    settings = log_settings() if settings is None else settings
-    if settings.base is not None:
-        return _chosen_dir(settings.base)
+def run_base_dir(chosen: Path | None = None) -> Path:
+    """Where run directories go: ``chosen`` (``NBDDP_LOG_DIR``), else the default (see
+    module contract); made if missing."""
+    if chosen is not None:
+        return _chosen_dir(chosen)
     base = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
     base.mkdir(mode=0o700, exist_ok=True)
     info = base.stat()
@@ -162,11 +112,11 @@ class RunDir:
 
 def new_run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> RunDir:
     """Make and lock a new run's directory, then prune old ones (see module contract)."""
-    settings = log_settings(environ)
-    base = run_base_dir(settings)
+    chosen = settings.read(environ)
+    base = run_base_dir(chosen.log_dir)
     run = RunDir(Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{run_id}-", dir=base)))
     if time.time() >= _quiet_until.get(base, 0.0):
-        prune(base, settings.keep, settings.max_bytes)
+        prune(base, chosen.log_keep, chosen.log_max_bytes)
     return run
 
 

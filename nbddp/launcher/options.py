@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Annotated, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
-from nbddp.cluster.spec import RayCluster
+from nbddp.launcher.raycluster import RayCluster
 from nbddp.wire.protocol import Backend as Backend
 
 StartMethod = Literal["forkserver", "spawn", "fork"]

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbddp.forkserver.keeper import STATUS
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
-from nbddp.launcher.starters import STATUS
 from nbddp.wire.protocol import (
     FD_SPACE,
     FrameReader,

@@ -53,8 +53,9 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import describe_exit, root_cause
 from nbddp.launcher.job import STACKS_WAIT, Job, _monotonic
+from nbddp.wire.descriptors import Descriptors
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import CellOrder, CellReply, Descriptors, ErrorInfo
+from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
 
 INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
 REGROUP_WAIT = 30.0  # seconds every rank gets to join a new process group

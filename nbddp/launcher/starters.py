@@ -7,7 +7,7 @@ waiting for the process: a launch asks for all its ranks first and only then
 waits for each (``Starting.child``), so that they are forked side by side. The
 ``Child`` has the pid and a ``status_fd`` that becomes readable once, with the
 8-byte exit code (negative: killed by that signal), when the process has exited. Whatever the start
-method, the rank's parent is its keeper (``nbddp.rank.keeper``): the code
+method, the rank's parent is its keeper (``nbddp.forkserver.keeper``): the code
 arrives once the rank's whole tree is gone (a ``setsid`` daemon too), and
 the keeper, not the forkserver, reports it, so a rank outlives its
 forkserver. A spawned keeper is a fresh interpreter; a forked one is the
@@ -25,31 +25,29 @@ and fork/forkserver children go straight to the worker.
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from nbddp.forkserver import keeper
+from nbddp.forkserver.keeper import STATUS
+from nbddp.forkserver.server import REQUEST
 from nbddp.launcher.execenv import fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
-from nbddp.rank import keeper, worker
 
 if TYPE_CHECKING:
     # Only for types: the forkserver imports this module and needs none of the config.
     from nbddp.launcher.config import LaunchConfig
 
-STATUS = keeper.STATUS
-REQUEST = struct.Struct("!cqd")
-"""A request to the forkserver: kind (``b"F"``: fork a rank; it carries four fds),
-how many idle workers to keep afterwards, and after how many idle seconds they end."""
 FORKSERVER_REPLY_TIMEOUT = 120.0
 
 
@@ -130,16 +128,10 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-SPAWN_BOOT = """\
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("nbddp_spawned_keeper", sys.argv[1])
-keeper = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(keeper)
-keeper.spawned_main()
-"""
-"""A spawned keeper's program: it loads ``nbddp.rank.keeper`` from its file alone,
-because importing the ``nbddp`` package (tenths of a second) would delay every rank's
-pid, which the launch waits for; the rank imports nbddp after its fork."""
+SPAWN_BOOT = "from nbddp.forkserver.keeper import spawned_main; spawned_main()"
+"""A spawned keeper's program: importing the lazy ``nbddp`` package and the keeper
+costs the standard library alone, so the keeper forks its rank (which imports torch)
+at once; the launch waits for each rank's pid."""
 
 
 class SpawnStarter:
@@ -156,7 +148,7 @@ class SpawnStarter:
         passed = (fds.ctrl, fds.out, fds.err, keeper_w)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", SPAWN_BOOT, keeper.__file__, *map(str, passed)],
+                [sys.executable, "-c", SPAWN_BOOT, *map(str, passed)],
                 stdin=subprocess.DEVNULL,
                 pass_fds=passed,
                 env=child_env,
@@ -170,32 +162,22 @@ class SpawnStarter:
         return KeptStarting(proc.wait, keeper_r, "spawn a worker", "forkserver")
 
 
-def detach(close: Iterable[int]) -> None:
-    """First steps of a forked child: lead its own session, close the parent's
-    fds in ``close``, and restore default signal handling."""
-    os.setsid()
-    for fd in close:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    worker.reset_signals()
-
-
-def run_detached_worker(fds: ChildFds) -> NoReturn:
-    """Serve one rank in a forked child that has already ``detach``-ed: never returns."""
-    worker.run_forked(fds.ctrl, fds.out, fds.err)
-
-
 def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
     """The body of a forked child (fork starter and forkserver): it becomes the rank's
     keeper, which forks the rank and reports to ``status_w``. Never returns."""
     try:
-        detach(close - {fds.ctrl, fds.out, fds.err, status_w})
+        keeper.detach(close - {fds.ctrl, fds.out, fds.err, status_w})
     except BaseException:
         traceback.print_exc()
         os._exit(1)
-    keeper.keep(lambda: run_detached_worker(fds), status_w, (fds.ctrl, fds.out, fds.err))
+    rank_fds = (fds.ctrl, fds.out, fds.err)
+    keeper.keep(lambda: _run_worker(*rank_fds), status_w, rank_fds)
+
+
+def _run_worker(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
+    from nbddp.rank import worker
+
+    worker.run_forked(ctrl, out, err)
 
 
 def read_pid(status_r: int, timeout: float) -> int | None:
@@ -296,7 +278,7 @@ class ForkserverStarter:
     One forkserver per notebook process, started on first use (or by
     ``prewarm``). It exits when the notebook closes the link or dies.
     Each request also tells it how large a pool of idle workers to keep
-    (a ``PoolRequest``; see ``nbddp.launcher.pool``).
+    (a ``PoolRequest``; see ``nbddp.forkserver.pool``).
     """
 
     def __init__(self) -> None:
@@ -304,6 +286,7 @@ class ForkserverStarter:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._asked = False  # whether this forkserver was ever sent a request
+        self._exit_hook = False  # close() is registered to run at interpreter exit
 
     @property
     def pid(self) -> int | None:
@@ -332,7 +315,7 @@ class ForkserverStarter:
                     [
                         sys.executable,
                         "-c",
-                        "import nbddp.launcher.forkserver as z; z.main()",
+                        "import nbddp.forkserver.server as s; s.main()",
                         str(theirs.fileno()),
                         str(size),
                         str(idle),
@@ -351,6 +334,9 @@ class ForkserverStarter:
         self._sock = ours
         self._asked = False
         NOTEBOOK_FDS.keep(ours.fileno())
+        if not self._exit_hook:
+            atexit.register(self.close)
+            self._exit_hook = True
         return ours
 
     def fork(self, fds: ChildFds, pool: PoolRequest) -> ForkserverStarting:

@@ -1,4 +1,5 @@
-"""The notebook front ends: the magics, the ``%%ddp`` cell program and back end, and the panel.
+"""The notebook's front ends: the magics, the ``%%ddp`` back end, sessions and the panel.
 
-This package itself imports nothing: ranks unpickle ``notebook.cell.CellProgram``.
+``program`` turns a cell into the ``nbddp.rank.cell.CellProgram`` the ranks
+run. This package itself imports nothing.
 """

@@ -24,16 +24,17 @@ from typing import Any, cast
 
 import cloudpickle
 
+from nbddp.entry import start_run
 from nbddp.errors import CellError, PayloadError
 from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.entry import start_run
 from nbddp.launcher.failures import describe_exit, rendered
 from nbddp.launcher.options import LaunchOptions, format_options, merge_options
 from nbddp.launcher.run import Run, latest_run
 from nbddp.launcher.spelling import FLAGS
-from nbddp.notebook.cell import CellProgram, CellValues
+from nbddp.notebook.program import build_program
 from nbddp.notebook.session import PER_CELL, Session
+from nbddp.rank.cell import CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
 
 
@@ -106,7 +107,7 @@ class CellRunner:
         else:
             config = self.cell_config(given, init=init)
         try:
-            program = CellProgram.build(
+            program = build_program(
                 source,
                 header=header,
                 filename=filename,

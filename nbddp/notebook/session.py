@@ -35,16 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from nbddp.display.protocol import Display
+from nbddp.entry import guarded, make_display
 from nbddp.errors import ConfigError, SessionError
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.entry import make_display
+from nbddp.launcher.display import Display
 from nbddp.launcher.failures import describe_exit
 from nbddp.launcher.options import LaunchOptions, format_options
 from nbddp.launcher.run import Run
 from nbddp.launcher.session_job import SessionJob
-from nbddp.notebook.cell import CellProgram, CellValues
+from nbddp.notebook.program import build_program
 from nbddp.rank import session as rank_session
+from nbddp.rank.cell import CellProgram, CellValues
 from nbddp.wire.payload import Payload
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class Session:
 
         ``names``: values the cell may read (the ranks' own names win)."""
         self._job_or_raise()
-        program = CellProgram.build(
+        program = build_program(
             source,
             header="# nbddp session",
             filename=f"<ddp session cell {self._next_number()}>",
@@ -196,7 +197,7 @@ class Session:
             self.config, timeout=config.timeout, output=config.output, tail=config.tail
         )
         payload = Payload.serialize(fn, args, kwargs)
-        shown = display if display is not None else make_display(cell_config)
+        shown = guarded(display, cell_config) if display is not None else make_display(cell_config)
         return Run(job.cell(payload, cell_config), shown)
 
     def finish(self, run: Run) -> Any:

@@ -70,7 +70,7 @@ class Channel:
         self._flusher: threading.Thread | None = None
 
     def send(self, kind: str, body: object) -> None:
-        """Send one message, with the descriptors of any ``protocol.Descriptors`` in it;
+        """Send one message, with the descriptors of any ``descriptors.Descriptors`` in it;
         silently dropped if the notebook has gone (we are dying then)."""
         data, fds = protocol.encode_with_fds(kind, body)
         with self._lock:

@@ -12,7 +12,7 @@ cases the rank is idle again afterwards, its globals kept.
 State: ``state()`` is the rank's one ``SessionState``: ``namespace``, the
 globals every ``%%ddp`` cell runs in, and ``owned``, the names session
 cells bound there. The notebook never overwrites an owned name
-(``nbddp.notebook.cell``), so what the ranks built stays theirs.
+(``nbddp.rank.cell``), so what the ranks built stays theirs.
 
 Interrupt: ``interrupt`` (with the cell's number) arrives on the link
 thread, which sends SIGINT to the main thread; the handler raises
@@ -30,7 +30,7 @@ notebook drains them then: a cell's output is complete when it ends).
 
 from __future__ import annotations
 
-import ctypes
+import logging
 import os
 import queue
 import signal
@@ -41,11 +41,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbddp import prctl
 from nbddp.rank import context, regroup
 from nbddp.rank.channel import installed
+from nbddp.rank.errors import error_info, unsendable
 from nbddp.wire import mpobjects, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,11 +76,6 @@ def state() -> SessionState:
     return _STATE
 
 
-def in_session() -> bool:
-    """True in a session rank (``serve`` runs)."""
-    return _STATE is not None
-
-
 def deliver(kind: str, body: Any) -> bool:
     """Take a request the link thread received; False if it is not a session's."""
     if kind == "interrupt":
@@ -89,11 +88,6 @@ def deliver(kind: str, body: Any) -> bool:
         _INBOX.put((kind, body))
         return True
     return False
-
-
-def end_inbox() -> None:
-    """The link closed: let ``serve`` return (the worker is going down)."""
-    _INBOX.put(("end", None))
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
@@ -142,13 +136,11 @@ def _quietly(fn: Callable[[], None]) -> None:
     try:
         fn()
     except Exception as exc:  # the regroup that follows reports what is wrong
-        print(f"nbddp: closing the process group failed: {exc}", file=sys.stderr, flush=True)
+        log.warning("nbddp: closing the process group failed: %s", exc)
 
 
 def _regroup(number: int) -> ErrorInfo | None:
     """A new default process group (``regroup``); what it raised, or None."""
-    from nbddp.rank.worker import error_info
-
     place = context.require()
     try:
         import torch.distributed as dist
@@ -162,8 +154,6 @@ def _regroup(number: int) -> ErrorInfo | None:
 
 def _run(current: SessionState, order: CellOrder) -> CellReply:
     """Run one cell's call; the reply says what came of it."""
-    from nbddp.rank.worker import error_info  # the worker imports this module
-
     value: object = None
     error: ErrorInfo | None = None
     try:
@@ -189,12 +179,7 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
         try:
             packed = values.pack(value)
         except Exception as exc:
-            error = error_info(
-                TypeError(
-                    f"the value ({type(value).__name__}) cannot be pickled: {exc}; "
-                    "return plain data (numbers, tensors, dicts) instead"
-                )
-            )
+            error = error_info(unsendable("the value", value, exc))
     _flush_all()
     return CellReply(order.cell, packed, error, tuple(sorted(current.owned)), _device_bytes())
 
@@ -209,9 +194,6 @@ def _device_bytes() -> int | None:
         return None
 
 
-_LIBC = ctypes.CDLL(None)
-
-
 def _flush_all() -> None:
     """Everything printed so far leaves the process (see module contract)."""
     for stream in (sys.stdout, sys.stderr):
@@ -219,4 +201,4 @@ def _flush_all() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    _LIBC.fflush(None)
+    prctl.flush_c_stdio()

@@ -25,7 +25,8 @@ import threading
 import traceback
 from types import FrameType
 
-NBDDP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+from nbddp.rank.errors import NBDDP_DIR
+
 _LAUNCH_FILES = ("runpy.py", "<frozen runpy>", "threading.py", "<string>")
 
 

@@ -30,21 +30,21 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 import types
 from datetime import timedelta
 from typing import NoReturn
 
+from nbddp import prctl
 from nbddp.rank import session
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
-from nbddp.rank.keeper import set_process_name as set_process_name  # re-exported
+from nbddp.rank.errors import error_info, unsendable
 from nbddp.rank.stacks import format_stacks
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
-from nbddp.wire.protocol import ErrorInfo, RunOrder
+from nbddp.wire.protocol import RunOrder
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
@@ -79,14 +79,6 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
         line_buffering=True,
         write_through=True,
     )
-
-
-def reset_signals() -> None:
-    """Give the rank default signal behaviour, whatever its parent had installed."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.set_wakeup_fd(-1)
 
 
 def _watch_link(sock: socket.socket, channel: Channel, rank: int) -> None:
@@ -155,47 +147,6 @@ def _wait_until_all_initialised(dist: types.ModuleType, world_size: int) -> None
         store.wait([_ALL_INITIALISED_KEY])
 
 
-# nbddp's root: the worker, the %%ddp cell program and spawn()'s wrapper all live under it.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _is_ours(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
-
-
-def error_info(exc: BaseException) -> ErrorInfo:
-    """Describe ``exc`` so that the notebook can re-raise it (see ``protocol.ErrorInfo``)."""
-    raised_at = time.time()
-    tb = exc.__traceback__
-    # Drop nbddp's own outer frames (serve, _call, the %%ddp cell program):
-    # the user wants to see their code, starting where it was called.
-    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    try:
-        message = str(exc)
-    except Exception as failure:
-        # Such an exception cannot be shown in the notebook either: it travels as text.
-        message = f"<its str() raised {type(failure).__name__}>"
-        return ErrorInfo(_type_name(exc), message, text, None, raised_at)
-    return ErrorInfo(_type_name(exc), message, text, _rebuildable(exc), raised_at)
-
-
-def _type_name(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
-def _rebuildable(exc: BaseException) -> values.Packed | None:
-    """``exc`` packed as a return value is (its tensors on the CPU, large ones in
-    shared memory), when it rebuilds as an exception of its own type; else None."""
-    try:
-        packed = values.pack(exc)
-        rebuilt = values.trial(packed)  # only ship what the notebook will be able to rebuild
-    except Exception:
-        return None
-    return packed if type(rebuilt) is type(exc) else None
-
-
 def _call(order: RunOrder, fds: list[int]) -> object:
     _prepare_torch(order)
     try:
@@ -211,7 +162,7 @@ def _call(order: RunOrder, fds: list[int]) -> object:
 
 def serve(ctrl: socket.socket) -> int:
     """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
-    set_process_name("nbddp-worker")
+    prctl.set_name("nbddp-worker")
     msg = protocol.recv(ctrl)
     if msg is None or msg[0] != "run":
         return 1  # the notebook went away before sending work
@@ -220,7 +171,7 @@ def serve(ctrl: socket.socket) -> int:
     if order.fd_count:
         # Before the link watcher starts reading: it would swallow the descriptors.
         _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
-    set_process_name(f"nbddp-rank{order.place.rank}")
+    prctl.set_name(f"nbddp-rank{order.place.rank}")
     _apply_order(order)
     install_context(order.place)
     faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -329,11 +280,7 @@ def _report_result(channel: Channel, value: object) -> int:
     try:
         packed = values.pack(value)
     except Exception as exc:
-        err = TypeError(
-            f"the return value ({type(value).__name__}) cannot be pickled: {exc}; "
-            "return plain data (numbers, tensors, dicts) instead"
-        )
-        channel.send("error", error_info(err))
+        channel.send("error", error_info(unsendable("the return value", value, exc)))
         _flush()
         return 1
     channel.send("result", packed)
@@ -351,7 +298,7 @@ def _flush() -> None:
 
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
-    """Serve one rank in a process its keeper forked (``nbddp.rank.keeper``), already
+    """Serve one rank in a process its keeper forked (``nbddp.forkserver.keeper``), already
     the leader of its own session: point fd 1/2 at ``out``/``err``, serve ``ctrl``,
     exit with the rank's code. Never returns.
 

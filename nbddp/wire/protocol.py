@@ -6,7 +6,7 @@ one worker, so the only peer that can write to it is that worker: there is
 no address anyone else could connect to (see DESIGN.md, Safety).
 
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
-``values.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
+``descriptors.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
 dicts, in logging order), ``exit`` (code a rank asked for with
 ``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for),
 ``cell_done`` (``CellReply``: a session rank back to idle), ``regrouped``
@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import array
 import io
-import os
 import pickle
 import signal
 import socket
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from nbddp.wire.values import Packed
+from nbddp.wire.descriptors import Descriptors, Packed
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40
@@ -134,50 +132,6 @@ class CellReply:
     """The names that belong to the rank (bound by session cells), sorted."""
     device_bytes: int | None = None
     """GPU memory the rank's torch held after the cell; None without CUDA."""
-
-
-class Descriptors:
-    """File descriptors travelling beside a message (see module doc), in order.
-
-    Sender side: ``fds`` belong to the objects in ``keep`` (a shared storage,
-    an ``OwnedFd``), held here until the message is sent. Receiver side
-    (``owned``): this object owns ``fds`` and closes them when closed or
-    dropped; ``missing`` counts descriptors that were sent but never arrived
-    (the receiver's open-file limit).
-    """
-
-    def __init__(
-        self,
-        fds: Sequence[int] = (),
-        *,
-        keep: Sequence[object] = (),
-        owned: bool = False,
-        missing: int = 0,
-    ) -> None:
-        self.fds = tuple(fds)
-        self.keep = tuple(keep)
-        self.owned = owned
-        self.missing = missing
-
-    def close(self) -> None:
-        """Close owned descriptors now (the mappings made from them keep their own)."""
-        fds, self.fds = self.fds, ()
-        self.keep = ()
-        if self.owned:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def __del__(self) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return len(self.fds) + self.missing
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        raise TypeError("Descriptors travel beside a message (encode_with_fds), not inside it")
 
 
 class _FramePickler(pickle.Pickler):

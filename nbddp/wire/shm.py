@@ -1,11 +1,10 @@
 """Large tensors in the payload travel through shared memory, not pickled bytes.
 
 Contract: ``dumps(obj)`` pickles like cloudpickle, except that every plain
-CPU tensor of at least ``SHARE_BYTES`` is moved to shared memory in place
-(as ``share_memory_()`` does when torch.multiprocessing sends a tensor:
-every view of it stays valid; ``shm_move`` does it for large tensors
-without holding two full copies) and pickled as a reference to a file
-descriptor; it returns the bytes and those descriptors. The notebook sends
+CPU tensor of at least ``SHARE_BYTES`` is moved to shared memory with
+``share_memory_()``, as torch.multiprocessing does when it sends a tensor
+(one copy; every view of it stays valid), and pickled as a reference to a
+file descriptor; it returns the bytes and those descriptors. The notebook sends
 the descriptors to each rank with its order (SCM_RIGHTS on the rank's
 socketpair); ``loads(data, fds)`` in the rank maps them copy-on-write
 (``MAP_PRIVATE``): the ranks and the notebook share the pages, and a rank
@@ -19,7 +18,7 @@ in the notebook for the launch instead of a pickled copy per rank.
 Results travel the other way the same way (``values``): there the pickler
 is a subclass that copies instead of moving (``_share``), and the notebook
 maps what it receives shared (``loads(..., shared=True)``). A
-``protocol.Descriptors`` inside the pickled object (an already packed value
+``descriptors.Descriptors`` inside the pickled object (an already packed value
 inside another) adds its descriptors to the list and comes back owning
 duplicates of them.
 
@@ -40,8 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
-from nbddp.wire.protocol import Descriptors
-from nbddp.wire.shm_move import move_to_shared
+from nbddp.wire.descriptors import Descriptors, OwnedFd
 
 if TYPE_CHECKING:
     from _pickle import _ReducedType
@@ -82,8 +80,8 @@ class SharingPickler(CloudPickler):
         return super().reducer_override(obj)
 
     def _share(self, storage: torch.UntypedStorage) -> int:
-        """A descriptor of shared memory holding ``storage``'s bytes (here: moved in place)."""
-        move_to_shared(storage)  # no-op when already shared (repeat launches)
+        """A descriptor of shared memory holding ``storage``'s bytes (here: moved there)."""
+        storage.share_memory_()  # a no-op when already shared (repeat launches)
         # torch's own multiprocessing reductions get the fd this way.
         fd, _ = storage._share_fd_cpu_()
         return int(fd)
@@ -124,19 +122,6 @@ class SharingPickler(CloudPickler):
             tensor.requires_grad,
         )
         return _rebuild_tensor, meta
-
-
-class OwnedFd:
-    """A descriptor the payload owns: closed when the payload is dropped."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __del__(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
 
 
 def _plain_tensor(obj: object) -> TypeGuard[torch.Tensor]:

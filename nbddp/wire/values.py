@@ -4,7 +4,7 @@ Contract: ``pack(value)`` (in the rank) pickles ``value`` with cloudpickle,
 every tensor not on the CPU copied to the CPU (``tocpu``), and every CPU
 tensor storage and numpy array of at least ``shm.SHARE_BYTES`` placed in
 shared memory (memfd) instead of in the bytes; it returns a ``Packed``: the
-bytes, the value's type name, and the descriptors (``protocol.Descriptors``)
+bytes, the value's type name, and the descriptors (``descriptors.Descriptors``)
 that travel beside the message carrying it. Each large piece of data is
 copied once at most: a storage already in shared memory is sent as it is,
 any other storage or array is copied into fresh shared memory (never moved
@@ -31,28 +31,15 @@ the bytes, at the speed of the socket.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbddp.wire import shm, tocpu
-from nbddp.wire.protocol import Descriptors
+from nbddp.wire.descriptors import Descriptors, Packed
 
 if TYPE_CHECKING:
     from _pickle import _ReducedType
 
     import torch
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A value as a rank sends it (see module contract)."""
-
-    data: bytes
-    """The value pickled, large data referred to by position in ``fds``."""
-    type_name: str
-    """The value's qualified type, for messages about it."""
-    fds: Descriptors
-    """The shared memory the bytes refer to."""
 
 
 class _ValuePickler(shm.SharingPickler):

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import nbddp
 from nbddp.cluster import client
-from nbddp.launcher.events import Output
+from nbddp.launcher.events import Text
 
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
 
@@ -85,7 +85,7 @@ def nbddp_latencies(address: str, lines: int) -> list[float]:
     def timed_take(self: client.ClusterJob, node: Any, batch: Any) -> None:
         now = time.time()
         for event in batch.events:
-            if isinstance(event, Output):
+            if isinstance(event, Text):
                 delays.extend(now - float(w[1]) for w in _stamps(event.text))
         take(self, node, batch)
 

@@ -117,13 +117,11 @@ def launchers(procs: int) -> dict[str, Callable[[], object]]:
 
 def settle_forkserver(timeout: float = 60.0) -> None:
     """Wait until nbddp's forkserver, started by ``import nbddp``, has done its start-up
-    work: its preload, moving that memory into huge pages, then filling its pool.
+    work: its preload, then filling its pool.
 
     Why: this bench measures warm launches, and in a notebook the import cell runs
-    seconds before the first launch, so by then it is all done. Launched at once,
-    as this script otherwise would, the first launch's keepers would come from
-    the forkserver part-way through (see ``nbddp.launcher.hugepages``). The first
-    launch itself, seconds after import, is what ``--first-reps`` measures."""
+    seconds before the first launch, so by then it is all done. The first launch
+    itself, seconds after import, is what ``--first-reps`` measures."""
     import psutil
 
     from nbddp.launcher.config import first_pool

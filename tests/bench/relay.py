@@ -66,9 +66,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import nbddp
 from nbddp.display.kernel import KernelDisplay
-from nbddp.display.protocol import Display
 from nbddp.display.text import TextDisplay
 from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.display import Display
 from nbddp.launcher.job import Job
 from nbddp.launcher.run import Run
 from nbddp.wire.payload import Payload

@@ -143,6 +143,6 @@ def test_an_interrupt_while_the_forkserver_starts_leaves_nothing_in_the_kernel(
 
 def _is_forkserver(pid: int) -> bool:
     try:
-        return "nbddp.launcher.forkserver" in " ".join(psutil.Process(pid).cmdline())
+        return "nbddp.forkserver.server" in " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False

@@ -17,7 +17,7 @@ print("ready", flush=True)
 threading.Event().wait()
 """
 
-# Each rank runs under its keeper (nbddp/rank/keeper.py), which goes with it.
+# Each rank runs under its keeper (nbddp/forkserver/keeper.py), which goes with it.
 RANKS_AND_KEEPERS = ["nbddp-keeper", "nbddp-keeper", "nbddp-rank0", "nbddp-rank1"]
 
 

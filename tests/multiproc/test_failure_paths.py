@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.errors import ConfigError, WorkerError
+from nbddp.errors import ConfigError, RemoteError
 from nbddp.launcher.starters import FORKSERVER
 from tests.multiproc import failing, fns
 from tests.procs import wait_gone
@@ -139,11 +139,11 @@ def test_a_forked_child_that_returns_into_nbddp_never_speaks_for_its_rank(how: s
         (failing.raise_rebuilds_as_int, "RebuildsAsInt"),
     ],
 )
-def test_an_exception_that_resists_description_arrives_as_a_worker_error(
+def test_an_exception_that_resists_description_arrives_as_a_remote_error(
     fn: object, type_name: str, warm: None
 ) -> None:
     before = _resources()
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(RemoteError) as info:
         nbddp.launch(fn, procs=2, output="none")
     error = info.value
     assert error.remote_type == f"tests.multiproc.failing.{type_name}"

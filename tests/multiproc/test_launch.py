@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import nbddp
+from nbddp.entry import start_run
 from nbddp.errors import PayloadError, RemoteTraceback
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.entry import start_run
 from nbddp.launcher.job import Job
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
@@ -116,8 +116,8 @@ def test_rank_exception_is_raised_with_its_type_and_traceback_and_others_stop() 
     assert any("raised on rank 1" in note for note in exc.__notes__)
 
 
-def test_exception_that_cannot_be_rebuilt_becomes_worker_error() -> None:
-    with pytest.raises(nbddp.WorkerError) as info:
+def test_exception_that_cannot_be_rebuilt_becomes_remote_error() -> None:
+    with pytest.raises(nbddp.RemoteError) as info:
         nbddp.launch(fns.fail_on, 0, "unpicklable", procs=2, output="none")
     assert info.value.rank == 0
     assert info.value.remote_type == "tests.multiproc.fns.Unpicklable"

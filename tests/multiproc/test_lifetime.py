@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import nbddp
-from nbddp.launcher import entry
+from nbddp import entry
 from nbddp.launcher.job import Job
 from nbddp.launcher.relay import loop
 from nbddp.wire import protocol

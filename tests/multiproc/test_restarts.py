@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 import nbddp
+from nbddp.entry import start_with_display
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.entry import start_with_display
 from tests.displays import QuietDisplay
 from tests.multiproc import mpfns
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbddp.launcher import pool as pool_module
+from nbddp.forkserver import pool as pool_module
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import nbddp.launcher.entry as entry
+import nbddp.entry as entry
+from nbddp.entry import SPAWN, Launcher, launch, notebook_launcher, spawn
 from nbddp.errors import ConfigError, PayloadError
-from nbddp.launcher.entry import SPAWN, Launcher, launch, notebook_launcher, spawn
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, close_options
 from nbddp.rank.calls import WithRank

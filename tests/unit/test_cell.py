@@ -11,16 +11,10 @@ import pytest
 import torch
 
 from nbddp.errors import CellError
-from nbddp.notebook import cell
-from nbddp.notebook.cell import (
-    CellProgram,
-    CellValues,
-    compile_cell,
-    is_quiet,
-    names_read,
-    select_names,
-)
-from nbddp.rank import context, worker
+from nbddp.notebook.program import build_program, is_quiet, names_read, select_names
+from nbddp.rank import cell, context, worker
+from nbddp.rank.cell import CellProgram, CellValues, compile_cell
+from nbddp.rank.errors import is_ours
 from nbddp.wire.protocol import DeviceKind, Placement
 
 
@@ -122,7 +116,7 @@ def rank0(rank_context: Callable[[Placement], None]) -> None:
 
 
 def program(source: str, out: tuple[str, ...] = (), **user_ns: object) -> CellProgram:
-    return CellProgram.build(
+    return build_program(
         source,
         header="%%ddp --procs 2",
         filename="<ddp cell [9]>",
@@ -186,9 +180,9 @@ def test_program_outside_a_rank_says_so() -> None:
 def test_the_cell_programs_frame_is_left_out_of_the_ranks_traceback() -> None:
     # error_info drops the leading frames that are nbddp's own: the worker's
     # and the cell program's (which runs the cell), not the user's.
-    assert worker._is_ours(worker.__file__)
-    assert worker._is_ours(cell.__file__)
-    assert not worker._is_ours(__file__)
+    assert is_ours(worker.__file__)
+    assert is_ours(cell.__file__)
+    assert not is_ours(__file__)
 
 
 @pytest.mark.usefixtures("rank0")

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from nbddp import RayCluster, notebook_launcher
+from nbddp import RayCluster, entry, notebook_launcher
 from nbddp.cluster.portable import land_payload, land_value, ship_payload, ship_value
 from nbddp.cluster.versions import mismatch
 from nbddp.errors import ConfigError, PayloadError, RankExitedError
-from nbddp.launcher import entry
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.devices import VisibleGpus
 from nbddp.launcher.events import Failure

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from nbddp.entry import NOTEBOOK_LAUNCHER, SPAWN
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
-from nbddp.launcher.entry import NOTEBOOK_LAUNCHER, SPAWN
 from nbddp.launcher.reserved import USER_MAY_SET
 from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling
 
@@ -82,7 +82,7 @@ BAD_INPUT = pytest.mark.parametrize(
         ({"output": "some"}, "unknown output 'some'; choose one of all, rank0, none"),
         ({"tail": 0}, "tail=0 shows nothing; use tail=1 or more"),
         ({"tail": 2.5}, "tail must be a positive whole number"),
-        ({"environ": {"NBDDP_POOL": "x"}}, "NBDDP_POOL='x' is not a number >= 0"),
+        ({"environ": {"NBDDP_POOL": "x"}}, "NBDDP_POOL='x' is not a whole number of workers >= 0"),
         ({"gpus": [0, -1], "visible": TWO_GPUS}, "GPU ids must be non-negative"),
         ({"gpus": 1.5, "visible": TWO_GPUS}, "gpus must be a count or a list of GPU ids"),
     ],

@@ -6,7 +6,8 @@ import os
 import socket
 
 from nbddp.wire import protocol
-from nbddp.wire.protocol import Descriptors, FrameReader
+from nbddp.wire.descriptors import Descriptors
+from nbddp.wire.protocol import FrameReader
 
 
 def _read_all(sock: socket.socket, reader: FrameReader) -> list[tuple[str, object]]:

@@ -9,18 +9,26 @@ import types
 
 import pytest
 
+from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
+from nbddp.entry import in_kernel, make_display
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus
-from nbddp.launcher.entry import in_kernel, make_display
 
 NO_GPU = VisibleGpus((), "none in a test")
 
 
 def config(**kw: object) -> LaunchConfig:
     return LaunchConfig.build(procs=2, visible=NO_GPU, **kw)  # type: ignore[arg-type]
+
+
+def shown(config: LaunchConfig) -> object:
+    """The display a launch of ``config`` gets, inside the guard every launch has."""
+    display = make_display(config)
+    assert isinstance(display, Guarded)
+    return display.inner
 
 
 def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:
@@ -32,27 +40,27 @@ def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:
 
 def test_text_outside_a_kernel() -> None:
     assert not in_kernel()
-    assert isinstance(make_display(config()), TextDisplay)
+    assert isinstance(shown(config()), TextDisplay)
 
 
 def test_text_in_terminal_ipython(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ipython(monkeypatch, types.SimpleNamespace())  # a shell without a kernel
-    assert isinstance(make_display(config()), TextDisplay)
+    assert isinstance(shown(config()), TextDisplay)
 
 
 def test_blocks_in_a_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ipython(monkeypatch, types.SimpleNamespace(kernel=object()))
-    display = make_display(config(output="rank0", tail=5))
+    display = shown(config(output="rank0", tail=5))
     assert isinstance(display, KernelDisplay)
     assert display.tail == 5
     assert display.model.live == {0}
 
 
-@pytest.mark.parametrize(("output", "shown"), [("all", None), ("rank0", {0}), ("none", set())])
-def test_output_chooses_the_ranks_shown(output: str, shown: set[int] | None) -> None:
-    display = make_display(config(output=output))
+@pytest.mark.parametrize(("output", "ranks"), [("all", None), ("rank0", {0}), ("none", set())])
+def test_output_chooses_the_ranks_shown(output: str, ranks: set[int] | None) -> None:
+    display = shown(config(output=output))
     assert isinstance(display, TextDisplay)
-    assert display._ranks == shown
+    assert display._ranks == ranks
 
 
 def test_bad_output_and_tail_are_refused_when_the_config_is_built() -> None:

@@ -1,5 +1,6 @@
-"""A display that raises never breaks a run: ``Run.wait`` reports it once, shows the
-rest of the run as text, and returns the run's own result."""
+"""A display that raises never breaks a run: inside its guard (``display.guard``, which
+every launch's display has), the error is reported once, the rest of the run is shown
+as text, and ``Run.wait`` returns the run's own result."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.launcher.events import Done, Metrics, Notice, Output, RankState, StateChanged
+from nbddp.display.guard import Guarded
+from nbddp.launcher.events import Done, MetricRows, Notice, RankState, StateChanged, Text
 from nbddp.launcher.run import Run, RunStatus
 from tests.unit.test_display_pump import FakeSource, RecordingDisplay
 
@@ -62,13 +64,13 @@ def finish(run: Run, job: FakeSource) -> None:
     """Two lines, then (after a wait that times out, so the display refreshes) a
     metric row, a state, a last line and the end."""
     for rank in (0, 1):
-        job.events.put(Output(rank, "stdout", f"line {rank}\n"))
+        job.events.put(Text(rank, "stdout", f"line {rank}\n"))
     with pytest.raises(TimeoutError):
         run.wait(timeout=0.01)
     row = {"rank": 1, "step": 0, "time": 0.0, "x": 1.0}
-    job.events.put(Metrics(1, (row,)))
+    job.events.put(MetricRows(1, (row,)))
     job.events.put(StateChanged(0, RankState.DONE))
-    job.events.put(Output(0, "stdout", "the last line\n"))
+    job.events.put(Text(0, "stdout", "the last line\n"))
     job.events.put(Done())
     job.ended.set()
 
@@ -79,7 +81,7 @@ def test_a_display_error_is_reported_once_and_the_run_goes_on_as_text(
 ) -> None:
     job = FakeSource(tmp_path)
     display = Broken(where, MemoryError())
-    run = Run(job, display)
+    run = Run(job, Guarded(display, None))
     finish(run, job)
     result = run.wait()
     assert result.failure is None and result.exit_codes == {0: 0, 1: 0}
@@ -99,7 +101,7 @@ def test_the_event_a_display_failed_on_is_shown_as_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = FakeSource(tmp_path)
-    run = Run(job, Broken("output", OverflowError("too big")))
+    run = Run(job, Guarded(Broken("output", OverflowError("too big")), None))
     finish(run, job)
     run.wait()
     out, err = capsys.readouterr()
@@ -115,11 +117,12 @@ def test_when_the_text_display_fails_too_the_run_goes_on_without_one(
 
     monkeypatch.setattr("nbddp.display.text.TextDisplay._write", broken_write)
     job = FakeSource(tmp_path)
-    run = Run(job, Broken("output", RuntimeError("bad")))
+    guard = Guarded(Broken("output", RuntimeError("bad")), None)
+    run = Run(job, guard)
     finish(run, job)
     result = run.wait()
     assert result.failure is None
-    assert run.display is None
+    assert guard.inner is None
     _out, err = capsys.readouterr()
     assert "and so did the text display (ValueError: closed file)" in err
 
@@ -132,7 +135,7 @@ def test_an_error_whose_message_cannot_be_made_is_still_reported(
             raise RuntimeError("no message")
 
     job = FakeSource(tmp_path)
-    run = Run(job, Broken("output", Unsayable()))
+    run = Run(job, Guarded(Broken("output", Unsayable()), None))
     finish(run, job)
     run.wait()
     assert "nbddp: the display failed (Unsayable)" in capsys.readouterr().err
@@ -142,7 +145,7 @@ def test_a_notice_too_long_for_one_line_is_cut(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = FakeSource(tmp_path)
-    run = Run(job, Broken("output", ValueError("v" * 100_000)))
+    run = Run(job, Guarded(Broken("output", ValueError("v" * 100_000)), None))
     job.events.put(Notice("hello"))
     finish(run, job)
     run.wait()
@@ -154,8 +157,8 @@ def test_a_notice_too_long_for_one_line_is_cut(
 def test_keyboard_interrupt_from_a_display_still_stops_the_ranks(tmp_path: Path) -> None:
     job = StoppableSource(tmp_path)
     job.status = RunStatus.INTERRUPTED
-    run = Run(job, Broken("output", KeyboardInterrupt()))
-    job.events.put(Output(0, "stdout", "x\n"))
+    run = Run(job, Guarded(Broken("output", KeyboardInterrupt()), None))
+    job.events.put(Text(0, "stdout", "x\n"))
     with pytest.raises(KeyboardInterrupt):
         run.wait()
     assert job.stopped == [RunStatus.INTERRUPTED]
@@ -176,7 +179,7 @@ def test_anything_else_escaping_the_pump_stops_the_ranks_before_it_is_raised(
 
     job.wait = failing_wait  # type: ignore[method-assign]
     run = Run(job, RecordingDisplay())
-    job.events.put(Output(0, "stdout", "x\n"))
+    job.events.put(Text(0, "stdout", "x\n"))
     with pytest.raises(RuntimeError, match="the pump broke"):
         run.wait()
     assert job.stopped == [RunStatus.STOPPED]

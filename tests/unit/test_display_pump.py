@@ -14,14 +14,14 @@ import nbddp
 from nbddp.launcher.events import (
     Done,
     Failure,
-    Metrics,
+    MetricRows,
     Notice,
-    Output,
     RankOutcome,
     RankState,
     RunEvent,
     RunStatus,
     StateChanged,
+    Text,
 )
 from nbddp.launcher.run import Run
 
@@ -85,9 +85,9 @@ def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None
     display = RecordingDisplay()
     run = Run(job, display)
     assert display.attached == (tmp_path, 2)
-    sent: list[RunEvent] = [Output(0, "stdout", f"line {i}\n") for i in range(100_000)]
+    sent: list[RunEvent] = [Text(0, "stdout", f"line {i}\n") for i in range(100_000)]
     row = {"rank": 1, "step": 0, "time": 0.0, "x": 1.0}
-    sent += [StateChanged(0, RankState.DONE), Notice("a notice"), Metrics(1, (row, row))]
+    sent += [StateChanged(0, RankState.DONE), Notice("a notice"), MetricRows(1, (row, row))]
     for event in sent:
         job.events.put(event)
     job.events.put(Done())
@@ -107,7 +107,7 @@ def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None
 def test_timeout_refreshes_then_raises(tmp_path: Path) -> None:
     job = FakeSource(tmp_path)
     display = RecordingDisplay()
-    job.events.put(Output(0, "stdout", "partial"))
+    job.events.put(Text(0, "stdout", "partial"))
     with pytest.raises(TimeoutError):
         Run(job, display).wait(timeout=0.01)
     assert display.events == [("output", 0, "stdout", "partial")]

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbddp.errors import WorkerError
+from nbddp.errors import RemoteError
 from nbddp.launcher.events import Failure, RankOutcome, RankState
 from nbddp.launcher.failures import rank_error, release
 from nbddp.rank.worker import error_info
 from nbddp.wire import values
-from nbddp.wire.protocol import Descriptors, ErrorInfo
+from nbddp.wire.descriptors import Descriptors
+from nbddp.wire.protocol import ErrorInfo
 from tests.multiproc.failing import RebuildsAsInt, StrRaises
 
 
@@ -40,10 +41,10 @@ def test_an_exception_that_rebuilds_as_something_else_is_not_shipped() -> None:
     assert info.exc is None
 
 
-def test_bytes_that_rebuild_as_no_exception_become_a_worker_error(tmp_path: Path) -> None:
+def test_bytes_that_rebuild_as_no_exception_become_a_remote_error(tmp_path: Path) -> None:
     info = ErrorInfo("mod.Odd", "odd", "Traceback ...\nmod.Odd: odd\n", values.pack(5))
     exc = rank_error(Failure(0, "raised", error=info), 1, tmp_path)
-    assert isinstance(exc, WorkerError) and exc.remote_type == "mod.Odd"
+    assert isinstance(exc, RemoteError) and exc.remote_type == "mod.Odd"
 
 
 def test_an_exceptions_large_tensor_is_packed_into_shared_memory_not_bytes() -> None:

@@ -13,7 +13,8 @@ from nbddp.errors import RemoteTraceback
 from nbddp.launcher import failures
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.wire import values
-from nbddp.wire.protocol import Descriptors, ErrorInfo
+from nbddp.wire.descriptors import Descriptors, Packed
+from nbddp.wire.protocol import ErrorInfo
 
 TB = 'Traceback (most recent call last):\n  File "<ddp cell [3]>", line 4\nValueError: bad\n'
 
@@ -62,15 +63,13 @@ def test_a_rebuilt_exception_carries_the_ranks_traceback_and_a_note(tmp_path: Pa
     assert not hasattr(exc, "_render_traceback_")  # launch() keeps IPython's usual formatting
 
 
-@pytest.mark.parametrize(
-    "exc", [None, values.Packed(b"not a pickle", "mymod.Custom", Descriptors())]
-)
-def test_an_exception_that_cannot_be_rebuilt_falls_back_to_worker_error(
-    tmp_path: Path, exc: values.Packed | None
+@pytest.mark.parametrize("exc", [None, Packed(b"not a pickle", "mymod.Custom", Descriptors())])
+def test_an_exception_that_cannot_be_rebuilt_falls_back_to_remote_error(
+    tmp_path: Path, exc: Packed | None
 ) -> None:
     error = ErrorInfo("mymod.Custom", "it broke", TB, exc)
     exc = failures.rank_error(Failure(0, "raised", error), 1, tmp_path)
-    assert isinstance(exc, nbddp.WorkerError)
+    assert isinstance(exc, nbddp.RemoteError)
     assert str(exc) == "rank 0 raised mymod.Custom: it broke"
     assert (exc.rank, exc.remote_type, exc.remote_traceback) == (0, "mymod.Custom", TB)
     assert exc.log_path == str(tmp_path / "rank0.log")
@@ -136,12 +135,12 @@ def test_ipython_shows_the_ranks_traceback_then_where_and_what_else_failed(
     ]
 
 
-def test_a_syntax_error_from_a_rank_is_shown_as_a_worker_error(tmp_path: Path) -> None:
+def test_a_syntax_error_from_a_rank_is_shown_as_a_remote_error(tmp_path: Path) -> None:
     error = ErrorInfo("builtins.SyntaxError", "invalid syntax", TB, None)
     cause = Failure(0, "raised", error)
     outcomes = [outcome(0, RankState.FAILED, 1, error)]
     shown = failures.presentable(SyntaxError("invalid syntax"), cause, outcomes, tmp_path)
-    assert isinstance(shown, nbddp.WorkerError)
+    assert isinstance(shown, nbddp.RemoteError)
     assert str(shown) == "rank 0 raised builtins.SyntaxError: invalid syntax"
     assert shown._render_traceback_()[-1].startswith("(raised on rank 0 of 1; full output in")
 

@@ -13,17 +13,8 @@ from pathlib import Path
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.launcher import logs
-from nbddp.launcher.logs import (
-    DEFAULT_KEEP,
-    DEFAULT_MAX_MB,
-    RECENT,
-    log_settings,
-    new_run_dir,
-    prune,
-    rank_log,
-    run_base_dir,
-)
+from nbddp.launcher import logs, settings
+from nbddp.launcher.logs import RECENT, new_run_dir, prune, rank_log, run_base_dir
 
 MB = 1 << 20
 NOW = time.time()
@@ -137,46 +128,13 @@ def test_a_new_run_dir_is_private_locked_and_prunes_the_old(log_env: dict[str, s
 
 def test_the_log_dir_is_made_private_when_missing(tmp_path: Path) -> None:
     where = tmp_path / "a" / "b"
-    settings = log_settings({"NBDDP_LOG_DIR": str(where)})
-    assert run_base_dir(settings) == where
+    assert run_base_dir(where) == where
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
 
 
-def test_defaults() -> None:
-    settings = log_settings({})
-    assert settings.keep == DEFAULT_KEEP == 50
-    assert settings.max_bytes == DEFAULT_MAX_MB * MB == 500 * MB
-    assert settings.base is None
+def test_the_default_log_dir_is_the_users_own_in_tmp() -> None:
     expected = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
-    assert run_base_dir(settings) == expected
-
-
-def test_settings_are_read_from_the_environment(tmp_path: Path) -> None:
-    env = {"NBDDP_LOG_KEEP": " 7 ", "NBDDP_LOG_MAX_MB": "1.5", "NBDDP_LOG_DIR": str(tmp_path)}
-    settings = log_settings(env)
-    assert (settings.keep, settings.max_bytes, settings.base) == (7, int(1.5 * MB), tmp_path)
-
-
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("NBDDP_LOG_KEEP", "lots"),
-        ("NBDDP_LOG_KEEP", "0"),
-        ("NBDDP_LOG_KEEP", "2.5"),
-        ("NBDDP_LOG_KEEP", "-3"),
-        ("NBDDP_LOG_MAX_MB", "big"),
-        ("NBDDP_LOG_MAX_MB", "0"),
-        ("NBDDP_LOG_MAX_MB", "-1"),
-        ("NBDDP_LOG_MAX_MB", "nan"),
-    ],
-)
-def test_a_bad_setting_says_what_to_set(name: str, value: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        log_settings({name: value})
-    message = str(caught.value)
-    assert "\n" not in message
-    assert message.startswith(f"{name}={value!r} ")
-    assert f"set {name}=" in message
+    assert run_base_dir(None) == expected
 
 
 def test_a_log_dir_that_is_a_file_says_what_to_set(tmp_path: Path) -> None:
@@ -185,7 +143,7 @@ def test_a_log_dir_that_is_a_file_says_what_to_set(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"^NBDDP_LOG_DIR=.* is not a directory.*set NBDDP_LOG_DIR"
     ):
-        run_base_dir(log_settings({"NBDDP_LOG_DIR": str(path)}))
+        run_base_dir(path)
 
 
 def test_a_log_dir_of_someone_else_says_what_to_set(tmp_path: Path) -> None:
@@ -195,13 +153,13 @@ def test_a_log_dir_of_someone_else_says_what_to_set(tmp_path: Path) -> None:
         theirs.mkdir()
         os.chown(theirs, 65534, 65534)
     with pytest.raises(ConfigError, match=r"^NBDDP_LOG_DIR='.*' is not yours.*set NBDDP_LOG_DIR"):
-        run_base_dir(log_settings({"NBDDP_LOG_DIR": str(theirs)}))
+        run_base_dir(theirs)
 
 
 def test_the_test_suite_writes_its_logs_in_its_own_directory() -> None:
     # conftest.py sets it before nbddp is imported; kernels and ranks inherit it.
     ours = Path(os.environ["NBDDP_LOG_DIR"])
-    assert run_base_dir() == ours
+    assert run_base_dir(settings.read().log_dir) == ours
     assert ours != Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nbddp
-from nbddp.launcher.metrics import Metrics
+from nbddp.launcher.results import Metrics
 from nbddp.rank import channel as rank_channel
 from nbddp.rank import context
 from nbddp.rank.channel import Channel

@@ -14,12 +14,12 @@ from typing import Any, get_type_hints
 
 import pytest
 
-import nbddp.launcher.entry as entry
+import nbddp.entry as entry
+from nbddp.entry import Launcher, launch
 from nbddp.errors import ConfigError
 from nbddp.launcher import config as config_module
 from nbddp.launcher.config import LaunchConfig, check_option
 from nbddp.launcher.devices import VisibleGpus
-from nbddp.launcher.entry import Launcher, launch
 from nbddp.launcher.options import (
     DEFAULTS,
     OPTIONS,

@@ -1,7 +1,7 @@
-"""The forkserver's bookkeeping of its keepers (``launcher.pool.Pool``), without forking.
+"""The forkserver's bookkeeping of its keepers (``forkserver.pool.Pool``), without forking.
 
 Each keeper here is the far end of a real socketpair, so what the pool sends
-(``pooled.RUN`` with a rank's fds, ``pooled.WARM``) is read back as a keeper
+(``keeper.RUN`` with a rank's fds, ``keeper.WARM``) is read back as a keeper
 would; ending a keeper is a SIGKILL, recorded instead of sent.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from nbddp.launcher.pool import Pool, _Keeper
-from nbddp.rank import pooled
+from nbddp.forkserver import keeper as orders
+from nbddp.forkserver.pool import Pool, _Keeper
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def rank_fds() -> list[int]:
 def received(link: socket.socket) -> tuple[bytes, int]:
     """What a keeper reads: the order, and how many fds came with it."""
     link.settimeout(5.0)  # an order that never comes fails the test, not the session
-    msg, fds, _, _ = socket.recv_fds(link, 1, pooled.RANK_FDS)
+    msg, fds, _, _ = socket.recv_fds(link, 1, orders.RANK_FDS)
     for fd in fds:
         os.close(fd)
     return msg, len(fds)
@@ -56,9 +56,9 @@ def test_a_rank_goes_to_a_warm_keeper_first_then_the_oldest_free_one(pool: Pool)
     fds = rank_fds()
     try:
         assert pool.hand_over(fds) == 2
-        assert received(warm) == (pooled.RUN, 4)
+        assert received(warm) == (orders.RUN, 4)
         assert pool.hand_over(fds) == 1
-        assert received(cold_old) == (pooled.RUN, 4)
+        assert received(cold_old) == (orders.RUN, 4)
         assert set(pool.busy) == {1, 2} and list(pool.free) == [3]
         assert not pool.busy[2].warm  # its worker is the rank now
     finally:
@@ -90,7 +90,7 @@ def test_a_keeper_whose_rank_ended_is_kept_free_up_to_the_size(
     links = [add(pool, pid, busy=True) for pid in (1, 2, 3)]
     pool.size = 2
     for pid, link in zip((1, 2, 3), links, strict=True):
-        link.sendall(pooled.FREE)
+        link.sendall(orders.FREE)
         pool.heard(pid, listening=True)
     assert list(pool.free) == [1, 2] and not pool.busy
     assert killed == [3] and pool.ending == {3}  # one more than a launch needs
@@ -102,7 +102,7 @@ def test_a_keeper_freed_once_the_forkserver_stops_listening_is_ended(
     pool: Pool, killed: list[int]
 ) -> None:
     link = add(pool, 1, busy=True)
-    link.sendall(pooled.FREE)
+    link.sendall(orders.FREE)
     pool.heard(1, listening=False)
     assert not pool.free and not pool.busy and killed == [1]
     link.close()
@@ -126,9 +126,9 @@ def test_a_refill_warms_a_cold_free_keeper_before_forking_a_new_one(
     forked: list[object] = []
     monkeypatch.setattr(Pool, "start_keeper", lambda self, close, fds: forked.append(fds))
     cold = add(pool, 1)
-    assert pool.short()
+    assert pool.warm() < pool.size
     pool.warm_one(set())
-    assert cold.recv(1) == pooled.WARM and pool.free[1].warm and not forked
+    assert cold.recv(1) == orders.WARM and pool.free[1].warm and not forked
     pool.warm_one(set())
     assert forked == [None]  # none cold is left: a new warm keeper
     cold.close()
@@ -164,20 +164,19 @@ def test_a_request_finds_the_keeper_that_said_free_before_it_was_heard(
     """A keeper says it is free only after reporting its rank's exit code, so the
     notebook's next request may reach the forkserver first: it must still go to
     that keeper, not to a keeper forked for it."""
-    from nbddp.launcher.forkserver import Forkserver
-    from nbddp.launcher.starters import REQUEST
+    from nbddp.forkserver.server import REQUEST, Forkserver
 
     forked: list[object] = []
     monkeypatch.setattr(Pool, "start_keeper", lambda self, close, fds: forked.append(fds))
     notebook, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = Forkserver(theirs)
     keeper = add(server.pool, 1, busy=True)
-    keeper.sendall(pooled.FREE)  # said, not yet heard
+    keeper.sendall(orders.FREE)  # said, not yet heard
     fds = rank_fds()
     try:
         socket.send_fds(notebook, [REQUEST.pack(b"F", 1, 10.0)], fds)
         assert server._serve_request()
-        assert received(keeper) == (pooled.RUN, 4) and not forked
+        assert received(keeper) == (orders.RUN, 4) and not forked
         assert list(server.pool.busy) == [1]
     finally:
         for fd in fds:

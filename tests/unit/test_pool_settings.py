@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.config import POOL_IDLE, POOL_MAX, LaunchConfig
+from nbddp.launcher import settings
+from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus
 from nbddp.launcher.starters import (
     FORKSERVER,
@@ -20,6 +21,8 @@ from nbddp.launcher.starters import (
 from tests.procs import POOL_CAP
 
 NO_GPU = VisibleGpus((), "none in a test")
+POOL_MAX = int(settings.POOL.default)
+POOL_IDLE = settings.POOL_IDLE.default
 
 
 def config(procs: int, environ: dict[str, str] | None = None, **kw: object) -> LaunchConfig:
@@ -40,14 +43,14 @@ def test_nbddp_pool_0_turns_it_off_and_nbddp_pool_idle_sets_the_timeout() -> Non
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ({"NBDDP_POOL": "many"}, "NBDDP_POOL='many' is not a number >= 0"),
-        ({"NBDDP_POOL_IDLE": "-1"}, "NBDDP_POOL_IDLE='-1' is not a number >= 0"),
+        ({"NBDDP_POOL": "many"}, "NBDDP_POOL='many' is not a whole number of workers >= 0"),
+        ({"NBDDP_POOL_IDLE": "-1"}, "NBDDP_POOL_IDLE='-1' is not a number of seconds >= 0"),
     ],
 )
 def test_a_bad_setting_is_refused_when_the_config_is_built(
     setting: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(ConfigError, match="unset it for the default") as info:
+    with pytest.raises(ConfigError, match="or unset it") as info:
         config(2, setting)
     assert message in str(info.value)
 

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from nbddp.errors import CellError, ConfigError
-from nbddp.notebook.cell import CellProgram, CellValues, names_bound
+from nbddp.notebook.program import build_program
 from nbddp.notebook.runner import CellRunner
 from nbddp.notebook.session import Session
 from nbddp.rank import context
 from nbddp.rank import session as rank_session
+from nbddp.rank.cell import CellProgram, CellValues, names_bound
 from nbddp.wire.protocol import Placement
 
 
@@ -41,7 +42,7 @@ def in_session_rank() -> Iterator[rank_session.SessionState]:
 
 
 def _cell(source: str, **names: Any) -> CellProgram:
-    return CellProgram.build(
+    return build_program(
         source, header="%%ddp", filename="<ddp cell [1]>", user_ns=names, session=True
     )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nbddp.launcher.entry import kernel_shell as _kernel_shell
+from nbddp.entry import kernel_shell as _kernel_shell
 from nbddp.launcher.options import LaunchOptions
 from nbddp.notebook.panel.panel import Panel
 

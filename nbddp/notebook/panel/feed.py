@@ -1,6 +1,6 @@
 """What the panel shows of a run while it goes on: the ``Display`` a panel run is fed.
 
-Contract: ``PanelFeed`` implements ``display.protocol.Display``. Its event
+Contract: ``PanelFeed`` implements ``launcher.display.Display``. Its event
 methods only record, in its view model (``model``, a ``RunModel``: each
 rank's output goes into a ``Screen``, so ``\\r`` and tqdm's cursor moves
 redraw in place and only the last ``tail`` lines are kept; metric rows go

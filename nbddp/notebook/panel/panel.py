@@ -27,9 +27,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nbddp.entry import start_with_display
 from nbddp.errors import ConfigError
 from nbddp.launcher.devices import visible_gpus
-from nbddp.launcher.entry import start_with_display
 from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions

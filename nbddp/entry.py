@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overload
 
-from nbddp.cluster.spec import RayCluster, configured
+from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
-from nbddp.display.protocol import Display
 from nbddp.display.text import TextDisplay
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import visible_gpus
+from nbddp.launcher.display import Display
 from nbddp.launcher.job import Job
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
@@ -34,6 +34,7 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.launcher.raycluster import RayCluster, configured
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run
 from nbddp.launcher.signature import check_call
@@ -82,8 +83,13 @@ def make_display(config: LaunchConfig) -> Display | None:
     """
     ranks = config.shown_ranks
     if in_kernel():
-        return KernelDisplay(live=ranks, tail=config.tail)
-    return TextDisplay(ranks=ranks)
+        return guarded(KernelDisplay(live=ranks, tail=config.tail), config)
+    return guarded(TextDisplay(ranks=ranks), config)
+
+
+def guarded(display: Display, config: LaunchConfig) -> Display:
+    """``display``, made never to raise: text takes over from it (``display.guard``)."""
+    return display if isinstance(display, Guarded) else Guarded(display, config.shown_ranks)
 
 
 def start_run(
@@ -110,6 +116,7 @@ def start_with_display(
     check_call(fn, args, kwargs, config.spelling)
     payload = Payload.serialize(fn, args, kwargs, forked=config.start_method == "fork")
     if display is not None:
+        display = guarded(display, config)
         for notice in config.notices:
             display.notice(notice)
         if len(payload.data) > LARGE_PAYLOAD_BYTES:

@@ -7,7 +7,6 @@ inside), or a GCS address ``"host:6379"``. ``as_cluster(value)`` turns an
 option's value (a string or a ``RayCluster``) into one, and says in one line
 what is wrong otherwise. ``configured()`` is the cluster named by
 ``NBDDP_CLUSTER`` (what ``notebook_launcher(num_nodes=...)`` uses).
-``release()`` hands back the agents a run keeps for the next launch.
 
 Nothing here imports ray: the option is checked before any process starts,
 also where ray is not installed.
@@ -15,16 +14,12 @@ also where ray is not installed.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbddp.errors import ConfigError
-
-ENV_NAME = "NBDDP_CLUSTER"
-"""The environment variable naming the default cluster (``notebook_launcher``)."""
+from nbddp.launcher import settings
 
 
 @dataclass(frozen=True)
@@ -43,11 +38,6 @@ class RayCluster:
     def ray_address(self) -> str:
         """The address as ``ray.init`` takes it."""
         return "auto" if self.address == "ray" else self.address
-
-    @property
-    def is_client(self) -> bool:
-        """Ray Client (``ray://``): the notebook is outside the cluster."""
-        return self.address.startswith("ray://")
 
 
 def as_cluster(value: object, flag: str = "cluster") -> RayCluster | None:
@@ -70,14 +60,4 @@ def as_cluster(value: object, flag: str = "cluster") -> RayCluster | None:
 
 def configured() -> RayCluster | None:
     """The cluster ``NBDDP_CLUSTER`` names, if set."""
-    return as_cluster(os.environ.get(ENV_NAME) or None, ENV_NAME)
-
-
-def release() -> None:
-    """Hand back the agents (and their placement group) kept for the next launch.
-
-    The next cluster launch starts new ones (slower: seconds). Does nothing
-    when no cluster run was made in this process."""
-    client = sys.modules.get("nbddp.cluster.client")
-    if client is not None:
-        client.release_agents()
+    return as_cluster(settings.read().cluster, settings.CLUSTER.name)

@@ -1,0 +1,281 @@
+"""The keeper: the parent of a rank, so that nothing the rank starts outlives it.
+
+Contract: every rank's parent is a keeper, whatever the start method. A
+keeper leads a session of its own, is a child subreaper, forks the rank
+(which leads its own session too and runs ``worker.run_forked`` on the
+rank's ctrl, out and err fds), writes the rank's pid to ``status_w`` (8
+bytes, ``STATUS``), and reaps every orphan of the rank's tree that is
+re-parented to it (``setsid`` daemons, double forks). When the rank has
+exited it SIGKILLs every descendant left, reaps them, and writes the rank's
+exit code (8 bytes; negative: the signal that killed it). So when the
+notebook reads the code, the rank's whole tree is gone and nothing holds its
+pipes. The keeper runs no user code, holds none of the rank's fds but
+``status_w``, and is never in the rank's process group.
+
+Two kinds:
+
+- ``keep``: a one-shot keeper, forked by the fork starter or spawned
+  (``spawned_main``: the interpreter the notebook starts; it forks the rank
+  before anything imports torch, so this module imports only the standard
+  library at its top). It exits with its rank.
+- ``serve``: a forkserver's keeper (``nbddp.forkserver.pool``), reused from
+  rank to rank. It takes orders on its link to the forkserver: ``RUN`` with
+  four fds (ctrl, out, err, status_w) starts a rank on them, handing them to
+  its idle worker if it holds one (``WARM`` forks one: it waits, blocked, for
+  a rank's fds); when the rank's tree is gone it says ``FREE``; EOF ends it.
+  While free, it and its idle worker die with their parent; while it keeps a
+  rank it does not (a rank outlives the forkserver).
+
+Nothing passes from one rank to the next through a reused keeper: it runs
+no user code and receives only fds and orders, and every rank is a fresh
+fork of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Callable, Collection
+from typing import NoReturn
+
+from nbddp import prctl
+
+STATUS = struct.Struct("!q")
+"""A pid, then an exit code: the frames a keeper writes to its status fd."""
+KEEPER_NAME = "nbddp-keeper"
+IDLE_NAME = "nbddp-idle"
+"""A free keeper, and an idle worker."""
+WORKER_NAME = "nbddp-worker"
+"""A rank until it knows its number (then ``nbddp-rank<N>``)."""
+RUN, WARM, FREE = b"R", b"W", b"F"
+RANK_FDS = 4
+"""ctrl, out, err and status_w: the fds that come with ``RUN``."""
+
+
+def detach(close: Collection[int]) -> None:
+    """First steps of a forked child: lead its own session, close the parent's fds in
+    ``close``, and take default signal handling."""
+    os.setsid()
+    for fd in close:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+
+
+def keep(run_rank: Callable[[], NoReturn], status_w: int, rank_fds: Collection[int]) -> NoReturn:
+    """A one-shot keeper: fork the rank, stay its parent until its tree is gone, exit.
+    ``rank_fds``: the rank's own fds, which the keeper closes once it has forked."""
+    try:
+        prctl.become_subreaper()
+        rank = os.fork()
+        if rank == 0:  # pragma: no cover - runs in the rank
+            os.close(status_w)
+            os.setsid()
+            run_rank()
+        for fd in rank_fds:
+            os.close(fd)
+        supervise(rank, status_w)
+    finally:
+        os._exit(0)
+
+
+def spawned_main() -> NoReturn:
+    """A spawned keeper: ``python -c ... CTRL OUT ERR STATUS_W`` (the spawn starter),
+    in a new session, its stdio the notebook's."""
+    ctrl, out, err, status_w = (int(arg) for arg in sys.argv[-4:])
+    keep(lambda: _run_rank(ctrl, out, err), status_w, (ctrl, out, err))
+
+
+def _run_rank(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
+    from nbddp.rank import worker  # only here: the rank needs it, its keeper never does
+
+    worker.run_forked(ctrl, out, err)
+
+
+def supervise(rank: int, status_w: int) -> None:
+    """Report ``rank`` (a child) to ``status_w``; once it has exited, end its tree and
+    report its exit code."""
+    prctl.set_name(KEEPER_NAME)
+    _write(status_w, rank)
+    code = wait_for(rank)
+    end_descendants()
+    _write(status_w, code)
+    os.close(status_w)
+
+
+def wait_for(pid: int) -> int:
+    """Reap children (adopted orphans too) until ``pid`` exits; its exit code."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # pragma: no cover - pid is our child until reaped
+            return -signal.SIGKILL
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+def end_descendants() -> None:
+    """SIGKILL every descendant and reap them, until no child is left.
+
+    A killed process's children are re-parented here (subreaper), so each round
+    finds what the last one orphaned."""
+    if not _has_children():
+        return  # the usual case: psutil's walk of /proc is not needed
+    import psutil  # here: a spawned keeper forks its rank before any import
+
+    while True:
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _has_children() -> bool:
+    """Whether any child is left, reaping those that ended."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _write(fd: int, value: int) -> None:
+    with contextlib.suppress(OSError):  # the notebook is gone: nobody is waiting
+        os.write(fd, STATUS.pack(value))
+
+
+# -- the forkserver's keepers ------------------------------------------------
+
+
+def serve(link: socket.socket, forkserver: int, first: list[int] | None, warm: bool) -> NoReturn:
+    """A forkserver's keeper (see module contract): ``first``, the fds of a rank to
+    start before any order; ``warm``, fork an idle worker first. Never returns."""
+    try:
+        prctl.become_subreaper()
+        idle = _fork_idle(link) if warm else None
+        fds = first
+        while True:
+            if fds is None:
+                prctl.set_name(IDLE_NAME)
+                prctl.die_with(forkserver)
+                order, fds = _next_order(link)
+                if order == WARM:
+                    idle, fds = idle or _fork_idle(link), None
+                    continue
+                if order != RUN or fds is None:
+                    break  # EOF: the forkserver ended this keeper
+            prctl.outlive_parent()  # the rank outlives the forkserver, and so does its keeper
+            rank = _start_rank(idle, link, fds)
+            idle = None
+            supervise(rank, fds[3])
+            fds = None
+            try:
+                link.sendall(FREE)
+            except OSError:
+                break  # the forkserver is gone
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def _next_order(link: socket.socket) -> tuple[bytes, list[int] | None]:
+    """The next order and its fds (None unless exactly a rank's); ``b""`` at EOF."""
+    try:
+        msg, fds, _, _ = socket.recv_fds(link, 1, RANK_FDS)
+    except OSError:
+        return b"", None
+    if len(fds) == RANK_FDS:
+        return msg, list(fds)
+    for fd in fds:
+        os.close(fd)
+    return msg, None
+
+
+def _start_rank(idle: tuple[int, socket.socket] | None, link: socket.socket, fds: list[int]) -> int:
+    """Start the rank on ``fds``: the idle worker takes ctrl, out and err, or with none
+    (or one that died), a rank is forked now. Its pid; ``status_w`` stays open here."""
+    ctrl, out, err, status_w = fds
+    rank: int | None = None
+    if idle is not None:
+        pid, idle_link = idle
+        try:
+            socket.send_fds(idle_link, [RUN], [ctrl, out, err])
+            rank = pid
+        except OSError:  # it died while idle: fork the rank as on demand
+            os.waitpid(pid, 0)
+        finally:
+            idle_link.close()
+    if rank is None:
+        rank = os.fork()
+        if rank == 0:  # pragma: no cover - runs in the rank
+
+            def detach_rank() -> None:
+                # Named at once: its free keeper's name would count it as an idle process.
+                prctl.set_name(WORKER_NAME)
+                link.close()
+                os.close(status_w)
+                os.setsid()
+
+            _in_child(detach_rank)
+            _rank_on(ctrl, out, err)
+    for fd in (ctrl, out, err):
+        os.close(fd)
+    return rank
+
+
+def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
+    """Fork an idle worker, which waits for a rank's ctrl, out and err fds; (pid, link)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    keeper = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the idle worker
+
+        def detach_idle() -> None:
+            link.close()
+            ours.close()
+            os.setsid()
+            prctl.die_with(keeper)
+
+        _in_child(detach_idle)
+        prctl.set_name(IDLE_NAME)
+        try:
+            _, fds, _, _ = socket.recv_fds(theirs, 1, 3)
+        except OSError:
+            fds = []
+        if len(fds) != 3:
+            os._exit(0)  # its keeper ended it
+        theirs.close()
+        prctl.outlive_parent()  # from now on a rank: its link to the notebook decides
+        _rank_on(*fds)
+    theirs.close()
+    return pid, ours
+
+
+def _in_child(steps: Callable[[], None]) -> None:
+    """Take the first ``steps`` of a forked child; any failure ends it."""
+    try:
+        steps()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+
+
+def _rank_on(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
+    from nbddp.rank import worker  # preloaded by the forkserver: no import happens here
+
+    worker.run_forked(ctrl, out, err)

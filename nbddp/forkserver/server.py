@@ -1,0 +1,186 @@
+"""nbddp's forkserver: a process that has imported torch (never CUDA) and forks ranks.
+
+Contract: started by the notebook's ``starters.ForkserverStarter`` as
+``python -c "import nbddp.forkserver.server as s; s.main()" FD [SIZE IDLE]``,
+``FD`` one end of a Unix socketpair. Each request is ``REQUEST`` (the pool
+to keep afterwards: its size and idle timeout) with four fds (status_w,
+ctrl, out, err); the forkserver hands them to a free keeper of its pool, or
+forks a keeper for them (``nbddp.forkserver.pool``), without waiting: a
+launch sends all its requests at once, and their keepers fork the ranks
+side by side. The keeper writes the rank's pid and later its exit code to
+status_w (``keeper.STATUS``); the forkserver keeps no status fd, so ranks
+outlive it and their exit codes still reach the notebook. It is a child
+subreaper, so it reaps what a killed keeper leaves. It exits when the
+notebook's end of the socket closes, after ending its free keepers and
+waiting for its ranks.
+
+It must stay CUDA-clean: it imports torch (``PRELOAD``: what every rank
+imports, so that forked ranks start with it) and never calls anything that
+initialises CUDA, so its children can use the GPUs even when the notebook
+already has. It is single-threaded, which is what makes fork safe here.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import select
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+from nbddp import prctl
+from nbddp.forkserver.pool import Pool
+
+log = logging.getLogger(__name__)
+
+REQUEST = struct.Struct("!cqd")
+"""A request: its kind (``b"F"``: a rank, with four fds), then the pool to keep
+afterwards: how many idle workers, and after how many idle seconds they end."""
+NAME = "nbddp-forksrv"
+
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "cloudpickle",
+    "psutil",  # the keeper's
+    "nbddp.rank.worker",  # with the rank's channel and context, and the wire it loads and sends
+    "nbddp.rank.metrics",  # nbddp.log
+    "nbddp.rank.calls",  # spawn()'s wrapper
+    "nbddp.rank.cell",  # what a %%ddp cell's ranks unpickle
+)
+"""What every rank imports: imported once here, so that forked ranks start with it."""
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception as exc:  # a rank will hit and report the same import itself
+            log.warning("nbddp's forkserver could not preload %s: %s", name, exc)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # pragma: no cover - guard
+        log.error("nbddp's forkserver initialised CUDA while preloading")
+
+
+class Forkserver:
+    """The fork loop (see module contract)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.selector = selectors.DefaultSelector()
+        self.pool = Pool(self.selector)
+        self.listening = True
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+
+    def serve(self) -> None:
+        """Serve requests until the notebook closes its end, then wait for the children
+        (running ranks still report their exit codes; if the notebook died, they are
+        dying too: each watches its own link)."""
+        prctl.become_subreaper()
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        sel = self.selector
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self.wake_r, selectors.EVENT_READ)
+        while self.listening or self.pool.busy or self.pool.ending:
+            for key, _ in sel.select(self._timeout()):
+                if key.data is not None:  # a keeper's link: its pid
+                    self.pool.heard(key.data, self.listening)
+                elif key.fileobj is self.sock:
+                    if not self._serve_request():
+                        sel.unregister(self.sock)
+                        self.listening = False
+                        self.pool.wind_down()
+                else:
+                    os.read(self.wake_r, 4096)
+                    self._reap()
+            self._tend_pool()
+
+    def _timeout(self) -> float | None:
+        due = (self.pool.refill_in() if self.listening else None, self.pool.wind_down_in())
+        return min((t for t in due if t is not None), default=None)
+
+    def _tend_pool(self) -> None:
+        """Wind the pool down when idle, or else warm one keeper when due (a request
+        that arrives meanwhile goes first: the loop polls before each)."""
+        if self.pool.wind_down_in() == 0.0:
+            self.pool.wind_down()
+        elif self.listening and self.pool.refill_in() == 0.0 and not _readable(self.sock):
+            try:
+                self.pool.warm_one(self._fds())
+            except OSError as exc:  # out of processes or fds: serve requests by fork alone
+                log.warning("nbddp's forkserver could not refill its pool: %s", exc)
+                self.pool.size = self.pool.warm()
+
+    def _fds(self) -> set[int]:
+        """Every fd the forkserver holds: a forked child must close them all."""
+        own = {self.sock.fileno(), self.wake_r, self.wake_w}
+        selector_fd = getattr(self.selector, "fileno", None)  # epoll holds one
+        if selector_fd is not None:
+            own.add(selector_fd())
+        return own
+
+    def _serve_request(self) -> bool:
+        msg, fds, _, _ = socket.recv_fds(self.sock, REQUEST.size, 4)
+        if not msg:
+            return False
+        if len(fds) != 4 or len(msg) != REQUEST.size:
+            for fd in fds:
+                os.close(fd)
+            return True
+        _, size, idle_timeout = REQUEST.unpack(msg)
+        self.pool.resize(size, idle_timeout)
+        status_w, ctrl, out, err = fds
+        rank_fds = (ctrl, out, err, status_w)
+        if self.pool.hand_over(rank_fds) is None:
+            self._hear_keepers()
+            if self.pool.hand_over(rank_fds) is None:
+                self.pool.start_keeper(self._fds(), rank_fds)
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def _hear_keepers(self) -> None:
+        """Take in what keepers have said and not yet been heard: a keeper says it is
+        free only after reporting its rank's exit code, so the notebook's next launch
+        can come first, and should find that keeper free rather than fork another."""
+        for key, _ in self.selector.select(0):
+            if key.data is not None:
+                self.pool.heard(key.data, self.listening)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.pool.forget(pid)  # a keeper reports its rank's exit code itself
+
+
+def _readable(sock: socket.socket) -> bool:
+    ready, _, _ = select.select([sock], [], [], 0)
+    return bool(ready)
+
+
+def main() -> None:
+    """Entry point (see module contract): with SIZE and IDLE, the pool to fill before
+    the first request says, so that the first launch finds it full too."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    prctl.set_name(NAME)
+    _preload()
+    # Why freeze: every object the preload made (torch's, hundreds of thousands) is
+    # shared copy-on-write with each forked rank; a collection in a rank would walk
+    # them all, writing their GC headers, and so copy most of those pages. Frozen
+    # objects are never walked (the pre-fork server pattern gc.freeze exists for).
+    gc.freeze()
+    server = Forkserver(sock)
+    if len(sys.argv) > 3:
+        server.pool.resize(int(sys.argv[2]), float(sys.argv[3]))
+    server.serve()

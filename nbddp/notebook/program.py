@@ -1,0 +1,177 @@
+"""Turning a ``%%ddp`` cell into the program every rank runs: checked here, in the notebook.
+
+Contract: ``build_program(source, ...)`` registers the cell's source for
+tracebacks, compiles it (a ``SyntaxError``, or a ``CellError`` for an empty
+cell, is raised here, before any process starts), finds the notebook names
+the cell reads (``names_read``) and keeps those the notebook has
+(``select_names``), and returns the ``nbddp.rank.cell.CellProgram`` the
+ranks run. The analysis is static: a name reached only through
+``eval``/``exec``/``globals()`` is not found (pass it explicitly).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import symtable
+import tokenize
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from nbddp.rank.cell import CellProgram, compile_cell, register_source
+
+# Names IPython keeps in the user namespace for itself: input/output history
+# (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
+# shipped, even if the cell mentions them.
+_INTERNAL = re.compile(r"_{1,3}|_i{1,3}|_i?\d+|_[oid]h|In|Out|get_ipython|exit|quit|__\w+__")
+
+
+def build_program(
+    source: str,
+    *,
+    header: str,
+    filename: str,
+    user_ns: Mapping[str, Any],
+    hidden: Iterable[str] = (),
+    out: Iterable[str] = (),
+    session: bool = False,
+) -> CellProgram:
+    """The program for the cell ``source`` (see module contract). ``hidden``: names
+    never sent (IPython's own; a session's ranks' names)."""
+    register_source(filename, header + "\n" + source)
+    quiet = is_quiet(source)
+    compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
+    names = select_names(user_ns, names_read(source), hidden)
+    return CellProgram(source, header, filename, names, tuple(out), quiet, session)
+
+
+def names_read(source: str) -> frozenset[str]:
+    """The global names ``source`` may read from outside itself.
+
+    Every name the cell's top level reads, and every global name read by the
+    functions, classes, lambdas and comprehensions it defines; minus the
+    names whose every read follows an unconditional top-level binding
+    (assignment, import, def, class) or is a loop's or ``with``'s read of
+    its own target. Conditional bindings (inside ``if``/``for``/``try``...)
+    do not count: when in doubt a name is read, as shipping a name too many
+    costs bytes, while one too few fails.
+    """
+    tree = ast.parse(source)
+    table = symtable.symtable(source, "<ddp cell>", "exec")
+    top_level = {sym.get_name() for sym in table.get_symbols()}
+    read = {sym.get_name() for sym in table.get_symbols() if sym.is_referenced()}
+    # ``x += 1`` reads x, but symtable records only the binding.
+    read |= _augmented_names(tree) & top_level
+    for scope in _nested_scopes(table):
+        read |= {
+            sym.get_name()
+            for sym in scope.get_symbols()
+            if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
+        }
+    return frozenset(read & _read_before_bound(tree.body))
+
+
+def _nested_scopes(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:
+    for child in table.get_children():
+        yield child
+        yield from _nested_scopes(child)
+
+
+def _augmented_names(tree: ast.AST) -> set[str]:
+    return {
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
+    }
+
+
+_UNCONDITIONAL = (
+    ast.Assign,
+    ast.AnnAssign,
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+)
+
+
+def _read_before_bound(body: list[ast.stmt]) -> set[str]:
+    """Names read by a top-level statement before one unconditionally bound them."""
+    bound: set[str] = set()
+    read: set[str] = set()
+    for stmt in body:
+        # A statement's reads happen before its binding (``x = x + 1``), and
+        # a read anywhere, even inside a function body, counts.
+        read |= _reads(stmt) - bound
+        if isinstance(stmt, _UNCONDITIONAL):
+            bound |= _bindings(stmt)
+    return read
+
+
+def _reads(node: ast.AST) -> set[str]:
+    """Names ``node`` reads; a ``for``/``with`` body's reads of its own targets are not."""
+    if isinstance(node, ast.For | ast.AsyncFor):
+        inner = set().union(*(_reads(n) for n in [*node.body, *node.orelse]))
+        return _reads(node.iter) | (inner - _stored(node.target))
+    if isinstance(node, ast.With | ast.AsyncWith):
+        heads = [item.context_expr for item in node.items]
+        targets = set().union(*(_stored(i.optional_vars) for i in node.items if i.optional_vars))
+        inner = set().union(*(_reads(n) for n in node.body))
+        return set().union(*(_reads(h) for h in heads)) | (inner - targets)
+    found = {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)
+    }
+    return found | _augmented_names(node)
+
+
+def _stored(target: ast.AST) -> set[str]:
+    return {
+        n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+
+
+def _bindings(stmt: ast.stmt) -> set[str]:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {stmt.name}
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return {
+            (alias.asname or alias.name).split(".")[0] for alias in stmt.names if alias.name != "*"
+        }
+    if isinstance(stmt, ast.Assign):
+        return set().union(*(_stored(target) for target in stmt.targets))
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:  # ``x: int`` binds nothing
+        return _stored(stmt.target)
+    return set()
+
+
+def select_names(
+    user_ns: Mapping[str, Any], names: Iterable[str], hidden: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The ``names`` that ``user_ns`` holds, minus IPython's own (``hidden`` and history)."""
+    skip = set(hidden)
+    return {
+        name: user_ns[name]
+        for name in sorted(names)
+        if name in user_ns and name not in skip and not _INTERNAL.fullmatch(name)
+    }
+
+
+def is_quiet(source: str) -> bool:
+    """True if the cell ends with ``;``: as in IPython, its value is not displayed."""
+    last = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in (
+                tokenize.NEWLINE,
+                tokenize.NL,
+                tokenize.COMMENT,
+                tokenize.INDENT,
+                tokenize.DEDENT,
+                tokenize.ENDMARKER,
+            ):
+                last = tok
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return last is not None and last.type == tokenize.OP and last.string == ";"

@@ -1,0 +1,67 @@
+"""What an nbddp process asks the kernel about itself: its name, its orphans, its parent.
+
+Contract: every process nbddp starts (forkserver, keepers, idle workers,
+ranks) names itself with ``set_name`` so that ``ps`` and the tests can tell
+them apart; a keeper adopts the orphans of its rank's tree
+(``become_subreaper``); a free keeper and an idle worker die with their
+parent (``die_with``), a rank and its keeper do not (``outlive_parent``).
+Each is best effort: off Linux they do nothing (``become_subreaper`` then
+returns False). ``flush_c_stdio`` flushes C's stdio buffers. Only the
+standard library is imported, so any process can load this module first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _prctl(option: int, value: int | bytes) -> bool:
+    prctl = getattr(_libc(), "prctl", None)
+    return prctl is not None and int(prctl(option, value, 0, 0, 0)) == 0
+
+
+def set_name(name: str) -> None:
+    """Name this process (``ps``, ``top``, psutil's ``name()``; 15 bytes at most);
+    its children inherit the name until they set their own."""
+    _prctl(PR_SET_NAME, name.encode()[:15])
+
+
+def become_subreaper() -> bool:
+    """Have orphaned descendants re-parented to this process; False where the kernel
+    cannot (they go to init then)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with(parent: int) -> None:
+    """Be killed when ``parent`` (this process's parent) exits; exit now if it
+    already has (before this call took effect)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def outlive_parent() -> None:
+    """Undo ``die_with``: this process's life no longer follows its parent's."""
+    _prctl(PR_SET_PDEATHSIG, 0)
+
+
+def flush_c_stdio() -> None:
+    """Flush every C stdio stream (``fflush(NULL)``): what C code printed leaves now."""
+    libc = _libc()
+    if libc is not None:
+        libc.fflush(None)

@@ -1,0 +1,212 @@
+"""The ``%%ddp`` cell program: what every rank runs for a cell.
+
+Contract: a ``CellProgram`` (built in the notebook by
+``nbddp.notebook.program.build_program``) pickles with cloudpickle; in each
+rank, calling it defines ``rank``, ``local_rank``, ``world_size`` and
+``device`` (from the rank's context, ``nbddp.rank.context``), runs the cell
+body in a fresh namespace seeded with the names sent from the notebook (in a
+session: the rank's own namespace, ``nbddp.rank.session``), and evaluates a
+trailing expression. Rank 0 returns a ``CellValues`` holding the ``--out``
+names and that expression's value, each packed on its own (``wire.values``);
+the other ranks return None, so nothing comes back that nobody reads.
+``CellValues.restore`` rebuilds them in the notebook, once.
+
+The cell's source is registered in ``linecache`` under the program's
+filename (``<ddp cell [N]>``), in the rank and in the notebook, with the
+``%%ddp`` line as line 1: tracebacks show the lines the notebook shows.
+IPython syntax inside the cell (``!cmd``, ``%magic``) is not translated.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+import symtable
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbddp.errors import CellError
+from nbddp.rank import context
+from nbddp.rank import session as rank_session
+from nbddp.wire.descriptors import Packed
+from nbddp.wire.values import pack, unpack
+
+
+def names_bound(source: str) -> frozenset[str]:
+    """The global names ``source``'s top level binds (assigns, imports, defines), even
+    conditionally: in a session, these become the ranks' own."""
+    table = symtable.symtable(source, "<ddp cell>", "exec")
+    return frozenset(
+        sym.get_name() for sym in table.get_symbols() if sym.is_assigned() or sym.is_imported()
+    )
+
+
+def register_source(filename: str, text: str) -> None:
+    """Make ``text`` the source of ``filename`` for tracebacks (``linecache``)."""
+    lines = text.splitlines(keepends=True)
+    # mtime None: ``linecache.checkcache`` leaves the entry alone.
+    linecache.cache[filename] = (len(text), None, lines, filename)
+
+
+def compile_cell(
+    source: str, filename: str, *, quiet: bool = False
+) -> tuple[types.CodeType, types.CodeType | None]:
+    """The cell as (body, trailing expression or None), line 1 being the ``%%ddp`` line.
+
+    Raises ``SyntaxError`` for invalid code and ``CellError`` for an empty cell.
+    """
+    # The leading newline stands for the %%ddp line, so that line numbers
+    # (in tracebacks and syntax errors) match the notebook's.
+    tree = ast.parse("\n" + source, filename, "exec")
+    if not tree.body:
+        raise CellError(
+            "%%ddp: the cell is empty; write the code every rank runs below the %%ddp line"
+        )
+    last: ast.Expression | None = None
+    final = tree.body[-1]
+    if isinstance(final, ast.Expr) and not quiet:
+        tree.body.pop()
+        last = ast.Expression(final.value)
+    body = compile(tree, filename, "exec", dont_inherit=True)
+    expr = compile(last, filename, "eval", dont_inherit=True) if last is not None else None
+    return body, expr
+
+
+@dataclass(frozen=True)
+class CellValues:
+    """What rank 0 sends back: each value packed on its own (``wire.values``)."""
+
+    out: dict[str, Packed]
+    """The ``--out`` names."""
+    last: Packed | None = None
+    """The trailing expression's value, if it pickled."""
+    last_repr: str | None = None
+    """Its ``repr``, when the value itself could not be pickled."""
+
+    def restore(self) -> tuple[dict[str, Any], Any]:
+        """(``--out`` name -> value, trailing expression's value) in the notebook."""
+        out: dict[str, Any] = {}
+        for name, packed in self.out.items():
+            out[name] = _restore(f"--out {name}", packed)
+        if self.last is not None:
+            return out, _restore("the cell's last value", self.last)
+        return out, _Repr(self.last_repr) if self.last_repr is not None else None
+
+
+def _restore(what: str, packed: Packed) -> Any:
+    try:
+        return unpack(packed)
+    except Exception as exc:
+        raise CellError(
+            f"{what}: rank 0 sent it ({packed.type_name}) but it cannot be rebuilt in the "
+            f"notebook ({type(exc).__name__}: {exc}); send plain data (tensors, numbers, "
+            "lists, dicts, a state_dict()) or make its class importable in the notebook"
+        ) from None
+
+
+@dataclass(frozen=True)
+class _Repr:
+    """Shows a value that stayed in rank 0 by the ``repr`` it had there."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class CellProgram:
+    """What every rank runs for a ``%%ddp`` cell (see module contract)."""
+
+    source: str
+    """The cell body (without the ``%%ddp`` line)."""
+    header: str
+    """The ``%%ddp`` line, shown as line 1 in tracebacks."""
+    filename: str
+    """The name the cell's code is compiled under, e.g. ``<ddp cell [3]>``."""
+    names: dict[str, Any] = field(default_factory=dict)
+    """The notebook names the cell reads."""
+    out: tuple[str, ...] = ()
+    """Names rank 0 sends back."""
+    quiet: bool = False
+    """The cell ends with ``;``: its last expression is not shown."""
+    session: bool = False
+    """Run in the rank's session namespace (``nbddp.rank.session``), not a fresh one."""
+
+    def __call__(self) -> CellValues | None:
+        """Run the cell on this rank (see module contract)."""
+        place = context.require()
+        register_source(self.filename, self.header + "\n" + self.source)
+        body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
+        ns = self._namespace()
+        ns.update(
+            rank=place.rank,
+            local_rank=place.local_rank,
+            world_size=place.world_size,
+            device=context.device(place),
+        )
+        try:
+            exec(body, ns)
+            value = eval(expr, ns) if expr is not None else None
+        finally:
+            if self.session:
+                self._claim(ns)
+        if place.rank != 0:
+            return None
+        return _collect(ns, self.out, value)
+
+    def _namespace(self) -> dict[str, Any]:
+        """The globals the cell runs in, seeded with the names sent from the notebook.
+
+        One dict as the globals: functions and classes the cell defines see
+        each other and the sent names, as they would in the notebook. In a
+        session it is the rank's own, kept from cell to cell, and a name the
+        ranks own is never replaced by the notebook's."""
+        if not self.session:
+            return {"__name__": "__main__", "__builtins__": builtins, **self.names}
+        state = rank_session.state()
+        ns = state.namespace
+        ns.setdefault("__name__", "__main__")
+        ns.setdefault("__builtins__", builtins)
+        ns.update({k: v for k, v in self.names.items() if k not in state.owned})
+        return ns
+
+    def _claim(self, ns: dict[str, Any]) -> None:
+        """The names this cell bound (and did not just keep as sent) become the ranks'."""
+        state = rank_session.state()
+        sent = self.names
+        # A name the cell deleted (``del x``) is no longer the ranks': the
+        # notebook's is sent again when a cell reads it.
+        state.owned = {name for name in state.owned if name in ns} | {
+            name
+            for name in names_bound(self.source)
+            if name in ns and (name not in sent or ns[name] is not sent[name])
+        }
+
+
+def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellValues:
+    missing = [name for name in out if name not in ns]
+    if missing:
+        raise NameError(
+            f"--out {','.join(missing)}: the cell did not define "
+            f"{' or '.join(repr(n) for n in missing)} on rank 0"
+        )
+    sent: dict[str, Packed] = {}
+    for name in out:
+        try:
+            sent[name] = pack(ns[name])
+        except Exception as exc:
+            raise TypeError(
+                f"--out {name}: {type(ns[name]).__name__} cannot be sent to the notebook "
+                f"({type(exc).__name__}: {exc}); send plain data instead "
+                "(tensors, numbers, lists, dicts, a state_dict())"
+            ) from None
+    if value is None:
+        return CellValues(sent)
+    try:
+        return CellValues(sent, last=pack(value))
+    except Exception:
+        # The value is only for display: its repr is enough.
+        return CellValues(sent, last_repr=repr(value))

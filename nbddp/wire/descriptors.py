@@ -1,0 +1,87 @@
+"""File descriptors that travel beside a message's bytes, and the values that carry them.
+
+Contract: a ``Descriptors`` holds file descriptors in order: on the sending
+side the objects they belong to (``keep``) stay alive until the message is
+sent; on the receiving side (``owned``) it closes them when closed or
+dropped. It never pickles itself: the protocol sends its descriptors beside
+the bytes (``protocol.encode_with_fds``). ``OwnedFd`` is one descriptor a
+payload made and owns. ``Packed`` is a value on its way: its pickled bytes,
+its type's name, and the shared memory the bytes refer to (``values``).
+Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class Descriptors:
+    """File descriptors travelling beside a message (see module doc), in order.
+
+    Sender side: ``fds`` belong to the objects in ``keep`` (a shared storage,
+    an ``OwnedFd``), held here until the message is sent. Receiver side
+    (``owned``): this object owns ``fds`` and closes them when closed or
+    dropped; ``missing`` counts descriptors that were sent but never arrived
+    (the receiver's open-file limit).
+    """
+
+    def __init__(
+        self,
+        fds: Sequence[int] = (),
+        *,
+        keep: Sequence[object] = (),
+        owned: bool = False,
+        missing: int = 0,
+    ) -> None:
+        self.fds = tuple(fds)
+        self.keep = tuple(keep)
+        self.owned = owned
+        self.missing = missing
+
+    def close(self) -> None:
+        """Close owned descriptors now (the mappings made from them keep their own)."""
+        fds, self.fds = self.fds, ()
+        self.keep = ()
+        if self.owned:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.fds) + self.missing
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("Descriptors travel beside a message (encode_with_fds), not inside it")
+
+
+class OwnedFd:
+    """A descriptor the payload owns: closed when the payload is dropped."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A value as a rank sends it (see module contract)."""
+
+    data: bytes
+    """The value pickled, large data referred to by position in ``fds``."""
+    type_name: str
+    """The value's qualified type, for messages about it."""
+    fds: Descriptors
+    """The shared memory the bytes refer to."""
