@@ -22,7 +22,7 @@ from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
 from nbddp.errors import ConfigError
-from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.display import Display
 from nbddp.launcher.job import Job
@@ -38,7 +38,7 @@ from nbddp.launcher.raycluster import RayCluster, configured
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run
 from nbddp.launcher.signature import check_call
-from nbddp.launcher.spelling import Spelling
+from nbddp.launcher.spelling import Spelling, spoken
 from nbddp.rank.calls import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
 
@@ -74,22 +74,22 @@ def in_kernel() -> bool:
     return kernel_shell() is not None
 
 
-def make_display(config: LaunchConfig) -> Display | None:
-    """The display for ``config.output``: every rank, rank 0 only, or nothing but status.
+def make_display(view: ViewSpec) -> Display:
+    """The display for ``view.output``: every rank, rank 0 only, or nothing but status.
 
-    In a kernel: a block per rank updated in place showing its last
-    ``config.tail`` lines, and a metrics chart (``KernelDisplay``); elsewhere
-    rank-prefixed lines (``TextDisplay``). Ranks not shown are still logged in full.
+    In a kernel: a block per rank updated in place showing its last ``view.tail``
+    lines, and a metrics chart (``KernelDisplay``); elsewhere rank-prefixed lines
+    (``TextDisplay``). Ranks not shown are still logged in full.
     """
-    ranks = config.shown_ranks
+    ranks = view.shown_ranks
     if in_kernel():
-        return guarded(KernelDisplay(live=ranks, tail=config.tail), config)
-    return guarded(TextDisplay(ranks=ranks), config)
+        return guarded(KernelDisplay(live=ranks, tail=view.tail), view)
+    return guarded(TextDisplay(ranks=ranks), view)
 
 
-def guarded(display: Display, config: LaunchConfig) -> Display:
+def guarded(display: Display, view: ViewSpec) -> Display:
     """``display``, made never to raise: text takes over from it (``display.guard``)."""
-    return display if isinstance(display, Guarded) else Guarded(display, config.shown_ranks)
+    return display if isinstance(display, Guarded) else Guarded(display, view.shown_ranks)
 
 
 def start_run(
@@ -99,7 +99,7 @@ def start_run(
     kwargs: dict[str, Any],
 ) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
-    return start_with_display(config, fn, args, kwargs, make_display(config))
+    return start_with_display(config, fn, args, kwargs, make_display(config.view))
 
 
 def start_with_display(
@@ -113,12 +113,12 @@ def start_with_display(
 
     First the call is checked against ``fn``'s signature (``check_call``), so a
     call that cannot bind fails here, not as a traceback from every rank."""
-    check_call(fn, args, kwargs, config.spelling)
-    payload = Payload.serialize(fn, args, kwargs, forked=config.start_method == "fork")
+    check_call(fn, args, kwargs)
+    payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
     if display is not None:
-        display = guarded(display, config)
-        for notice in config.notices:
-            display.notice(notice)
+        display = guarded(display, config.view)
+        for notice in config.view.notices:
+            display.notice(spoken(notice))
         if len(payload.data) > LARGE_PAYLOAD_BYTES:
             display.notice(
                 f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
@@ -130,12 +130,12 @@ def start_with_display(
 
         cluster_job = ClusterJob(config, payload)
         cluster_job.start()
-        return Run(cluster_job, display)
-    job = Job(config, payload)
+        return Run(cluster_job, display, config)
+    job = Job(config.job, payload)
     job.start()
-    if config.max_restarts:
-        return Run(Restarting(config, payload, job), display)
-    return Run(job, display)
+    if config.job.max_restarts:
+        return Run(Restarting(job, payload), display, config)
+    return Run(job, display, config)
 
 
 @dataclass(frozen=True, init=False)
@@ -194,27 +194,20 @@ def launch(
 ) -> R | Run:
     """Run ``fn(*args, **kwargs)`` on every rank and return rank 0's return value.
 
-    ``gpus``: a count or a list of GPU ids (one process each, nccl).
-    ``procs``: that many CPU processes (gloo), GPUs hidden from them.
-    With neither: every visible GPU, or 2 CPU processes and a notice.
-    ``nodes``/``cluster``: run on that many machines of a Ray cluster
-    (``"ray://head:10001"``, ``"ray"`` inside one, or ``RayCluster``), ``gpus``
-    or ``procs`` ranks on each (torchrun's ``nproc_per_node``).
-    ``port``: the rendezvous port (default: a free one per run).
-    ``env``: extra environment variables for every rank.
-    ``timeout``: seconds before the run is stopped (stacks dumped first).
-    ``mixed_precision``: no, fp16, bf16 or fp8, seen by ``Accelerator()``.
-    ``init_process_group``: initialise the default group before calling ``fn``.
-    ``max_restarts``: after a failure, stop every rank and restart them all (a
-    fresh port, ``TORCHELASTIC_RESTART_COUNT`` one higher) up to N times.
-    ``output``: all, rank0 or none (every rank's output is logged regardless).
-    ``tail``: in a notebook, how many recent lines each rank's block shows.
-    ``block=False``: return the ``Run`` handle at once.
+    ``gpus``: a count or GPU ids (a process each, nccl); ``procs``: CPU processes
+    (gloo), GPUs hidden; neither: every visible GPU, or 2 CPU processes and a notice.
+    ``nodes``/``cluster``: that many machines of a Ray cluster (``"ray://head:10001"``,
+    ``"ray"`` inside one, or ``RayCluster``), ``gpus`` or ``procs`` ranks on each.
+    ``port``: the rendezvous port (default: a free one); ``env``: extra environment
+    variables; ``timeout``: seconds before the run is stopped (stacks dumped first);
+    ``mixed_precision``: no, fp16, bf16 or fp8 for ``Accelerator()``;
+    ``init_process_group``: initialise the default group first; ``max_restarts``:
+    after a failure, restart every rank (``TORCHELASTIC_RESTART_COUNT`` one higher)
+    up to N times; ``output``: all, rank0 or none (all is logged); ``tail``: lines
+    each rank's block shows; ``block=False``: return the ``Run`` at once.
 
-    Keyword arguments not listed here go to ``fn``; to pass ``fn`` an
-    argument that has one of these names, bind it with ``functools.partial``.
-    For exact static typing of ``fn``'s parameters use ``Launcher``. The
-    options are those of ``LaunchOptions`` (a unit test holds this signature to it).
+    Other keyword arguments go to ``fn`` (bind one named as an option with
+    ``functools.partial``); ``Launcher`` keeps ``fn``'s exact static types.
     """
     config = LaunchConfig.build(
         gpus=gpus,
@@ -283,20 +276,20 @@ def notebook_launcher(
             "num_nodes=1"
         )
     use_gpus = len(visible_gpus()) > 0
-    config = LaunchConfig.build(
-        gpus=num_processes if use_gpus else None,
-        procs=None if use_gpus else num_processes,
-        # accelerate's signature takes any string; build checks it is a choice.
-        mixed_precision=cast(MixedPrecision, mixed_precision),
-        master_addr=master_addr,
-        port=use_port,
-        port_fallback=True,
-        max_restarts=max_restarts,
-        nodes=num_nodes,
-        cluster=cluster,
-        spelling=NOTEBOOK_LAUNCHER,
-    )
-    return start_run(config, function, tuple(args), {}).wait().values.get(0)
+    with NOTEBOOK_LAUNCHER.speaking():
+        config = LaunchConfig.build(
+            gpus=num_processes if use_gpus else None,
+            procs=None if use_gpus else num_processes,
+            # accelerate's signature takes any string; build checks it is a choice.
+            mixed_precision=cast(MixedPrecision, mixed_precision),
+            master_addr=master_addr,
+            port=use_port,
+            port_fallback=True,
+            max_restarts=max_restarts,
+            nodes=num_nodes,
+            cluster=cluster,
+        )
+        return start_run(config, function, tuple(args), {}).wait().values.get(0)
 
 
 def spawn(
@@ -317,15 +310,15 @@ def spawn(
     unused: ranks never outlive the notebook anyway.
     """
     del daemon
-    config = LaunchConfig.build(
-        procs=nprocs,
-        inherit_devices=True,
-        # torch's signature takes any string; build checks it is a choice.
-        start_method=cast(StartMethod, start_method or "forkserver"),
-        host_store=False,
-        spelling=SPAWN,
-    )
-    run = start_run(config, WithRank(fn), tuple(args), {})
+    with SPAWN.speaking():
+        config = LaunchConfig.build(
+            procs=nprocs,
+            inherit_devices=True,
+            # torch's signature takes any string; build checks it is a choice.
+            start_method=cast(StartMethod, start_method or "forkserver"),
+            host_store=False,
+        )
+        run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:
         return run
     run.wait()

@@ -39,7 +39,7 @@ from nbddp.cluster.portable import (
     ship_outcome,
 )
 from nbddp.cluster.versions import local_versions
-from nbddp.launcher.config import LaunchConfig, NodeSlice
+from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import Done, MetricRows, RunEvent, RunStatus, StateChanged, Text
 from nbddp.launcher.job import Job
 from nbddp.launcher.ports import host_store, listen
@@ -85,7 +85,7 @@ class NodeAgent:
         """Where this agent runs; starts the node's forkserver in the background."""
         import ray
 
-        from nbddp.launcher.starters import FORKSERVER
+        from nbddp.launcher.forkserver_link import FORKSERVER
 
         threading.Thread(target=FORKSERVER.prewarm, name="nbddp-prewarm", daemon=True).start()
         return NodeInfo(
@@ -106,17 +106,15 @@ class NodeAgent:
         return bound
 
     def start(
-        self,
-        config: LaunchConfig,
-        node: NodeSlice,
-        ranks: int,
-        payload: tuple[bytes, tuple[bytes, ...]],
+        self, spec: JobSpec, node: NodeSlice, payload: tuple[bytes, tuple[bytes, ...]]
     ) -> dict[int, int]:
-        """Start this node's ranks; global rank -> pid."""
+        """Start this node's ranks (``node``, on the GPUs Ray gave this agent); global
+        rank -> pid."""
         import ray
 
-        tokens = tuple(str(g) for g in ray.get_gpu_ids()) if config.device == "cuda" else ()
-        job = Job(config.for_node(node, ranks, tokens), land_payload(payload))
+        if spec.device == "cuda":
+            node = replace(node, gpu_tokens=tuple(str(g) for g in ray.get_gpu_ids()))
+        job = Job(spec, land_payload(payload), node)
         with self._lock:
             self._job, self._first, self._sent = job, node.first_rank, 0
         job.start()

@@ -45,7 +45,7 @@ from nbddp.launcher.events import (
     Text,
     run_status,
 )
-from nbddp.launcher.failures import root_cause
+from nbddp.launcher.failures import local_time, root_cause
 from nbddp.launcher.logs import new_run_dir, rank_log
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo
@@ -91,7 +91,7 @@ class ClusterJob:
         self._run_dir = new_run_dir(self.run_id)
         self.log_dir = self._run_dir.path
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
-        self._ranks = [_Rank(r) for r in range(config.world_size)]
+        self._ranks = [_Rank(r) for r in range(config.job.world_size)]
         self._nodes: list[_Node] = []
         self._lock = threading.Lock()  # guards everything the node threads change
         self._failures: list[tuple[float, Failure]] = []
@@ -115,16 +115,16 @@ class ClusterJob:
         shipped = ship_payload(payload)
         agents = self._agents = nodes.place(self.config)
         ray = nodes.import_ray()
-        per = self.config.world_size // self.config.nodes
-        port = _get(ray, agents.handles[0].host_store.remote(self.config.port), START_TIMEOUT)
+        spec, count = self.config.job, self.config.nodes
+        per = spec.world_size // count
+        port = _get(ray, agents.handles[0].host_store.remote(spec.port), START_TIMEOUT)
         ref = ray.put(shipped)  # once: each node fetches it once, whatever its ranks
         master = agents.infos[0].address
-        shipped_config = replace(self.config, cluster=None, notices=())
         calls = []
         for i, (handle, info) in enumerate(zip(agents.handles, agents.infos, strict=True)):
-            part = NodeSlice(i, self.config.nodes, i * per, self.config.world_size, master, port)
+            part = NodeSlice(i, count, i * per, per, master, port)
             self._nodes.append(_Node(i, handle, info.address, range(i * per, (i + 1) * per)))
-            calls.append(handle.start.remote(shipped_config, part, per, ref))
+            calls.append(handle.start.remote(spec, part, ref))
         try:
             pids = _get(ray, calls, START_TIMEOUT)
         except BaseException:
@@ -182,7 +182,7 @@ class ClusterJob:
     def root_cause(self) -> Failure | None:
         """The earliest failure on any node (``failures.root_cause``)."""
         with self._lock:
-            return root_cause(list(self._failures), self.config.failure_grace)
+            return root_cause(list(self._failures), self.config.job.failure_grace)
 
     @property
     def status(self) -> RunStatus:
@@ -231,7 +231,7 @@ class ClusterJob:
                 for shipped in batch.failures:
                     error = self._land(shipped.failure.rank, shipped.error)
                     failure = replace(shipped.failure, error=error)
-                    self._failures.append((_monotonic(shipped.at), failure))
+                    self._failures.append((local_time(shipped.at) or time.monotonic(), failure))
             self._schedule_stop()
         if batch.outcomes is not None:
             self._close_node(node, batch)
@@ -288,7 +288,7 @@ class ClusterJob:
             if self._stop_timer is not None or self._done.is_set():
                 return
             timer = self._stop_timer = threading.Timer(
-                self.config.failure_grace, self.stop, (RunStatus.FAILED,)
+                self.config.job.failure_grace, self.stop, (RunStatus.FAILED,)
             )
         timer.daemon = True
         timer.start()
@@ -356,9 +356,3 @@ def _node_reason(statuses: list[RunStatus | None]) -> RunStatus | None:
         if reason in statuses:
             return reason
     return None
-
-
-def _monotonic(wall: float) -> float:
-    """A node's ``time.time()`` on this process's monotonic clock, never later than now."""
-    now = time.monotonic()
-    return min(now, now - (time.time() - wall))

@@ -30,6 +30,7 @@ from nbddp.cluster.versions import local_versions, mismatch
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.raycluster import RayCluster
+from nbddp.launcher.spelling import OptionError
 
 CONNECT_CHECK = 5.0  # seconds the address gets to accept a TCP connection
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready
@@ -138,8 +139,8 @@ def place(config: LaunchConfig) -> Agents:
     global _kept
     assert config.cluster is not None
     ray = connect(config.cluster)
-    per = config.world_size // config.nodes
-    gpus = per if config.device == "cuda" else 0
+    per = config.job.world_size // config.nodes
+    gpus = per if config.job.device == "cuda" else 0
     shape = (config.cluster.address, config.nodes, gpus, 1)
     if _kept is not None and _kept.shape == shape and _alive(ray, _kept):
         return _kept
@@ -165,21 +166,21 @@ def _check_fits(ray: Any, config: LaunchConfig, gpus: int) -> None:
     fit = [n for n in nodes if _has(n, "GPU") >= gpus and _has(n, "CPU") >= 1]
     if len(fit) >= config.nodes:
         return
-    spell = config.spelling
-    per = (
-        spell.given("gpus", gpus)
-        if gpus
-        else spell.given("procs", config.world_size // config.nodes)
-    )
+    count = config.nodes
+    per_node = ("gpus", gpus) if gpus else ("procs", config.job.world_size // count)
     has = ", ".join(
         f"{n['NodeManagerAddress']} ({_has(n, 'GPU'):g} GPUs, {_has(n, 'CPU'):g} CPUs)"
         for n in nodes
     )
     need = f"{gpus} GPUs and a CPU" if gpus else "a CPU"
-    raise ConfigError(
-        f"{spell.given('nodes', config.nodes)} with {per} needs {config.nodes} nodes with "
-        f"{need} each, but the cluster has {len(fit)} such node{'s' * (len(fit) != 1)}: "
-        f"{has or 'no live node'}; ask for fewer nodes or GPUs"
+    raise OptionError(
+        "nodes",
+        count,
+        lambda s: (
+            f"{s.given('nodes', count)} with {s.given(*per_node)} needs {count} nodes "
+            f"with {need} each, but the cluster has {len(fit)} such node{'s' * (len(fit) != 1)}: "
+            f"{has or 'no live node'}; ask for fewer nodes or GPUs"
+        ),
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from nbddp.errors import PayloadError
 from nbddp.launcher.events import Failure, RankOutcome
-from nbddp.wire.descriptors import Descriptors, OwnedFd, Packed
+from nbddp.wire.descriptors import Descriptors, OwnedFd, Packed, memfd_with, read_all
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import ErrorInfo
 
@@ -31,27 +31,7 @@ def read_fd(fd: int) -> bytes:
             "a multiprocessing object (queue, pipe, lock, event) cannot be sent to ranks "
             "on other machines; create it inside the function, or use torch.distributed"
         )
-    size, parts, done = os.fstat(fd).st_size, [], 0
-    while done < size:
-        chunk = os.pread(fd, min(size - done, 1 << 26), done)
-        if not chunk:
-            break
-        parts.append(chunk)
-        done += len(chunk)
-    return b"".join(parts)
-
-
-def write_fd(data: bytes) -> int:
-    """A fresh memfd holding ``data`` (the caller owns it)."""
-    fd = os.memfd_create("nbddp-landed", os.MFD_CLOEXEC)
-    try:
-        view, done = memoryview(data), 0
-        while done < len(data):
-            done += os.write(fd, view[done:])
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return read_all(fd, os.fstat(fd).st_size)
 
 
 @dataclass(frozen=True)
@@ -70,7 +50,7 @@ def ship_value(packed: Packed) -> ShippedValue:
 
 def land_value(shipped: ShippedValue) -> Packed:
     """The ``Packed`` again, on fresh shared memory it owns (receiving side)."""
-    fds = [write_fd(part) for part in shipped.memory]
+    fds = [memfd_with(part, "nbddp-landed") for part in shipped.memory]
     return Packed(shipped.data, shipped.type_name, Descriptors(fds, owned=True))
 
 
@@ -132,5 +112,5 @@ def ship_payload(payload: Payload) -> tuple[bytes, tuple[bytes, ...]]:
 def land_payload(shipped: tuple[bytes, tuple[bytes, ...]]) -> Payload:
     """The ``Payload`` again on a node, on shared memory it owns."""
     data, memory = shipped
-    fds = tuple(write_fd(part) for part in memory)
+    fds = tuple(memfd_with(part, "nbddp-landed") for part in memory)
     return Payload(data, fds, tuple(OwnedFd(fd) for fd in fds))

@@ -100,13 +100,15 @@ def _run_rank(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - 
     worker.run_forked(ctrl, out, err)
 
 
-def supervise(rank: int, status_w: int) -> None:
-    """Report ``rank`` (a child) to ``status_w``; once it has exited, end its tree and
-    report its exit code."""
+def supervise(rank: int, status_w: int, then: str = KEEPER_NAME) -> None:
+    """Report ``rank`` (a child) to ``status_w``; once it has exited, end its tree, take
+    the name ``then`` and report its exit code: when the notebook learns the rank has
+    ended, its keeper already says what it is from then on."""
     prctl.set_name(KEEPER_NAME)
     _write(status_w, rank)
     code = wait_for(rank)
     end_descendants()
+    prctl.set_name(then)
     _write(status_w, code)
     os.close(status_w)
 
@@ -181,7 +183,7 @@ def serve(link: socket.socket, forkserver: int, first: list[int] | None, warm: b
             prctl.outlive_parent()  # the rank outlives the forkserver, and so does its keeper
             rank = _start_rank(idle, link, fds)
             idle = None
-            supervise(rank, fds[3])
+            supervise(rank, fds[3], then=IDLE_NAME)
             fds = None
             try:
                 link.sendall(FREE)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import builtins
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,6 +72,15 @@ def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failu
     first = ordered[0][0]
     window = [f for when, f in ordered if when - first <= grace]
     return next((f for f in window if f.kind != "raised"), window[0])
+
+
+def local_time(wall: float | None) -> float | None:
+    """A ``time.time()`` stamp of a rank or a node (whose clock is taken to be this
+    machine's) on this process's monotonic clock, never later than now; None stays None."""
+    if wall is None:
+        return None
+    now = time.monotonic()
+    return min(now, now - (time.time() - wall))
 
 
 def describe_exit(code: int | None) -> str:

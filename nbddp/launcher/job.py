@@ -1,7 +1,8 @@
 """The job: the one object that owns a run's processes.
 
-Contract: ``Job(config, payload).start()`` chooses the port, starts one
-worker per rank, sends each its ``RunOrder`` and hands its fds to a
+Contract: ``Job(spec, payload, node).start()`` chooses the port, starts one
+worker per rank of ``node`` (``config.NodeSlice``; default: the whole run,
+on this machine), sends each its ``RunOrder`` and hands its fds to a
 ``Relay``. From then on the job's bookkeeping changes only on the relay
 loop thread, in the ``RelaySink`` callbacks. Other threads read the run
 only as typed values: ``events`` (a queue of ``events.RunEvent``, ending
@@ -19,11 +20,9 @@ has ended (``wait`` returns True) once every rank has exited and all its
 output has been read.
 
 Lifetime: once the run has ended the job holds nothing of it but typed
-values. Its payload is dropped (the shared memory of the arguments is
-freed, even while the user keeps the ``Run``), its pending timers are
-cancelled and the relay forgets it, so nothing but the user's references
-keeps a finished job alive, and reference counting alone frees it (no
-cycle waits for the garbage collector).
+values: its payload (the arguments' shared memory) is dropped, even while
+the user keeps the ``Run``, its timers are cancelled and the relay forgets
+it, so reference counting alone frees a finished job.
 """
 
 from __future__ import annotations
@@ -34,17 +33,14 @@ import os
 import queue
 import signal
 import socket
-import sys
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from threading import Event
 from typing import Any
 
-import psutil
-
-from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher import launching
+from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import (
     Done,
     Failure,
@@ -54,89 +50,42 @@ from nbddp.launcher.events import (
     RankState,
     RunEvent,
     RunStatus,
-    StacksTaken,
     StateChanged,
     Text,
     run_status,
 )
-from nbddp.launcher.failures import root_cause
-from nbddp.launcher.fds import NOTEBOOK_FDS
+from nbddp.launcher.failures import local_time, root_cause
 from nbddp.launcher.logs import new_run_dir
-from nbddp.launcher.ports import choose_port, host_store, listen
+from nbddp.launcher.ports import rendezvous
+from nbddp.launcher.ranks import RankRecord
 from nbddp.launcher.relay import RankPipes, Relay
-from nbddp.launcher.starters import Child, ChildFds, Starter, Starting, starter
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import STACKS_SIGNAL, ErrorInfo, Placement, RunOrder
+from nbddp.wire.protocol import STACKS_SIGNAL, CallRef, RunOrder
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
-STACKS_POLL = 0.05  # seconds between looks at whether every asked rank has answered
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 
 
-@dataclass
-class _RankRecord:
-    """What the notebook knows about one rank. Written on the relay loop only."""
-
-    rank: int
-    pid: int | None = None
-    state: RankState = RankState.STARTING
-    exit_code: int | None = None
-    exited: bool = False
-    closed: bool = False
-    value: Packed | None = None
-    error: ErrorInfo | None = None
-    exit_request: int | None = None
-    stacks: StacksTaken | None = None
-    started_at: float = field(default_factory=time.monotonic)
-    ended_at: float | None = None
-
-    def outcome(self) -> RankOutcome:
-        """A frozen copy, for other threads."""
-        return RankOutcome(
-            rank=self.rank,
-            state=self.state,
-            pid=self.pid,
-            exit_code=self.exit_code,
-            exited=self.exited,
-            value=self.value,
-            error=self.error,
-            stacks=self.stacks,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-        )
-
-
-@dataclass
-class _Asked:
-    """A rank asked of the starter, not yet started: the notebook's ends of its fds."""
-
-    record: _RankRecord
-    ours: socket.socket
-    out_r: int
-    err_r: int
-    order: RunOrder
-    starting: Starting | None = None
-
-    def give_up(self) -> None:
-        """Close the notebook's ends: a worker started for this rank (the forkserver
-        may fork it later) finds its link closed, so it knows no order will come."""
-        if self.starting is not None:
-            self.starting.abandon()
-        for fd in (self.ours.fileno(), self.out_r, self.err_r):
-            NOTEBOOK_FDS.release(fd)
-        self.ours.close()
-        os.close(self.out_r)
-        os.close(self.err_r)
-
-
 class Job:
-    """One run's processes (see module contract)."""
+    """One run's processes (see module contract).
 
-    def __init__(self, config: LaunchConfig, payload: Payload) -> None:
-        self.config = config
+    A subclass (a session's job) overrides the hooks ``_route``, ``_message`` and
+    ``_ending`` and calls the services ``_call_soon``, ``_later``, ``_send``,
+    ``_drain``, ``_log``, ``_ask_stacks`` and ``_stop``; it reads the run through
+    the public methods, never the job's own state.
+    """
+
+    CTRL_RESTS = True
+    """The relay reads the ranks' messages in batches; False: each as it comes (a
+    session's cell replies end its cells)."""
+
+    def __init__(self, spec: JobSpec, payload: Payload, node: NodeSlice | None = None) -> None:
+        self.spec = spec
+        self.node = node or spec.local()
+        """This machine's part of the run: its ranks are the job's (local rank = index)."""
         self.payload: Payload | None = payload
         """The call the ranks run; None once the run has ended (see module contract)."""
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -144,16 +93,15 @@ class Job:
         self.log_dir = self._run_dir.path
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.port: int | None = None
-        self._ranks = [_RankRecord(r) for r in range(config.world_size)]
+        self._ranks = [RankRecord(r) for r in range(self.node.ranks)]
         self._done = Event()
         self._failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
         self._stop_reason: RunStatus | None = None  # STOPPED, FAILED, TIMEOUT or INTERRUPTED
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
-        self._relay = Relay(self.log_dir, self)
+        self._relay = Relay(self.log_dir, self, ctrl_rests=self.CTRL_RESTS)
         self._loop = self._relay.loop
         self._stop_scheduled = False
-        self._signal_waited = False  # the timeout's stop has waited for signalled dumps
         self._pipes: dict[int, RankPipes] = {}
         self._store: object | None = None  # the rendezvous store, while the run lasts
         self._timers: list[asyncio.TimerHandle] = []  # cancelled when the run ends
@@ -165,82 +113,48 @@ class Job:
         payload = self.payload
         if payload is None:
             raise RuntimeError("this job has already run; start a new one")
-        port, notice = self._rendezvous()
+        port, notice, self._store = rendezvous(self.spec, self.node)
         self.port = port
         if notice:
-            self._emit(Notice(notice))
-        start = starter(self.config)
+            self._route(Notice(notice))
+        call = payload.ref()  # one memory file for every rank, closed once they have it
+        try:
+            links = self._start_ranks(port, call)
+            for state, (sock, order) in zip(self._ranks, links, strict=True):
+                try:
+                    # Blocking send: the worker reads its order as soon as it runs.
+                    protocol.send_with_fds(sock, *protocol.encode_with_fds("run", order))
+                except OSError:
+                    pass  # it already died; the relay reports how
+                self._relay.attach(state.rank, self._pipes[state.rank])
+        finally:
+            call.fds.close()
+        if self.spec.timeout is not None:
+            self._loop.call(self._arm_timeout, self.spec.timeout)
+
+    def _start_ranks(self, port: int, call: CallRef) -> list[tuple[socket.socket, RunOrder]]:
+        """Ask the starter for every rank, then take each (``launching``); each rank's
+        link and order."""
+        start = launching.starter(self.spec, self.node.ranks)
         base_env = {**os.environ, "NBDDP_ROLE": "worker", "NBDDP_RUN_ID": self.run_id}
         links: list[tuple[socket.socket, RunOrder]] = []
-        asked: list[_Asked] = []
+        asked: list[launching.Asked] = []
         try:
-            # Every rank is asked for before any is waited for, so that their
-            # forks (each in its own keeper) go on side by side.
-            for state in self._ranks:
-                env = {**base_env, **self.config.rank_env(state.rank, port)}
-                asked.append(self._ask_rank(start, state, env))
-            while asked:
-                links.append(self._take_rank(asked.pop(0)))
+            for rank in range(self.node.ranks):
+                env = {**base_env, **self.spec.rank_env(self.node, rank, port)}
+                asked.append(
+                    launching.ask(start, launching.order(self.spec, self.node, rank, env, call))
+                )
+            for rank in range(self.node.ranks):
+                taken = asked.pop(0)
+                self._ranks[rank].pid, self._pipes[rank] = taken.take()
+                links.append((taken.ours, taken.order))
         except BaseException:  # a rank that cannot start, or an interrupt meanwhile
             for pending in asked:
                 pending.give_up()
             self._abandon_start()
             raise
-        for state, (sock, order) in zip(self._ranks, links, strict=True):
-            try:
-                # Blocking send: the worker reads its order as soon as it runs.
-                protocol.send(sock, "run", order)
-                if payload.fds:
-                    socket.send_fds(sock, [b"\0"], list(payload.fds))
-            except OSError:
-                pass  # it already died; the relay reports how
-            self._relay.attach(state.rank, self._pipes[state.rank])
-        if self.config.timeout is not None:
-            self._loop.call(self._arm_timeout, self.config.timeout)
-
-    def _rendezvous(self) -> tuple[int, str | None]:
-        """Choose the port; when the notebook hosts the store, start it (see LaunchConfig)."""
-        cfg = self.config
-        if cfg.node is not None:  # one node of a cluster run: its store is already listening
-            return cfg.node.port, None
-        if not cfg.host_store:
-            return choose_port(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
-        sock, notice = listen(cfg.master_addr, cfg.port, fallback=cfg.port_fallback)
-        port = int(sock.getsockname()[1])
-        self._store = host_store(cfg.master_addr, sock)
-        return port, notice
-
-    def _ask_rank(self, start: Starter, record: _RankRecord, env: dict[str, str]) -> _Asked:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        NOTEBOOK_FDS.keep(ours.fileno(), out_r, err_r)
-        asked = _Asked(record, ours, out_r, err_r, self._order(record.rank, env))
-        try:
-            asked.starting = start.start(ChildFds(theirs.fileno(), out_w, err_w), env)
-        except BaseException:
-            asked.give_up()
-            raise
-        finally:
-            theirs.close()
-            os.close(out_w)
-            os.close(err_w)
-        return asked
-
-    def _take_rank(self, asked: _Asked) -> tuple[socket.socket, RunOrder]:
-        """Wait for an asked-for rank's pid; from then on its pipes are the job's."""
-        starting, asked.starting = asked.starting, None  # child() releases its own if it raises
-        assert starting is not None
-        try:
-            child: Child = starting.child()
-        except BaseException:
-            asked.give_up()
-            raise
-        NOTEBOOK_FDS.keep(child.status_fd)
-        asked.record.pid = child.pid
-        pipes = RankPipes(asked.out_r, asked.err_r, asked.ours, child.status_fd)
-        self._pipes[asked.record.rank] = pipes
-        return asked.ours, asked.order
+        return links
 
     def _abandon_start(self) -> None:
         """Starting failed part-way: stop the ranks started so far and wait (bounded)
@@ -254,30 +168,7 @@ class Job:
             self._relay.attach(rank, pipes)
         if not self._pipes:
             self._loop.call(self._end)
-        self._done.wait(self.config.kill_grace + 2 * ORPHAN_GRACE + 1.0)
-
-    def _order(self, rank: int, env: dict[str, str]) -> RunOrder:
-        cfg, payload = self.config, self.payload
-        assert payload is not None  # start() checked: a run's payload goes only at its end
-        place = Placement(
-            rank=cfg.global_rank(rank),
-            local_rank=rank,
-            world_size=cfg.total_ranks,
-            local_world_size=cfg.world_size,
-            device=cfg.device,
-            cuda_index=rank if cfg.device == "cuda" else None,
-        )
-        return RunOrder(
-            place=place,
-            env=env,
-            payload=payload.data,
-            fd_count=len(payload.fds),
-            sys_path=list(sys.path),
-            cwd=os.getcwd(),
-            backend=cfg.backend,
-            init_process_group=cfg.init_process_group,
-            threads=cfg.threads,
-        )
+        self._done.wait(self.spec.kill_grace + 2 * ORPHAN_GRACE + 1.0)
 
     # -- requests and reads from other threads -----------------------------
 
@@ -287,7 +178,7 @@ class Job:
 
     def dump_stacks(self) -> None:
         """Ask every running rank to write all its threads' Python stacks to its stderr."""
-        self._loop.call(self._dump_stacks)
+        self._loop.call(self._dump_stacks)  # its answer (the ranks asked) is for the loop
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid of the ranks started so far."""
@@ -308,7 +199,7 @@ class Job:
     @property
     def root_cause(self) -> Failure | None:
         """The failure that ended the run, if any (``failures.root_cause``)."""
-        return root_cause(list(self._failures), self.config.failure_grace)
+        return root_cause(list(self._failures), self.spec.failure_grace)
 
     @property
     def status(self) -> RunStatus:
@@ -326,14 +217,14 @@ class Job:
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         """Forward output to the event queue."""
-        self._emit(Text(rank, stream, text))
+        self._route(Text(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Any) -> None:
         """Handle a worker message (``protocol``: its body's type depends on ``kind``)."""
         record = self._ranks[rank]
         if kind == "started":
             record.state = RankState.RUNNING
-            self._emit(StateChanged(rank, RankState.RUNNING))
+            self._route(StateChanged(rank, RankState.RUNNING))
         elif kind == "result" and isinstance(body, Packed):
             record.value = body
         elif kind == "error":
@@ -341,18 +232,22 @@ class Job:
             # The worker does not print its traceback (it is raised here once);
             # the rank's log keeps it after everything the rank wrote.
             self._relay.log_at_end(rank, body.traceback)
-            self._fail(Failure(rank, "raised", error=body), _monotonic(body.raised_at))
+            self._fail(Failure(rank, "raised", error=body), local_time(body.raised_at))
         elif kind == "exit":
             record.exit_request = int(body)
             self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
-            self._emit(MetricRows(rank, tuple(body)))
+            self._route(MetricRows(rank, tuple(body)))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.
             record.stacks = "written"
-            self._emit(Text(rank, "stderr", body))
+            self._route(Text(rank, "stderr", body))
             self._relay.log_now(rank, body)
+            if self._stop_reason is RunStatus.TIMEOUT and self._stacks_in():
+                self._stop(RunStatus.TIMEOUT)
+        else:
+            self._message(rank, kind, body)
 
     def on_link_closed(self, rank: int) -> None:
         """A link that closes before its rank said how it ended means the rank died.
@@ -381,7 +276,7 @@ class Job:
         else:
             record.state = RankState.FAILED
             self._fail(Failure(rank, "died"))
-        self._emit(StateChanged(rank, record.state))
+        self._route(StateChanged(rank, record.state))
         if not record.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.
             self._later(ORPHAN_GRACE, self._reap_orphans, rank)
@@ -401,8 +296,9 @@ class Job:
             self._release()
             # The end first: a reader that takes ``Done`` at once may ask for
             # ``status``, which reads it.
+            self._ending()
             self._done.set()
-            self._emit(Done())
+            self._route(Done())
 
     def _release(self) -> None:
         """Let go of what only a running job needs (see module contract: lifetime)."""
@@ -414,19 +310,55 @@ class Job:
             timer.cancel()
         self._relay.close()
 
-    # -- loop-thread internals ---------------------------------------------
+    # -- hooks a subclass may override (loop thread) -------------------------
 
-    def _emit(self, event: RunEvent) -> None:
-        """Hand ``event`` to the run's reader (a session routes it to the running cell)."""
+    def _route(self, event: RunEvent) -> None:
+        """Hand ``event`` to the run's reader: ``events``."""
         self.events.put(event)
+
+    def _message(self, rank: int, kind: str, body: Any) -> None:
+        """A worker message of a kind the job itself does not handle: ignored."""
+
+    def _ending(self) -> None:
+        """Every rank's output is complete; called once, before ``wait`` returns True."""
+
+    # -- services for a subclass (loop thread, but ``_call_soon``) ----------
+
+    def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the loop thread (from any thread)."""
+        self._loop.call(fn, *args)
 
     def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
         """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
 
-        Why not ``loop.call_later`` directly: a pending timer holds the job,
-        and would keep a finished run's memory for its whole delay."""
-        if not self._done.is_set():  # bounded: a handful per rank, a few dozen stacks polls
-            self._timers.append(self._loop.call_later(delay, fn, *args))
+        Why not ``loop.call_later`` directly: a pending timer holds the job, and would
+        keep a finished run's memory for its whole delay; spent timers are dropped
+        here, so a long session does not pile them up."""
+        if self._done.is_set():
+            return
+        now = self._loop.loop.time()
+        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+        self._timers.append(self._loop.call_later(delay, fn, *args))
+
+    def _send(self, rank: int, kind: str, body: object) -> bool:
+        """Send ``rank``'s worker a small message (``relay.Relay.send``)."""
+        return self._relay.send(rank, kind, body)
+
+    def _drain(self, rank: int) -> None:
+        """Read what ``rank`` wrote so far, now (``relay.Relay.drain``)."""
+        self._relay.drain(rank)
+
+    def _log(self, rank: int, text: str) -> None:
+        """Append ``text`` to ``rank``'s log."""
+        self._relay.log_now(rank, text)
+
+    @property
+    def stop_reason(self) -> RunStatus | None:
+        """Why the ranks are being (or were) stopped: asked to, a failure, the timeout,
+        an interrupt; None while nothing stops them."""
+        return self._stop_reason
+
+    # -- loop-thread internals ---------------------------------------------
 
     def _has_failed(self, rank: int) -> bool:
         return any(f.rank == rank for _, f in self._failures)
@@ -438,41 +370,40 @@ class Job:
             self._failures.append((time.monotonic() if when is None else when, failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
-            self._later(self.config.failure_grace, self._stop, RunStatus.FAILED)
+            self._later(self.spec.failure_grace, self._stop, RunStatus.FAILED)
 
     def _stop(self, reason: RunStatus) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop_scheduled = True
-        if self._signal_all(signal.SIGTERM, True):
-            self._later(self.config.kill_grace, self._signal_all, signal.SIGKILL, True)
+        if self._signal_all(signal.SIGTERM):
+            self._later(self.spec.kill_grace, self._signal_all, signal.SIGKILL)
 
-    def _signal_all(self, sig: int, include_orphans: bool) -> bool:
-        """Signal each rank's process group; True if any process was still there.
+    def _signal_all(self, sig: int) -> bool:
+        """Signal each rank's processes (``RankRecord.signal``); True if any was there."""
+        return any([record.signal(sig) for record in self._ranks])
 
-        An exited rank is signalled only with ``include_orphans`` and only
-        until its pipes close: its group id cannot be reused while members
-        remain, but once they are gone the number could name someone else's.
-        """
-        any_alive = False
-        for record in self._ranks:
-            if record.pid is None or record.closed or (record.exited and not include_orphans):
-                continue
-            any_alive |= _signal_group(record.pid, sig, tree=not record.exited)
-        return any_alive
-
-    def _dump_stacks(self) -> None:
-        """Ask every running rank for its stacks; signal the ones that do not answer."""
-        asked = []
+    def _dump_stacks(self) -> list[int]:
+        """Ask every running rank for its stacks (``_ask_stacks``); the ranks asked."""
         # Only ranks that said "started": before that, no thread answers and
         # faulthandler has not claimed the fallback signal (whose default
         # action would kill them).
-        for record in self._ranks:
-            running = record.state is RankState.RUNNING and not record.exited
-            if running and self._relay.ask(record.rank, "stacks"):
+        return self._ask_stacks(
+            r.rank for r in self._ranks if r.state is RankState.RUNNING and not r.exited
+        )
+
+    def _ask_stacks(self, ranks: Iterable[int]) -> list[int]:
+        """Ask ``ranks`` for their stacks; those that do not answer within
+        ``STACKS_WAIT`` are signalled for a C-level dump. The ranks asked."""
+        asked = []
+        for rank in ranks:
+            record = self._ranks[rank]
+            record.stacks = None
+            if self._relay.ask(rank, "stacks"):
                 record.stacks = "asked"
-                asked.append(record.rank)
+                asked.append(rank)
         self._later(STACKS_WAIT, self._signal_for_stacks, asked)
+        return asked
 
     def _signal_for_stacks(self, asked: list[int]) -> None:
         # A rank that did not answer has a thread holding the GIL (C code that
@@ -482,7 +413,7 @@ class Job:
             if record.stacks != "asked" or record.exited or record.pid is None:
                 continue
             record.stacks = "signalled"
-            self._emit(
+            self._route(
                 Notice(
                     f"rank {rank} did not answer for its stacks within {STACKS_WAIT:g}s "
                     "(a thread holds the GIL): its C-level dump follows in its output"
@@ -491,65 +422,28 @@ class Job:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, STACKS_SIGNAL)
 
-    def _stacks_pending(self) -> bool:
-        return any(r.stacks == "asked" and not r.exited for r in self._ranks)
+    def _stacks_in(self) -> bool:
+        """Every rank asked for its stacks has written them (none was signalled)."""
+        return all(r.stacks in (None, "written") or r.exited for r in self._ranks)
 
     def _reap_orphans(self, rank: int) -> None:
         record = self._ranks[rank]
-        if record.closed or record.pid is None:
-            return
-        _signal_group(record.pid, signal.SIGKILL, tree=False)
-        self._later(ORPHAN_GRACE, self._relay.force_close, rank)
+        if not record.closed:
+            record.signal(signal.SIGKILL)
+            self._later(ORPHAN_GRACE, self._relay.force_close, rank)
 
     def _arm_timeout(self, seconds: float) -> None:
         self._later(seconds, self._expire, seconds)
 
     def _expire(self, seconds: float) -> None:
-        """The run's timeout has passed: dump every rank's stacks, then stop."""
+        """The run's timeout has passed: dump every rank's stacks, then stop, once every
+        rank has written them (``on_message``) or at the latest when the C-level dumps
+        of those that could not have had time."""
         if self._done.is_set():
             return
-        self._emit(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+        self._route(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
         self._stop_reason = self._stop_reason or RunStatus.TIMEOUT
-        self._dump_stacks()
-        self._stop_when_dumped(time.monotonic() + STACKS_WAIT + STACKS_SIGNAL_WAIT)
-
-    def _stop_when_dumped(self, stop_at: float) -> None:
-        # The stop waits for the ranks' answers (or the C-level dumps of
-        # those that could not answer), never longer than stop_at.
-        if self._stacks_pending() and time.monotonic() < stop_at:
-            self._later(STACKS_POLL, self._stop_when_dumped, stop_at)
-        elif any(r.stacks == "signalled" for r in self._ranks) and not self._signal_waited:
-            self._signal_waited = True
-            self._later(STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
+        if self._dump_stacks():
+            self._later(STACKS_WAIT + STACKS_SIGNAL_WAIT, self._stop, RunStatus.TIMEOUT)
         else:
             self._stop(RunStatus.TIMEOUT)
-
-
-def _monotonic(wall: float | None) -> float | None:
-    """A rank's ``time.time()`` stamp on this process's monotonic clock (one machine,
-    one wall clock), never later than now; None stays None."""
-    if wall is None:
-        return None
-    now = time.monotonic()
-    return min(now, now - (time.time() - wall))
-
-
-def _signal_group(pid: int, sig: int, *, tree: bool) -> bool:
-    """Signal the process group led by ``pid``; with ``tree``, its live descendants too.
-
-    ``tree`` only while ``pid`` is known to be our live rank: a reaped pid
-    may already belong to another process.
-    """
-    alive = False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-        alive = True
-    if not tree:
-        return alive
-    # Descendants that left the group (setsid) are still found through the tree.
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-                alive = True
-    return alive

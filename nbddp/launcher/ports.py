@@ -1,11 +1,12 @@
 """Choosing the rendezvous port (``MASTER_PORT``) for a run.
 
-Contract: ``listen`` binds the port on ``master_addr`` and returns the
-listening socket: the notebook hosts the rendezvous store on it, so the
-port cannot be taken between the choice and its use. ``choose_port``
-returns a port that was free a moment ago, for runs where rank 0 binds it
-itself (``spawn``); there another program could take it in between, as
-with torchrun.
+Contract: ``rendezvous(spec, node)`` is a run's port and store. ``listen``
+binds the port on ``master_addr`` and returns the listening socket: the
+notebook hosts the rendezvous store on it (``host_store``), so the port
+cannot be taken between the choice and its use. ``choose_port`` returns a
+port that was free a moment ago, for runs where rank 0 binds it itself
+(``spawn``); there another program could take it in between, as with
+torchrun.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import errno
 import socket
 from datetime import timedelta
 
-from nbddp.errors import ConfigError
+from nbddp.launcher.config import JobSpec, NodeSlice
+from nbddp.launcher.spelling import OptionError
 
 
 def _family(addr: str) -> socket.AddressFamily:
@@ -44,7 +46,7 @@ def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, st
     """Pick ``MASTER_PORT``: ``port`` if free, else a free one when ``fallback``.
 
     Returns the port and a notice for the user when the requested port was
-    replaced (``None`` otherwise). Raises ``ConfigError`` when ``port`` is
+    replaced (``None`` otherwise). Raises ``OptionError`` when ``port`` is
     busy and ``fallback`` is false, or ``addr`` cannot be bound at all.
     """
     try:
@@ -53,21 +55,16 @@ def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, st
         if port_is_free(addr, port):
             return port, None
         if not fallback:
-            raise ConfigError(
-                f"port {port} on {addr} is in use; pass port=None to let nbddp pick a free one"
-            )
+            raise _busy(addr, port)
         chosen = free_port(addr)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot bind master_addr {addr!r} ({exc.strerror}); for a run on this machine "
-            "use master_addr='127.0.0.1'"
-        ) from exc
+        raise _unusable(addr, "bind", exc) from exc
     return chosen, f"port {port} on {addr} is in use; using port {chosen} instead"
 
 
 def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socket, str | None]:
     """A socket listening on ``addr:port`` (any free port if None), and a notice if the
-    requested port was busy and ``fallback`` took another. ``ConfigError`` otherwise."""
+    requested port was busy and ``fallback`` took another. ``OptionError`` otherwise."""
     sock = socket.socket(_family(addr), socket.SOCK_STREAM)
     notice = None
     try:
@@ -77,22 +74,52 @@ def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socke
             if port is None or exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
             if not fallback:
-                raise ConfigError(
-                    f"port {port} on {addr} is in use; pass port=None to let nbddp pick a free one"
-                ) from None
+                raise _busy(addr, port) from None
             sock.bind((addr, 0))
             notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise ConfigError(
-            f"cannot listen on master_addr {addr!r} ({exc.strerror}); for a run on this "
-            "machine use master_addr='127.0.0.1'"
-        ) from exc
+        raise _unusable(addr, "listen on", exc) from exc
     except BaseException:
         sock.close()
         raise
     return sock, notice
+
+
+def _busy(addr: str, port: int) -> OptionError:
+    return OptionError(
+        "port",
+        port,
+        lambda s: (
+            f"port {port} on {addr} is in use; {s.unset('port')} to let nbddp pick a free one"
+        ),
+    )
+
+
+def _unusable(addr: str, what: str, exc: OSError) -> OptionError:
+    return OptionError(
+        "master_addr",
+        addr,
+        lambda s: (
+            f"cannot {what} {s.name('master_addr')} {addr!r} ({exc.strerror}); for a "
+            f"run on this machine use {s.given('master_addr', '127.0.0.1')}"
+        ),
+    )
+
+
+def rendezvous(spec: JobSpec, node: NodeSlice) -> tuple[int, str | None, object | None]:
+    """A run's rendezvous on this machine: its port, a notice if the port asked for was
+    busy and another was taken, and the store when this process hosts it (``JobSpec``;
+    a node of a cluster run meets at its slice's port, hosted elsewhere)."""
+    if node.port is not None:
+        return node.port, None, None
+    if not spec.host_store:
+        port, notice = choose_port(spec.master_addr, spec.port, fallback=spec.port_fallback)
+        return port, notice, None
+    sock, notice = listen(spec.master_addr, spec.port, fallback=spec.port_fallback)
+    port = int(sock.getsockname()[1])
+    return port, notice, host_store(spec.master_addr, sock)
 
 
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default

@@ -21,8 +21,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from nbddp.launcher.forkserver_link import FORKSERVER
 from nbddp.launcher.settings import prewarm_wanted
-from nbddp.launcher.starters import FORKSERVER
 
 
 def shutdown() -> None:

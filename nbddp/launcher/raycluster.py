@@ -40,24 +40,28 @@ class RayCluster:
         return "auto" if self.address == "ray" else self.address
 
 
-def as_cluster(value: object, flag: str = "cluster") -> RayCluster | None:
-    """The cluster an option's value names, or None (see module contract)."""
+def as_cluster(value: object) -> RayCluster | None:
+    """The cluster an option's value names, or None; ``ValueError`` with what is wrong,
+    to follow the option's name, otherwise (see module contract)."""
     if value is None or isinstance(value, RayCluster):
         return value
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            f"{flag} must be a Ray address such as 'ray://head:10001', 'ray' (the cluster "
-            f"this runs in) or nbddp.RayCluster(...), got {value!r}"
+        raise ValueError(
+            "must be a Ray address such as 'ray://head:10001', 'ray' (the cluster this runs "
+            f"in) or nbddp.RayCluster(...), got {value!r}"
         )
     address = value.strip()
     if address not in ("ray", "auto") and ":" not in address:
-        raise ConfigError(
-            f"{flag} {address!r} is not a Ray address; use 'ray://{address}:10001' (Ray "
-            f"Client), '{address}:6379' (its GCS) or 'ray' (the cluster this runs in)"
+        raise ValueError(
+            f"{address!r} is not a Ray address; use 'ray://{address}:10001' (Ray Client), "
+            f"'{address}:6379' (its GCS) or 'ray' (the cluster this runs in)"
         )
     return RayCluster(address)
 
 
 def configured() -> RayCluster | None:
-    """The cluster ``NBDDP_CLUSTER`` names, if set."""
-    return as_cluster(settings.read().cluster, settings.CLUSTER.name)
+    """The cluster ``NBDDP_CLUSTER`` names, if set; ``ConfigError`` if it names none."""
+    try:
+        return as_cluster(settings.read().cluster)
+    except ValueError as exc:
+        raise ConfigError(f"{settings.CLUSTER.name} {exc}") from None

@@ -174,13 +174,13 @@ class _Ended:
 class Relay:
     """One run's reader (see module contract)."""
 
-    def __init__(self, log_dir: Path, sink: RelaySink) -> None:
+    def __init__(self, log_dir: Path, sink: RelaySink, *, ctrl_rests: bool = True) -> None:
         self.log_dir = log_dir
         self.sink = sink
         self.loop = loop()
         self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
-        self.ctrl_rests = True
+        self.ctrl_rests = ctrl_rests
         """False: control messages are read as soon as they come (a session's cell
         replies), at the cost of a wakeup per message."""
 

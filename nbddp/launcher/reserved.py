@@ -1,7 +1,7 @@
 """The environment variables nbddp sets for each rank, which ``env=`` may not override.
 
-Contract: ``check_env(env, sets, spelling)`` raises a one-line
-``ConfigError`` for the first variable of the ``env`` option that nbddp
+Contract: ``check_env(env, sets)`` raises a one-line ``OptionError``
+(``spelling``) for the first variable of the ``env`` option that nbddp
 sets itself (``sets``: the names ``LaunchConfig.rank_env`` gives a rank of
 that launch, so a variable set only for some launches, such as
 ``CUDA_VISIBLE_DEVICES`` when nbddp chooses the devices, is refused only
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from nbddp.errors import ConfigError
-from nbddp.launcher.spelling import Spelling
+from nbddp.launcher.spelling import OptionError, Spelling
 
 USER_MAY_SET = frozenset({"OMP_NUM_THREADS", "PYTHONUNBUFFERED"})
 """Set by nbddp as a default only: a value in ``env`` wins (thread count, buffering)."""
@@ -70,8 +69,9 @@ def reason(key: str, value: str, spell: Spelling) -> str:
     return f"{entry}: nbddp sets {key} itself; leave it out"
 
 
-def check_env(env: Mapping[str, str], sets: Collection[str], spell: Spelling) -> None:
-    """Raise ``ConfigError`` for the first variable of ``env`` that nbddp sets (see contract)."""
-    for key, value in env.items():
-        if key in sets and key not in USER_MAY_SET:
-            raise ConfigError(reason(key, value, spell))
+def check_env(env: Mapping[str, str], sets: Collection[str]) -> None:
+    """Raise ``OptionError`` for the first variable of ``env`` that nbddp sets (see contract)."""
+    refused = [(k, v) for k, v in env.items() if k in sets and k not in USER_MAY_SET]
+    if refused:
+        key, value = refused[0]
+        raise OptionError("env", env, lambda s: reason(key, value, s))

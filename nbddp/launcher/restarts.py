@@ -1,9 +1,9 @@
 """Restarts: after a failure, every rank is stopped and the whole group started again.
 
-Contract: ``Restarting(config, payload, first)`` is a ``run.RunSource`` over a
+Contract: ``Restarting(first, payload)`` is a ``run.RunSource`` over a
 started ``Job`` (``first``) and those that replace it: when an attempt ends
 ``failed`` (a rank raised, exited non-zero or died; not a stop, an interrupt
-or a timeout) and fewer than ``config.max_restarts`` restarts were made, it
+or a timeout) and fewer than its spec's ``max_restarts`` restarts were made, it
 puts a ``Notice`` naming the restart and the failure that caused it, then
 starts a new ``Job`` of the same payload on a fresh port (the old one has
 ended: each of its ranks has exited and its output has been read, so nothing
@@ -24,7 +24,6 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Done, Failure, Notice, RankOutcome, RunEvent, RunStatus
 from nbddp.launcher.failures import run_error
 from nbddp.launcher.job import Job
@@ -34,8 +33,7 @@ from nbddp.wire.payload import Payload, short_error
 class Restarting:
     """A run that restarts its ranks after a failure (see module contract)."""
 
-    def __init__(self, config: LaunchConfig, payload: Payload, first: Job) -> None:
-        self.config = config
+    def __init__(self, first: Job, payload: Payload) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self._payload: Payload | None = payload  # dropped at the end: its shared memory goes
         self._job = first
@@ -108,15 +106,14 @@ class Restarting:
     def _restart(self) -> bool:
         """After an attempt ended: start the next one; False when there is none."""
         job = self._job
-        count = job.config.restart_count
+        spec = job.spec
         with self._lock:
             if self._stopped or job.status is not RunStatus.FAILED or self._payload is None:
                 return False
-            if count >= self.config.max_restarts:
+            if spec.restart_count >= spec.max_restarts:
                 return False
-        self.events.put(Notice(_notice(job, count + 1, self.config.max_restarts)))
-        config = replace(self.config, restart_count=count + 1)
-        nxt = Job(config, self._payload)
+        self.events.put(Notice(_notice(job, spec.restart_count + 1, spec.max_restarts)))
+        nxt = Job(replace(spec, restart_count=spec.restart_count + 1), self._payload)
         nxt.start()
         with self._lock:
             self._job = nxt
@@ -130,7 +127,7 @@ class Restarting:
 def _notice(job: Job, restart: int, most: int) -> str:
     """One line: which restart this is, and the failure that caused it."""
     cause = job.root_cause
-    error = run_error(cause, job.status, job.outcomes(), job.log_dir, job.config.timeout)
+    error = run_error(cause, job.status, job.outcomes(), job.log_dir, job.spec.timeout)
     what = short_error(error) if error is not None else "a rank failed"
     where = f"rank {cause.rank} failed" if cause is not None else "the run failed"
     return f"{where} ({what}): restarting every rank, restart {restart} of {most}"

@@ -60,7 +60,6 @@ class RunSource(Protocol):
 
     events: queue.SimpleQueue[RunEvent]
     log_dir: Path
-    config: LaunchConfig
     run_id: str
 
     @property
@@ -101,9 +100,10 @@ def latest_run() -> Run | None:
 class Run:
     """A launched run (see module contract)."""
 
-    def __init__(self, job: RunSource, display: Display | None) -> None:
+    def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
         global _LATEST
         self.job = job
+        self._config = config
         self.display = display
         self.metrics = Metrics()
         """Rows sent with ``nbddp.log`` so far, in arrival order (``metrics.to_pandas()``)."""
@@ -117,7 +117,7 @@ class Run:
     @property
     def config(self) -> LaunchConfig:
         """The validated options the run was launched with."""
-        return self.job.config
+        return self._config
 
     @property
     def run_id(self) -> str:
@@ -310,7 +310,7 @@ class Run:
         display, self.display = self.display, None
         try:
             self.job.stop(reason)
-            self._pump(time.monotonic() + self.job.config.kill_grace + STOP_WAIT)
+            self._pump(time.monotonic() + self._config.job.kill_grace + STOP_WAIT)
         except TimeoutError:
             log.warning("nbddp: some ranks of run %s did not stop in time", self.run_id)
         except Exception:
@@ -322,7 +322,8 @@ class Run:
         job = self.job
         outcomes = job.outcomes()
         values, unloaded = load_values(outcomes, self.log_dir)
-        failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, job.config.timeout)
+        timeout = self._config.job.timeout
+        failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, timeout)
         release(outcomes)  # the other ranks' exceptions' shared memory: never rebuilt
         return RunResult(
             values=values,

@@ -1,46 +1,39 @@
 """A session's job: ranks that stay up and run one cell after another.
 
-Contract: ``SessionJob(config, payload)`` is a ``Job`` whose function is the
-rank's session loop (``nbddp.rank.session.serve``), so starting, output,
-logs, stack dumps, stopping and the link watchdog are the one-shot job's.
-On top, it runs cells: ``cell(payload)`` sends one call to every rank and
-returns a ``CellSource``, the ``RunSource`` a ``Run`` reads for that cell
-alone (its output, states, metrics and its end), so each cell gets its own
-display, value and error exactly as a one-shot run does. Cell 0 is the
-start itself: it ends once every rank has its process group and is idle
-(``ready``). One cell at a time (``SessionError`` otherwise).
+Contract: ``SessionJob(spec, payload)`` is a ``Job`` whose function is the
+rank's session loop (``nbddp.rank.session.serve``): starting, output, logs,
+stacks, stopping and the link watchdog are the job's, and it builds on the
+hooks and services the job declares. ``cell(payload, timeout)`` sends one
+call to every rank and returns a ``CellSource``, what a ``Run`` reads for
+that cell alone, so each cell gets its own display, value and error as a
+one-shot run does. Cell 0 is the start: it ends once every rank is idle with
+its process group (``ready``). One cell at a time (``SessionError``).
 
-Ending a cell: it is done once every rank has replied (``CellReply``);
-the rank's output up to its reply is drained first, so the cell's output
-is complete. When a rank fails, the others get ``failure_grace`` seconds to
-return, then they are interrupted. A rank blocked in a collective its
-failed peer never entered cannot be: after ``INTERRUPT_GRACE``, with gloo,
-the idle ranks close their process group, which frees it, and once every
-rank is idle they all get a new group (``nbddp.rank.regroup``; ``note``
-says so and what must be re-created). A rank still not back
-``INTERRUPT_GRACE`` later (or with nccl) ends the session. Interrupting a
-cell (``CellSource.stop``) and its ``timeout`` (stacks first) take the same path.
-A rank that dies ends the session (the one-shot job's own policy stops the
-others); ``lost`` then says why, and the cell fails with the dead rank's
-error. Between cells the job's events wait (bounded) for the next cell.
-
-Threads: all bookkeeping runs on the relay loop (as the job's); other
-threads read frozen values, and ask for changes through the loop.
+A cell is done once every rank has replied (``CellReply``), its output up to
+the reply drained first. When a rank fails, the others get ``failure_grace``
+seconds to return, then are interrupted; ranks blocked in a collective the
+failed one never entered are freed after ``INTERRUPT_GRACE``, with gloo, by
+closing the idle ranks' process group and giving every rank a new one
+(``nbddp.rank.regroup``; ``note`` says what must be re-created). A rank still
+not back (or with nccl) ends the session, as a rank that dies does; ``lost``
+then says why. An interrupt (``CellSource.stop``) and a cell's ``timeout``
+(stacks first) take the same path. Between cells events wait (bounded) for
+the next one. Bookkeeping runs on the relay loop; other threads read frozen
+values.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nbddp.errors import SessionError
-from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.config import JobSpec
 from nbddp.launcher.events import (
     Done,
     Failure,
@@ -51,9 +44,8 @@ from nbddp.launcher.events import (
     RunStatus,
     StateChanged,
 )
-from nbddp.launcher.failures import describe_exit, root_cause
-from nbddp.launcher.job import STACKS_WAIT, Job, _monotonic
-from nbddp.wire.descriptors import Descriptors
+from nbddp.launcher.failures import describe_exit, local_time, root_cause
+from nbddp.launcher.job import STACKS_WAIT, Job
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
 
@@ -91,10 +83,10 @@ class _Cell:
 class SessionJob(Job):
     """A session's ranks (see module contract)."""
 
-    def __init__(self, config: LaunchConfig, payload: Payload) -> None:
-        super().__init__(config, payload)
-        # A cell ends when its replies are read: they must not wait for the next tick.
-        self._relay.ctrl_rests = False
+    CTRL_RESTS = False  # a cell ends when its replies are read: they must not wait a tick
+
+    def __init__(self, spec: JobSpec, payload: Payload) -> None:
+        super().__init__(spec, payload)
         self.names: tuple[str, ...] = ()
         """The names that belong to the ranks (rank 0's, after its last cell)."""
         self.device_bytes: dict[int, int | None] = {}
@@ -104,23 +96,22 @@ class SessionJob(Job):
         self.cells_run = 0
         self.note: str | None = None
         """What the last cell changed in the session beyond its state (a new process group)."""
-        self._ending = False  # end() was asked for
+        self._asked_to_end = False
         self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
         self._lock = threading.Lock()  # one cell at a time
-        first = CellSource(self, 0, config)
-        self._cell: _Cell | None = _Cell(0, first, None, set(range(config.world_size)))
+        first = CellSource(self, 0, None)
+        self._cell: _Cell | None = _Cell(0, first, None, set(range(self.node.ranks)))
         self.ready = first
         """Cell 0: ends once every rank is idle with its process group."""
 
     @property
     def alive(self) -> bool:
         """True until the session's ranks are gone (or going)."""
-        return not (self._done.is_set() or self._ending or self._stop_reason is not None)
+        return not (self.wait(0) or self._asked_to_end or self.stop_reason is not None)
 
-    def cell(self, payload: Payload, config: LaunchConfig) -> CellSource:
-        """Run ``payload`` on every rank as the next cell (any thread, one at a time).
-
-        ``config``: the session's, with this cell's own timeout and output."""
+    def cell(self, payload: Payload, timeout: float | None) -> CellSource:
+        """Run ``payload`` on every rank as the next cell (any thread, one at a time),
+        stopped after ``timeout`` seconds (None: never)."""
         if not self.alive:
             raise SessionError(f"the session has ended ({self.lost or 'stopped'})")
         if not self._lock.acquire(blocking=False):
@@ -129,20 +120,8 @@ class SessionJob(Job):
                 "interrupt it) before running the next"
             )
         self.cells_run += 1
-        source = CellSource(self, self.cells_run, config)
-        memfd = os.memfd_create("nbddp-cell", os.MFD_CLOEXEC)
-        try:
-            os.write(memfd, payload.data)  # a memory file takes a write whole
-        except BaseException:
-            os.close(memfd)
-            self._lock.release()
-            raise
-        order = CellOrder(
-            self.cells_run,
-            len(payload.data),
-            Descriptors([memfd, *payload.fds], keep=[payload]),
-        )
-        self._loop.call(self._begin, source, order, memfd)
+        source = CellSource(self, self.cells_run, timeout)
+        self._call_soon(self._begin, source, CellOrder(self.cells_run, payload.ref()))
         return source
 
     def busy_ranks(self) -> frozenset[int]:
@@ -152,22 +131,19 @@ class SessionJob(Job):
 
     def end(self) -> None:
         """Ask every rank to leave its session loop (it then exits as a finished run)."""
-        self._ending = True
-        self._loop.call(self._send_all, "end", None)
+        self._asked_to_end = True
+        self._call_soon(self._send_all, "end", None)
 
-    # -- loop thread --------------------------------------------------------
+    # -- the job's hooks (loop thread) ------------------------------------------
 
-    def _end(self) -> None:
-        if not self._done.is_set():
-            # Before ``wait`` returns anywhere: a waiter reads why the session ended.
-            self.lost = self.lost or self._why_over()
-        super()._end()
+    def _ending(self) -> None:
+        # Before ``Done`` reaches anyone: its reader reads why the session ended.
+        self.lost = self.lost or self._why_over()
 
-    def _emit(self, event: RunEvent) -> None:
+    def _route(self, event: RunEvent) -> None:
         cell = self._cell
         if isinstance(event, Done):
-            # Every rank is gone: the session is over (its reader learns why first).
-            self.lost = self.lost or self._why_over()
+            # Every rank is gone: the session is over.
             if cell is not None:
                 self._session_over(cell)
                 cell.source.events.put(event)
@@ -176,57 +152,53 @@ class SessionJob(Job):
         elif not isinstance(event, StateChanged):
             self._between.append(event)  # shown with the next cell
 
+    def _message(self, rank: int, kind: str, body: Any) -> None:
+        if kind == "cell_done" and isinstance(body, CellReply):
+            self._replied(rank, body)
+        elif kind == "regrouped":
+            self._regrouped(rank, body)
+
+    # -- cells (loop thread) ----------------------------------------------------
+
     def _why_over(self) -> str:
-        if self._ending:
+        if self._asked_to_end:
             return "it was stopped"
         cause = self.root_cause
         if cause is None:
-            return f"its ranks were {self._stop_reason or 'stopped'}"
+            return f"its ranks were {self.stop_reason or 'stopped'}"
         if cause.kind == "raised" and cause.error is not None:
             return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
-        code = self._ranks[cause.rank].exit_code
+        code = self.outcomes()[cause.rank].exit_code
         verb = "was killed by" if code is not None and code < 0 else "ended with"
         return f"rank {cause.rank} {verb} {describe_exit(code)}"
 
-    def _begin(self, source: CellSource, order: CellOrder, memfd: int) -> None:
+    def _begin(self, source: CellSource, order: CellOrder) -> None:
         try:
             if not self.alive:
                 source.events.put(Notice(f"the session has ended ({self.lost or 'stopped'})"))
                 source._finish(RunStatus.STOPPED, None)
                 self._lock.release()
                 return
-            ranks = set(range(self.config.world_size))
-            cell = _Cell(order.cell, source, source.config.timeout, ranks)
+            ranks = set(range(self.node.ranks))
+            cell = _Cell(order.cell, source, source.timeout, ranks)
             self.note = None
-            for record in self._ranks:
-                record.stacks = None  # each cell asks afresh
             self._cell = cell
             while self._between:
                 source.events.put(self._between.popleft())
             for rank in sorted(ranks):
-                self._relay.log_now(rank, f"---- nbddp session: cell {order.cell} ----\n")
+                self._log(rank, f"---- nbddp session: cell {order.cell} ----\n")
                 source.events.put(StateChanged(rank, RankState.RUNNING))
-                self._relay.send(rank, "cell", order)  # a closed link ends the session
+                self._send(rank, "cell", order)  # a closed link ends the session
             if cell.timeout is not None:
                 self._later(cell.timeout, self._cell_timeout, cell)
         finally:
-            os.close(memfd)  # every rank has its own copy of the descriptor now
-            order.fds.close()
-
-    def on_message(self, rank: int, kind: str, body: Any) -> None:
-        """Cell replies and stacks here; the rest as in any run."""
-        if kind == "cell_done" and isinstance(body, CellReply):
-            self._replied(rank, body)
-        elif kind == "regrouped":
-            self._regrouped(rank, body)
-        else:
-            super().on_message(rank, kind, body)
+            order.call.fds.close()  # every rank has its own copies of the descriptors now
 
     def _replied(self, rank: int, reply: CellReply) -> None:
         cell = self._cell
         if cell is None or reply.cell != cell.number or rank not in cell.busy:
             return  # a reply to a cell already given up on: the session is ending
-        self._relay.drain(rank)  # everything it printed before replying, first
+        self._drain(rank)  # everything it printed before replying, first
         cell.busy.discard(rank)
         cell.replies[rank] = reply
         if rank == 0:
@@ -235,10 +207,10 @@ class SessionJob(Job):
         error = reply.error
         failed = error is not None
         if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
-            when = _monotonic(error.raised_at) or time.monotonic()
+            when = local_time(error.raised_at) or time.monotonic()
             cell.failures.append((when, Failure(rank, "raised", error=error)))
             if len(cell.failures) == 1 and cell.busy:
-                self._later(self.config.failure_grace, self._not_returned, cell)
+                self._later(self.spec.failure_grace, self._not_returned, cell)
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
         if not cell.busy:
             if cell.freeing:
@@ -248,10 +220,10 @@ class SessionJob(Job):
 
     def _regroup(self, cell: _Cell) -> None:
         """Every rank is free again, their group closed: give them a new one."""
-        cell.regrouping = set(range(self.config.world_size))
+        cell.regrouping = set(range(self.node.ranks))
         cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
         for rank in sorted(cell.regrouping):
-            self._relay.send(rank, "regroup", cell.number)
+            self._send(rank, "regroup", cell.number)
         self._later(REGROUP_WAIT, self._regroup_failed, cell, None)
 
     def _regrouped(self, rank: int, error: ErrorInfo | None) -> None:
@@ -278,9 +250,6 @@ class SessionJob(Job):
 
     def _close_cell(self, cell: _Cell) -> None:
         self._cell = None
-        # The cell's timers are spent or moot: a long session must not pile them up.
-        now = self._loop.loop.time()
-        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
         status = cell.reason
         if status is None:
             status = RunStatus.FAILED if cell.failures else RunStatus.DONE
@@ -300,14 +269,14 @@ class SessionJob(Job):
         cell.source.events.put(
             Notice(
                 f"rank {failed} failed and rank(s) {busy} did not return within "
-                f"{self.config.failure_grace:g}s: interrupting them"
+                f"{self.spec.failure_grace:g}s: interrupting them"
             )
         )
         self._interrupt_busy(cell)
 
     def _interrupt_busy(self, cell: _Cell) -> None:
         for rank in sorted(cell.busy):
-            self._relay.send(rank, "interrupt", cell.number)
+            self._send(rank, "interrupt", cell.number)
         self._later(INTERRUPT_GRACE, self._give_up, cell)
 
     def _give_up(self, cell: _Cell) -> None:
@@ -316,8 +285,8 @@ class SessionJob(Job):
         if self._cell is not cell or not cell.busy:
             return
         busy = ", ".join(map(str, sorted(cell.busy)))
-        idle = sorted(set(range(self.config.world_size)) - cell.busy)
-        if self.config.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
+        idle = sorted(set(range(self.node.ranks)) - cell.busy)
+        if self.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
             cell.freeing = True
             cell.source.events.put(
                 Notice(
@@ -326,7 +295,7 @@ class SessionJob(Job):
                 )
             )
             for rank in idle:
-                self._relay.send(rank, "close_group", None)
+                self._send(rank, "close_group", None)
             self._later(INTERRUPT_GRACE, self._give_up, cell)
             return
         self.lost = (
@@ -337,7 +306,10 @@ class SessionJob(Job):
         self._stop(RunStatus.FAILED)
 
     def interrupt(self, cell: CellSource, reason: RunStatus) -> None:
-        """Interrupt ``cell``'s busy ranks (loop thread): ``stop`` of its reader."""
+        """Interrupt ``cell``'s busy ranks (any thread): ``stop`` of its reader."""
+        self._call_soon(self._interrupt, cell, reason)
+
+    def _interrupt(self, cell: CellSource, reason: RunStatus) -> None:
         current = self._cell
         if current is None or current.source is not cell or current.reason is not None:
             return
@@ -354,34 +326,30 @@ class SessionJob(Job):
         cell.source.events.put(
             Notice(f"timeout of {cell.timeout:g}s reached: dumping stacks, interrupting")
         )
-        self._ask_stacks(cell)
+        self._ask_cell_stacks(cell)
         self._later(STACKS_WAIT, self._interrupt_busy, cell)
 
-    def ask_stacks(self, cell: CellSource) -> None:
-        """Ask ``cell``'s busy ranks for their stacks (loop thread)."""
+    def cell_stacks(self, cell: CellSource) -> None:
+        """Ask ``cell``'s busy ranks for their stacks (any thread)."""
+        self._call_soon(self._cell_stacks, cell)
+
+    def _cell_stacks(self, cell: CellSource) -> None:
         current = self._cell
         if current is not None and current.source is cell:
-            self._ask_stacks(current)
+            self._ask_cell_stacks(current)
 
-    def _ask_stacks(self, cell: _Cell) -> None:
-        """As a run's (``Job._dump_stacks``), for the ranks still in ``cell``: a rank that
-        does not answer (a thread holds the GIL) is signalled for a C-level dump."""
-        asked = []
-        for rank in sorted(cell.busy):
-            if self._relay.ask(rank, "stacks"):
-                cell.stacks[rank] = "asked"
-                self._ranks[rank].stacks = "asked"
-                asked.append(rank)
-        self._later(STACKS_WAIT, self._signal_for_stacks, asked)
+    def _ask_cell_stacks(self, cell: _Cell) -> None:
+        """As a run's (``Job._ask_stacks``); what came of it is in the job's outcomes."""
+        cell.stacks.update(dict.fromkeys(self._ask_stacks(sorted(cell.busy)), "asked"))
 
     def _send_all(self, kind: str, body: object) -> None:
-        for rank in range(self.config.world_size):
-            self._relay.send(rank, kind, body)
+        for rank in range(self.node.ranks):
+            self._send(rank, kind, body)
 
     def _session_over(self, cell: _Cell) -> None:
         """Every rank is gone while ``cell`` ran: it ends with the session."""
         self._cell = None
-        cell.failures.extend(self._failures)
+        cell.failures.extend(self.failures())
         cell.ended_at = time.monotonic()
         status = cell.reason or (RunStatus.FAILED if cell.failures else RunStatus.STOPPED)
         cell.source._finish(status, cell)
@@ -390,41 +358,38 @@ class SessionJob(Job):
 
     def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
         """Each rank as ``cell`` left it (any thread: built from frozen values)."""
-        records = self.outcomes()
-        out = []
-        for record in records:
-            reply = cell.replies.get(record.rank) if cell is not None else None
-            # What became of the stacks this cell asked for is in the job's record.
-            asked = cell is not None and record.rank in cell.stacks
-            if reply is not None:
-                state = RankState.FAILED if reply.error is not None else RankState.DONE
-            elif record.exited:
-                state = record.state
-            else:
-                state = RankState.RUNNING if cell is None else RankState.STOPPED
-            out.append(
-                RankOutcome(
-                    rank=record.rank,
-                    state=state,
-                    pid=record.pid,
-                    exit_code=record.exit_code,
-                    exited=record.exited,
-                    value=reply.value if reply is not None else None,
-                    error=reply.error if reply is not None else record.error,
-                    started_at=cell.started_at if cell is not None else record.started_at,
-                    ended_at=cell.ended_at if cell is not None else None,
-                    stacks=record.stacks if asked else None,
-                )
-            )
-        return tuple(out)
+        return tuple(_in_cell(record, cell) for record in self.outcomes())
+
+
+def _in_cell(record: RankOutcome, cell: _Cell | None) -> RankOutcome:
+    """A rank's outcome of ``cell`` (None: before any cell began)."""
+    if cell is None:
+        state = record.state if record.exited else RankState.RUNNING
+        return replace(record, state=state, value=None, ended_at=None, stacks=None)
+    reply = cell.replies.get(record.rank)
+    if reply is not None:
+        state = RankState.FAILED if reply.error is not None else RankState.DONE
+    else:
+        state = record.state if record.exited else RankState.STOPPED
+    return replace(
+        record,
+        state=state,
+        value=reply.value if reply is not None else None,
+        error=reply.error if reply is not None else record.error,
+        started_at=cell.started_at,
+        ended_at=cell.ended_at,
+        # What became of the stacks this cell asked for is in the job's record.
+        stacks=record.stacks if record.rank in cell.stacks else None,
+    )
 
 
 class CellSource:
     """One cell of a session, as a ``Run`` reads it (``run.RunSource``)."""
 
-    def __init__(self, job: SessionJob, number: int, config: LaunchConfig) -> None:
+    def __init__(self, job: SessionJob, number: int, timeout: float | None) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
-        self.config = config
+        self.timeout = timeout
+        """Seconds before the cell is interrupted (stacks first); None: never."""
         self.number = number
         self.log_dir: Path = job.log_dir
         """The session's log directory (one log per rank, a marker line per cell)."""
@@ -435,11 +400,6 @@ class CellSource:
         self._status: RunStatus | None = None
         self._cell: _Cell | None = None
         self._started_at = time.monotonic()
-
-    @property
-    def session(self) -> SessionJob:
-        """The session this cell runs in."""
-        return self._job
 
     def _finish(self, status: RunStatus, cell: _Cell | None) -> None:
         """The cell has ended (loop thread)."""
@@ -453,7 +413,7 @@ class CellSource:
         cell = self._cell
         if cell is None:
             return self._job.root_cause if self._done.is_set() else None
-        return root_cause(cell.failures, self.config.failure_grace)
+        return root_cause(cell.failures, self._job.spec.failure_grace)
 
     @property
     def status(self) -> RunStatus:
@@ -483,8 +443,8 @@ class CellSource:
 
     def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
         """Interrupt the cell on every rank (the session lives on if they return)."""
-        self._job._loop.call(self._job.interrupt, self, reason)
+        self._job.interrupt(self, reason)
 
     def dump_stacks(self) -> None:
         """Have the ranks still in this cell write their stacks."""
-        self._job._loop.call(self._job.ask_stacks, self)
+        self._job.cell_stacks(self)

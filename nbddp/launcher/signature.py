@@ -1,12 +1,12 @@
 """Checking a launch's call against the function's signature, before anything starts.
 
-Contract: ``check_call(fn, args, kwargs, spelling)`` raises ``PayloadError``
-(a ``TypeError``, as calling ``fn`` wrongly would be, and raised before any
-process starts like every payload problem) with one line when
+Contract: ``check_call(fn, args, kwargs)`` raises ``CallError`` (a
+``PayloadError``, so a ``TypeError``, as calling ``fn`` wrongly would be, and
+raised before any process starts like every payload problem) with one line when
 ``fn(*args, **kwargs)`` cannot bind to ``fn``'s signature: ``f() got an
 unexpected keyword argument 'nprocs'; did you mean the launch option
 procs=2?``. A keyword close to a launch option (``spelling.close_options``)
-is offered in the caller's spelling. ``WithRank`` (``nbddp.spawn``) is
+is offered in the caller's words (``Spelling.speaking``). ``WithRank`` (``nbddp.spawn``) is
 checked as ``fn(rank, *args)``. ``inspect.signature`` sees through
 partials, bound methods, callable objects and ``functools.wraps``; where it
 cannot read a signature (builtins, some C callables) nothing is checked and
@@ -21,20 +21,14 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nbddp.errors import PayloadError
-from nbddp.launcher.spelling import Spelling, close_options
+from nbddp.launcher.spelling import CallError, Say, close_options
 from nbddp.rank.calls import WithRank
 
 _RANK = 0  # stands for the rank spawn() puts first; only its position matters
 
 
-def check_call(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    spelling: Spelling,
-) -> None:
-    """Raise ``PayloadError`` if ``fn(*args, **kwargs)`` cannot bind (see module contract)."""
+def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Raise ``CallError`` if ``fn(*args, **kwargs)`` cannot bind (see module contract)."""
     target, how = fn, ""
     if isinstance(fn, WithRank):
         target, args, how = fn.fn, (_RANK, *args), " (spawn calls it as fn(rank, *args))"
@@ -49,8 +43,8 @@ def check_call(
         if reason.startswith(("too many", "multiple values")):
             reason = f"got {reason}"  # as Python says it: "f() got multiple values for ..."
         message = f"{_name(target)}() {reason}{how}"
-        hint = _hint(str(exc), kwargs, spelling)
-        raise PayloadError(f"{message}; {hint}" if hint else message) from None
+        hint = _hint(str(exc), kwargs)
+        raise CallError(lambda s: f"{message}; {hint(s)}" if hint else message) from None
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -60,14 +54,12 @@ def _name(fn: Callable[..., Any]) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def _hint(error: str, kwargs: Mapping[str, Any], spelling: Spelling) -> str:
+def _hint(error: str, kwargs: Mapping[str, Any]) -> Say | None:
     """``did you mean the launch option procs=2?`` for an unexpected keyword near one."""
     if "unexpected keyword" not in error:
-        return ""
+        return None
     for key, value in kwargs.items():
-        if repr(key) not in error:
-            continue
-        options = close_options(key)
+        options = close_options(key) if repr(key) in error else ()
         if options:
-            return f"did you mean {spelling.suggest(options, value)}?"
-    return ""
+            return lambda s: f"did you mean {s.suggest(options, value)}?"
+    return None

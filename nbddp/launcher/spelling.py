@@ -4,10 +4,12 @@ Contract: a ``Spelling`` turns a launch option (a name of ``options.OPTIONS``)
 into the words of one entry point: ``launch()`` says ``procs=4``, ``%%ddp``
 says ``--procs 4``, ``notebook_launcher`` says ``num_processes=4``,
 ``spawn`` says ``nprocs=4`` and the panel names its field (``Processes``).
-``LaunchConfig.build`` takes one and writes every message with it, and the
-config keeps it for the checks made after ``build`` (the call's signature).
-``KEYWORDS`` (``launch``, ``Launcher``) is the default; each entry point
-that spells options differently passes its own.
+
+The checks of the options raise ``OptionError``: the option, its value, and
+the message as a function of a spelling, shown in ``KEYWORDS`` (``launch``'s)
+until an entry point words it in its own, at one place: ``with
+spelling.speaking():`` around what it does, which rewords every
+``OptionError`` raised inside, whichever check raised it.
 
 ``close_options`` finds the launch options a mistyped or foreign name most
 likely meant (``nprocs``, ``gpu``, torchrun's ``nproc_per_node``,
@@ -17,11 +19,14 @@ Nothing here validates a value.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from nbddp.errors import ConfigError, NbddpError, PayloadError
 from nbddp.launcher.options import OPTIONS
 
 ALIASES: Mapping[str, tuple[str, ...]] = {
@@ -100,13 +105,13 @@ class Spelling:
         return self.hole(option, str(value))
 
     def unset(self, option: str) -> str:
-        """How to leave the option at its default of None: ``use None``, ``leave out
+        """How to leave the option at its default of None: ``use port=None``, ``leave out
         --port``, ``leave Master port empty``."""
         if self.style == "flag":
             return f"leave out {self.name(option)}"
         if self.style == "field":
             return f"leave {self.name(option)} empty"
-        return "use None"
+        return f"use {self.name(option)}=None"
 
     def env_entry(self, key: str, value: str) -> str:
         """One variable of the ``env`` option: ``env['A']``, ``--env A=1``."""
@@ -128,6 +133,68 @@ class Spelling:
         parameter stands for both (``notebook_launcher``'s ``num_processes`` takes GPUs
         whenever any is visible), so messages offer that alternative only here."""
         return self.name("procs") != self.name("gpus")
+
+    @contextlib.contextmanager
+    def speaking(self) -> Iterator[None]:
+        """Inside the block, ``spoken`` says things in this spelling, and every
+        ``OptionError`` (any ``Worded``) raised is reworded in it, unless a block
+        inside it (another entry point's) already has."""
+        token = _SPEAKING.set(self)
+        try:
+            yield
+        except Worded as exc:
+            if exc.spelling is None:
+                exc.args, exc.spelling = (exc.say(self),), self
+            raise
+        finally:
+            _SPEAKING.reset(token)
+
+
+Say = Callable[[Spelling], str]
+"""A message about launch options, in the words of the spelling it is given."""
+
+_SPEAKING: contextvars.ContextVar[Spelling] = contextvars.ContextVar("nbddp_spelling")
+
+
+def spoken(say: Say) -> str:
+    """``say`` in the words of the entry point speaking now (``KEYWORDS`` by default)."""
+    return say(_SPEAKING.get(KEYWORDS))
+
+
+class Worded(NbddpError):
+    """An error whose message names launch options: worded in ``KEYWORDS`` until an
+    entry point rewords it (``Spelling.speaking``)."""
+
+    plain: type[NbddpError] = NbddpError
+    """What it is once it leaves this process, as worded then (``say`` may not pickle)."""
+
+    def __init__(self, say: Say) -> None:
+        super().__init__(say(KEYWORDS))
+        self.say = say
+        self.spelling: Spelling | None = None
+        """The entry point's spelling it was reworded in; None: ``KEYWORDS`` so far."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.plain, (str(self),)
+
+
+class OptionError(Worded, ConfigError):
+    """A launch option that is wrong: which (``option``), its ``value``, and a message
+    that says what is wrong and what to do."""
+
+    plain = ConfigError
+
+    def __init__(self, option: str, value: object, say: Say) -> None:
+        super().__init__(say)
+        self.option = option
+        self.value = value
+
+
+class CallError(Worded, PayloadError):
+    """A call that cannot bind to the launched function's signature, with a launch
+    option it probably meant."""
+
+    plain = PayloadError
 
 
 KEYWORDS = Spelling()

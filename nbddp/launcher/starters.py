@@ -1,6 +1,6 @@
-"""Starting one worker process: from nbddp's forkserver, by spawn, or by fork.
+"""Starting one worker process: what every start method does, and spawn and fork.
 
-Contract: ``starter(config).start(fds, env)`` asks for a process that is the
+Contract: a starter's ``start(fds, env)`` asks for a process that is the
 leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
 ``worker.serve`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
 waiting for the process: a launch asks for all its ranks first and only then
@@ -14,9 +14,8 @@ forkserver. A spawned keeper is a fresh interpreter; a forked one is the
 notebook's or the forkserver's child. The caller keeps
 ownership of ``fds`` and closes its copies after ``start`` returns; a
 ``Starting`` it will not wait for is ``abandon``-ed (the process, if it
-starts, finds its link closed and ends). From the
-forkserver, each start also tells it the pool to keep (``pool_request``: the
-config's world size and pool settings, validated when it was built).
+starts, finds its link closed and ends). Here: spawn and fork; the
+forkserver's starter is ``forkserver_link``'s.
 
 Every start method runs the same worker (``worker.run_forked``) and none
 re-imports ``__main__``: spawn execs ``python -c`` (never the user's script),
@@ -25,28 +24,20 @@ and fork/forkserver children go straight to the worker.
 
 from __future__ import annotations
 
-import atexit
 import os
 import select
-import socket
 import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from nbddp.forkserver import keeper
 from nbddp.forkserver.keeper import STATUS
-from nbddp.forkserver.server import REQUEST
-from nbddp.launcher.execenv import fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
-
-if TYPE_CHECKING:
-    # Only for types: the forkserver imports this module and needs none of the config.
-    from nbddp.launcher.config import LaunchConfig
 
 FORKSERVER_REPLY_TIMEOUT = 120.0
 
@@ -114,20 +105,6 @@ def package_pythonpath(env: dict[str, str]) -> str:
     return os.pathsep.join(parts)
 
 
-def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The forkserver's environment: the notebook's, less any variable too long for
-    ``execve`` (``execenv.fits_exec``).
-
-    Why it may leave those out: the forkserver only imports torch with it; every
-    rank it forks gets the notebook's whole environment in its run order. A
-    variable too long would only make its ``execve`` fail with ``E2BIG``.
-    """
-    env = {key: value for key, value in environ.items() if fits_exec(key, value)}
-    env["NBDDP_ROLE"] = "forkserver"
-    env["PYTHONPATH"] = package_pythonpath(env)
-    return env
-
-
 SPAWN_BOOT = "from nbddp.forkserver.keeper import spawned_main; spawned_main()"
 """A spawned keeper's program: importing the lazy ``nbddp`` package and the keeper
 costs the standard library alone, so the keeper forks its rank (which imports torch)
@@ -155,7 +132,7 @@ class SpawnStarter:
                 start_new_session=True,
             )
         except BaseException:
-            _close(keeper_r)
+            close_kept(keeper_r)
             raise
         finally:
             os.close(keeper_w)
@@ -215,13 +192,14 @@ def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: st
     return Child(rank, status_r)
 
 
-def _close(fd: int) -> None:
+def close_kept(fd: int) -> None:
+    """Close ``fd``, one of the notebook's own (``NOTEBOOK_FDS``)."""
     NOTEBOOK_FDS.release(fd)
     os.close(fd)
 
 
 def _abandon(reap: Callable[[], object], keeper_r: int) -> None:
-    _close(keeper_r)
+    close_kept(keeper_r)
     threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
 
 
@@ -232,8 +210,8 @@ def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) 
         if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
             os.write(status_w, code)
     finally:
-        _close(keeper_r)
-        _close(status_w)
+        close_kept(keeper_r)
+        close_kept(status_w)
 
 
 class ForkStarter:
@@ -248,201 +226,3 @@ class ForkStarter:
         NOTEBOOK_FDS.keep(status_r)
         os.close(status_w)
         return KeptStarting(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")
-
-
-@dataclass(frozen=True)
-class PoolRequest:
-    """What the forkserver keeps after forking a launch's ranks."""
-
-    size: int
-    """Idle workers to keep (0: none)."""
-    idle: float
-    """Seconds without a launch before they end."""
-
-
-def pool_request(config: LaunchConfig) -> PoolRequest:
-    """The pool to ask the forkserver for while starting ``config``'s ranks.
-
-    The pool is sized to the launch (its world size: the processes it starts
-    on this machine), capped by ``config.pool_max`` (``NBDDP_POOL``; 0 turns
-    the pool off). ``config.pool_idle`` (``NBDDP_POOL_IDLE``) is how long idle
-    workers wait for the next launch. Both were read, and checked, when the
-    config was built.
-    """
-    return PoolRequest(min(config.world_size, config.pool_max), config.pool_idle)
-
-
-class ForkserverStarter:
-    """Fork from the forkserver: a server process with torch imported that never touches CUDA.
-
-    One forkserver per notebook process, started on first use (or by
-    ``prewarm``). It exits when the notebook closes the link or dies.
-    Each request also tells it how large a pool of idle workers to keep
-    (a ``PoolRequest``; see ``nbddp.forkserver.pool``).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
-        self._asked = False  # whether this forkserver was ever sent a request
-        self._exit_hook = False  # close() is registered to run at interpreter exit
-
-    @property
-    def pid(self) -> int | None:
-        """The forkserver's pid while it runs."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def prewarm(self) -> None:
-        """Start the forkserver now so that its torch import overlaps the user's work."""
-        with self._lock:
-            self._ensure_running()
-
-    def _ensure_running(self) -> socket.socket:
-        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
-            return self._sock
-        self._close_locked()
-        env = forkserver_env(os.environ)
-        # Only here, on the notebook's side: the forkserver imports this module too.
-        from nbddp.launcher.config import first_pool
-
-        size, idle = first_pool(os.environ)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with theirs:
-                self._proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        "import nbddp.forkserver.server as s; s.main()",
-                        str(theirs.fileno()),
-                        str(size),
-                        str(idle),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    pass_fds=(theirs.fileno(),),
-                    env=env,
-                    start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its
-                )
-        except OSError as exc:
-            ours.close()
-            raise RuntimeError(
-                f"nbddp's forkserver could not start ({exc.strerror or exc}); "
-                "use start_method='fork', or fix what the error names and retry"
-            ) from exc
-        self._sock = ours
-        self._asked = False
-        NOTEBOOK_FDS.keep(ours.fileno())
-        if not self._exit_hook:
-            atexit.register(self.close)
-            self._exit_hook = True
-        return ours
-
-    def fork(self, fds: ChildFds, pool: PoolRequest) -> ForkserverStarting:
-        """Ask the forkserver for one worker; afterwards it keeps ``pool``. Returns once
-        the request is sent: the pid comes on the returned ``status_r``."""
-        with self._lock:
-            for attempt in (1, 2):
-                request = REQUEST.pack(b"F", pool.size, pool.idle)
-                sock = self._ensure_running()
-                status_r, status_w = os.pipe()
-                self._asked = True
-                try:
-                    socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
-                except OSError:
-                    os.close(status_r)
-                    os.close(status_w)
-                    self._close_locked()  # the forkserver died: start a new one once
-                    if attempt == 2:
-                        raise
-                    continue
-                os.close(status_w)
-                NOTEBOOK_FDS.keep(status_r)
-                return ForkserverStarting(self, status_r)
-        raise AssertionError("unreachable")
-
-    def read_pid(self, status_r: int) -> int:
-        """The pid of the worker asked for with ``status_r``; raises if none comes
-        (``status_r`` is then closed, and so is this forkserver)."""
-        # Why a timeout: the first request waits for the forkserver's torch import
-        # (seconds); a forkserver that never answers must not hang the notebook.
-        try:
-            pid = read_pid(status_r, FORKSERVER_REPLY_TIMEOUT)
-        except BaseException:  # an interrupt while it starts: the rank will find its link closed
-            _close(status_r)
-            raise
-        if pid is None:
-            _close(status_r)
-            self.close()
-            raise RuntimeError(
-                "nbddp's forkserver did not start a worker (see the kernel's log); "
-                "retry, or use start_method='spawn'"
-            )
-        return pid
-
-    def close(self) -> None:
-        """Stop the forkserver (running workers are not affected)."""
-        with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if self._sock is not None:
-            NOTEBOOK_FDS.release(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
-        if self._proc is not None:
-            if not self._asked:
-                # Never asked, it has forked nothing, and it may still be seconds
-                # into its torch import, before it reads the closed link: waiting
-                # for that made a script that never launched take seconds to exit.
-                self._proc.kill()
-            try:
-                self._proc.wait(timeout=5)  # it ends its idle workers, waits for its ranks
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-
-FORKSERVER = ForkserverStarter()
-
-
-@dataclass(frozen=True)
-class ForkserverStarting:
-    """A worker asked of the forkserver; its keeper writes the pid to ``status_r``."""
-
-    server: ForkserverStarter
-    status_r: int
-
-    def child(self) -> Child:
-        """The worker, once its pid has come."""
-        return Child(self.server.read_pid(self.status_r), self.status_r)
-
-    def abandon(self) -> None:
-        """Close the status pipe: the worker, if forked, finds its link closed and ends."""
-        _close(self.status_r)
-
-
-@dataclass(frozen=True)
-class ForkserverLaunch:
-    """The forkserver as one launch's starter: every rank it starts asks for ``pool``."""
-
-    server: ForkserverStarter
-    pool: PoolRequest
-
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
-        del env  # the rank's environment travels in its run order, not through the forkserver
-        return self.server.fork(fds, self.pool)
-
-
-def starter(config: LaunchConfig) -> Starter:
-    """The starter for ``config``'s start method (validated by ``LaunchConfig``)."""
-    method = config.start_method
-    if method == "forkserver":
-        return ForkserverLaunch(FORKSERVER, pool_request(config))
-    if method == "spawn":
-        return SpawnStarter()
-    if method == "fork":
-        return ForkStarter()
-    raise ValueError(f"unknown start method {method!r}")

@@ -28,7 +28,7 @@ from IPython.core.magic import line_magic as _line_magic
 
 from nbddp.errors import CellError, ConfigError
 from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options, merge_options
-from nbddp.launcher.spelling import close_options
+from nbddp.launcher.spelling import FLAGS, close_options
 from nbddp.notebook.runner import CellRunner
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -155,9 +155,11 @@ def _did_you_mean(error: str) -> str:
 
 @contextlib.contextmanager
 def _as_usage_error() -> Iterator[None]:
-    # Why: a wrong option or an empty cell deserves one line, not a traceback.
+    # Why: a wrong option or an empty cell deserves one line, not a traceback, and
+    # names the options as the magics spell them.
     try:
-        yield
+        with FLAGS.speaking():
+            yield
     except (ConfigError, CellError) as exc:
         if hasattr(exc, "_render_traceback_"):
             raise  # a rank's own error, already made to show its traceback

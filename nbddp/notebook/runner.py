@@ -31,7 +31,6 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.failures import describe_exit, rendered
 from nbddp.launcher.options import LaunchOptions, format_options, merge_options
 from nbddp.launcher.run import Run, latest_run
-from nbddp.launcher.spelling import FLAGS
 from nbddp.notebook.program import build_program
 from nbddp.notebook.session import PER_CELL, Session
 from nbddp.rank.cell import CellValues
@@ -41,7 +40,7 @@ from nbddp.wire.payload import find_unpicklable, short_error
 def build_config(options: LaunchOptions, *, init: bool) -> LaunchConfig:
     """The validated launch config of ``options``; ``init``: the cell's process group."""
     with_init: LaunchOptions = {**options, "init_process_group": init}
-    return LaunchConfig.build(spelling=FLAGS, **with_init)
+    return LaunchConfig.build(**with_init)
 
 
 class CellRunner:
@@ -71,9 +70,9 @@ class CellRunner:
         kept = self.defaults_config
         if given or kept is None:
             return build_config(merge_options(self.defaults, given), init=init)
-        if kept.init_process_group == init:
+        if kept.job.init_process_group == init:
             return kept
-        return dataclasses.replace(kept, init_process_group=init)
+        return dataclasses.replace(kept, job=dataclasses.replace(kept.job, init_process_group=init))
 
     def describe_defaults(self) -> str:
         """The defaults as a ``%ddp_config`` line, or what applies when there are none."""
@@ -224,10 +223,10 @@ class CellRunner:
             else:
                 run.dump_stacks()
                 note = "\nstacks requested: each running rank writes them to its output and log"
-        config = run.config
+        spec = run.config.job
         lines = [
-            f"latest run: {run.status} after {run.elapsed:.1f}s; {config.world_size} ranks "
-            f"({config.device}, {config.backend}, {config.start_method}); run id {run.run_id}"
+            f"latest run: {run.status} after {run.elapsed:.1f}s; {spec.world_size} ranks "
+            f"({spec.device}, {spec.backend}, {spec.start_method}); run id {run.run_id}"
         ]
         for o in run.outcomes():
             ended = describe_exit(o.exit_code) if o.exited else "still running"

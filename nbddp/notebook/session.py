@@ -73,7 +73,8 @@ class Session:
                 "a session runs on this machine: cluster= (and nodes=) are for one-shot "
                 "runs; start the session without them"
             )
-        self.config = dataclasses.replace(built, init_process_group=True, timeout=None)
+        job = dataclasses.replace(built.job, init_process_group=True, timeout=None)
+        self.config = dataclasses.replace(built, job=job)
         """Its validated config (a cell's timeout is the cell's own)."""
         self._cell_config = built
         self._job: SessionJob | None = None
@@ -86,14 +87,14 @@ class Session:
         """Start the ranks; return once each is idle (see module contract)."""
         if self.alive:
             raise SessionError("the session is already running; stop() or restart() it")
-        job = SessionJob(self.config, Payload.serialize(rank_session.serve, (), {}))
+        job = SessionJob(self.config.job, Payload.serialize(rank_session.serve, (), {}))
         job.start()
         self._job, self._started_at = job, time.monotonic()
         # A session dropped without stop() (a kernel's magics reloaded, a script's
         # end) still ends its ranks: they would otherwise idle until the kernel exits.
         self._finalizer = weakref.finalize(self, _end_job, job)
         try:
-            Run(job.ready, None).wait()
+            Run(job.ready, None, self.config).wait()
         except BaseException:
             self._abandon()
             raise
@@ -148,7 +149,7 @@ class Session:
             self._finalizer.detach()
         if job is not None:
             job.stop()
-            job.wait(job.config.kill_grace + 5.0)
+            job.wait(job.spec.kill_grace + 5.0)
 
     # -- calls ---------------------------------------------------------------
 
@@ -193,12 +194,14 @@ class Session:
         """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s timeout, shown
         by ``display`` (default: the one ``config``'s output asks for); its ``Run``."""
         job = self._job_or_raise()
+        timeout = config.job.timeout
         cell_config = dataclasses.replace(
-            self.config, timeout=config.timeout, output=config.output, tail=config.tail
+            self.config, job=dataclasses.replace(self.config.job, timeout=timeout), view=config.view
         )
         payload = Payload.serialize(fn, args, kwargs)
-        shown = guarded(display, cell_config) if display is not None else make_display(cell_config)
-        return Run(job.cell(payload, cell_config), shown)
+        view = cell_config.view
+        shown = guarded(display, view) if display is not None else make_display(view)
+        return Run(job.cell(payload, timeout), shown, cell_config)
 
     def finish(self, run: Run) -> Any:
         """Wait for ``run`` (a cell of this session); its result, or its failure raised
@@ -240,7 +243,7 @@ class Session:
         (waited for, bounded)."""
         job = self._job
         if job is not None and job.lost is None and not job.alive:
-            job.wait(job.config.kill_grace + END_WAIT)
+            job.wait(job.spec.kill_grace + END_WAIT)
         return job.lost if job is not None and job.lost else "it was stopped"
 
     def _job_or_raise(self) -> SessionJob:
@@ -265,8 +268,8 @@ class Session:
         status = "running" if job.alive else f"ended ({self._why_ended()})"
         options = format_options(self.options) or "(defaults)"
         lines = [
-            f"session: {status}; {self.config.world_size} ranks ({self.config.device}, "
-            f"{self.config.backend}); options {options}; {job.cells_run} cells run",
+            f"session: {status}; {job.spec.world_size} ranks ({job.spec.device}, "
+            f"{job.spec.backend}); options {options}; {job.cells_run} cells run",
             f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
         ]
         busy = job.busy_ranks()
@@ -296,7 +299,7 @@ def _end_job(job: SessionJob) -> None:
         if job.wait(END_WAIT):
             return
         job.stop()
-    job.wait(job.config.kill_grace + 5.0)
+    job.wait(job.spec.kill_grace + 5.0)
 
 
 def _rss(pid: int | None) -> str:

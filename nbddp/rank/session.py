@@ -31,7 +31,6 @@ notebook drains them then: a cell's output is complete when it ends).
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import sys
@@ -157,10 +156,7 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
     value: object = None
     error: ErrorInfo | None = None
     try:
-        fds = list(order.fds.fds)
-        data = os.pread(fds[0], order.size, 0)
-        call = load_call(data, fds[1:])
-        order.fds.close()
+        call = load_call(order.call)
         current.running = order.cell
         try:
             # An interrupt that came before the cell began (its signal found no

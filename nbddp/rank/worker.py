@@ -32,8 +32,9 @@ import sys
 import threading
 import traceback
 import types
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nbddp import prctl
 from nbddp.rank import session
@@ -81,11 +82,11 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     )
 
 
-def _watch_link(sock: socket.socket, channel: Channel, rank: int) -> None:
+def _watch_link(incoming: Iterator[tuple[str, Any]], channel: Channel, rank: int) -> None:
     """Block on the link and answer the notebook's requests (``stacks``: this
     process's Python stacks, see ``stacks``; a session's cells, see
     ``nbddp.rank.session``); when the notebook is gone, take the whole group down."""
-    for kind, body in protocol.messages(sock):
+    for kind, body in incoming:
         if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
         else:
@@ -147,13 +148,9 @@ def _wait_until_all_initialised(dist: types.ModuleType, world_size: int) -> None
         store.wait([_ALL_INITIALISED_KEY])
 
 
-def _call(order: RunOrder, fds: list[int]) -> object:
+def _call(order: RunOrder) -> object:
     _prepare_torch(order)
-    try:
-        call = load_call(order.payload, fds)
-    finally:
-        for fd in fds:  # the mappings keep their own references
-            os.close(fd)
+    call = load_call(order.call)
     try:
         return call.fn(*call.args, **call.kwargs)
     finally:
@@ -163,14 +160,11 @@ def _call(order: RunOrder, fds: list[int]) -> object:
 def serve(ctrl: socket.socket) -> int:
     """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
     prctl.set_name("nbddp-worker")
-    msg = protocol.recv(ctrl)
-    if msg is None or msg[0] != "run":
+    # One reader for the link's whole life: what it read beyond the order stays in it.
+    incoming = protocol.messages(ctrl)
+    kind, order = next(incoming, ("", None))
+    if kind != "run" or not isinstance(order, RunOrder):
         return 1  # the notebook went away before sending work
-    order: RunOrder = msg[1]
-    fds: list[int] = []
-    if order.fd_count:
-        # Before the link watcher starts reading: it would swallow the descriptors.
-        _, fds, _, _ = socket.recv_fds(ctrl, 1, order.fd_count)
     prctl.set_name(f"nbddp-rank{order.place.rank}")
     _apply_order(order)
     install_context(order.place)
@@ -180,13 +174,16 @@ def serve(ctrl: socket.socket) -> int:
     channel = Channel(ctrl)
     install_channel(channel)
     link = threading.Thread(
-        target=_watch_link, args=(ctrl, channel, order.place.rank), name="nbddp-link", daemon=True
+        target=_watch_link,
+        args=(incoming, channel, order.place.rank),
+        name="nbddp-link",
+        daemon=True,
     )
     link.start()
     channel.send("started", os.getpid())
     owner = os.getpid()
     try:
-        value = _call(order, list(fds))
+        value = _call(order)
     except SystemExit as exc:
         _leave_if_forked(owner, exc)
         return _report_exit(channel, exc)

@@ -5,9 +5,10 @@ side the objects they belong to (``keep``) stay alive until the message is
 sent; on the receiving side (``owned``) it closes them when closed or
 dropped. It never pickles itself: the protocol sends its descriptors beside
 the bytes (``protocol.encode_with_fds``). ``OwnedFd`` is one descriptor a
-payload made and owns. ``Packed`` is a value on its way: its pickled bytes,
-its type's name, and the shared memory the bytes refer to (``values``).
-Only the standard library is imported here.
+payload made and owns; ``memfd_with(data)`` makes a memory file holding
+``data``. ``Packed`` is a value on its way: its pickled bytes, its type's
+name, and the shared memory the bytes refer to (``values``). Only the
+standard library is imported here.
 """
 
 from __future__ import annotations
@@ -85,3 +86,28 @@ class Packed:
     """The value's qualified type, for messages about it."""
     fds: Descriptors
     """The shared memory the bytes refer to."""
+
+
+def memfd_with(data: bytes | memoryview, name: str = "nbddp") -> int:
+    """A fresh memory file holding ``data``; the caller owns the descriptor."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(view):
+            done += os.write(fd, view[done : done + (1 << 26)])
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_all(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file ``fd`` (fewer if it is shorter)."""
+    parts, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, 1 << 26), done)
+        if not chunk:
+            break
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)

@@ -1,9 +1,11 @@
 """The payload: the function and its arguments, serialised once with cloudpickle.
 
-Contract: ``Payload.serialize(fn, args, kwargs)`` returns the ``Payload``
-(the pickled bytes, plus the shared-memory descriptors they refer to);
-every rank receives both and rebuilds the ``Call`` with
-``load_call(data, fds)``. Functions, lambdas, closures and
+Contract: ``Payload.serialize(fn, args, kwargs)`` returns the ``Payload``:
+the pickled bytes, plus the shared-memory descriptors they refer to. The
+ranks of a one-shot run and of a session's cell alike receive a
+``protocol.CallRef`` beside their order (``Payload.ref()``: the bytes in a
+memory file, written once for all of them, and those descriptors) and
+rebuild the ``Call`` with ``load_call(ref)``. Functions, lambdas, closures and
 classes defined in ``__main__`` (a notebook or a script) travel by value,
 so workers never re-import or re-run the script. When something cannot be
 pickled, ``PayloadError`` names the object, the path by which it was
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import io
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from nbddp.errors import PayloadError
 from nbddp.wire import mpobjects, shm
 from nbddp.wire.cloud import CloudPickler
+from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
+from nbddp.wire.protocol import CallRef
 from nbddp.wire.values import type_name
 
 LARGE_PAYLOAD_BYTES = 256 << 20
@@ -50,14 +54,19 @@ class Call:
 class Payload:
     """A pickled call: the bytes, and the shared-memory descriptors they refer to.
 
-    Build it with ``Payload.serialize``. The notebook sends ``data`` and
-    ``fds`` to every rank; ``owned`` keeps them open as long as the payload
-    lives (numpy arrays' memfds, the multiprocessing objects sent).
-    """
+    Build it with ``serialize``; ``owned`` keeps the descriptors open as long as the
+    payload lives (numpy arrays' memfds, the multiprocessing objects sent)."""
 
     data: bytes
     fds: tuple[int, ...] = ()
     owned: tuple[object, ...] = ()
+
+    def ref(self) -> CallRef:
+        """What the ranks are sent to make the call: a new memory file holding the bytes,
+        and the descriptors, all held until the ``CallRef`` is closed or dropped (once
+        it is sent, every rank has its own copies)."""
+        memfd = OwnedFd(memfd_with(self.data, "nbddp-call"))
+        return CallRef(len(self.data), Descriptors([memfd.fd, *self.fds], keep=[self, memfd]))
 
     @classmethod
     def serialize(
@@ -85,13 +94,16 @@ class Payload:
         return cls(data, (*fds, *sent.fds[::-1]), (*owned, *sent.owned))
 
 
-def load_call(data: bytes, fds: Sequence[int] = ()) -> Call:
-    """Rebuild the call in a rank, mapping the received shared-memory ``fds``.
-
-    The mappings keep their own references: the caller may close ``fds`` afterwards.
-    """
-    with mpobjects.receiving(fds):
-        call = shm.loads(data, fds)
+def load_call(ref: CallRef) -> Call:
+    """Rebuild the call in a rank from what it received (``Payload.ref``), mapping its
+    shared memory; the received descriptors are closed (the mappings keep their own)."""
+    try:
+        memfd, *fds = ref.fds.fds
+        data = read_all(memfd, ref.size)
+        with mpobjects.receiving(fds):
+            call = shm.loads(data, fds)
+    finally:
+        ref.fds.close()
     if not isinstance(call, Call):
         raise TypeError(f"payload holds {type(call).__name__}, not a Call")
     return call

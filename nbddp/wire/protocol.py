@@ -71,13 +71,26 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class CallRef:
+    """A call for a rank to make (``payload.load_call``): its pickled bytes in a memory
+    file (``fds[0]``, ``size`` bytes), then the shared memory those bytes refer to.
+
+    Why a memory file, not the message: one write serves every rank, and the message
+    stays small enough for the notebook's non-blocking end of the link (the relay's
+    loop sends a session's cells)."""
+
+    size: int
+    fds: Descriptors
+
+
+@dataclass(frozen=True)
 class RunOrder:
     """What a worker needs to run its rank: every value typed; ``env`` is for the user's code."""
 
     place: Placement
     env: dict[str, str]
     """The rank's whole environment (``RANK``, ``MASTER_PORT``...), set before the call."""
-    payload: bytes
+    call: CallRef
     sys_path: list[str]
     cwd: str
     backend: Backend
@@ -86,8 +99,6 @@ class RunOrder:
     threads: int | None = None
     """``torch.set_num_threads`` for a rank whose torch was imported before its
     environment was set (forkserver, fork); None leaves torch's own choice."""
-    fd_count: int = 0
-    """Shared-memory descriptors sent right after the order (SCM_RIGHTS)."""
 
 
 @dataclass(frozen=True)
@@ -107,17 +118,11 @@ class ErrorInfo:
 
 @dataclass(frozen=True)
 class CellOrder:
-    """One call for a session's ranks to make (``nbddp.rank.session``).
-
-    Why the pickled call travels in a memory file (``fds[0]``, ``size`` bytes),
-    not in the message: the notebook's end of the link is non-blocking (the
-    relay's loop reads it), so only a small message can be sent whole; the
-    call's own shared memory follows as ``fds[1:]``."""
+    """One call for a session's ranks to make (``nbddp.rank.session``)."""
 
     cell: int
     """The cell's number in its session, from 1."""
-    size: int
-    fds: Descriptors
+    call: CallRef
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,9 @@ def launchers(procs: int) -> dict[str, Callable[[], object]]:
         def call() -> object:
             before = os.environ.pop("NBDDP_POOL", None)
             if pool is not None:
-                os.environ["NBDDP_POOL"] = pool  # read at each launch (starters.pool_request)
+                os.environ["NBDDP_POOL"] = (
+                    pool  # read at each launch (forkserver_link.pool_request)
+                )
             try:
                 return nbddp.launch(task, procs=procs, output="none")
             finally:
@@ -125,7 +127,7 @@ def settle_forkserver(timeout: float = 60.0) -> None:
     import psutil
 
     from nbddp.launcher.config import first_pool
-    from nbddp.launcher.starters import FORKSERVER
+    from nbddp.launcher.forkserver_link import FORKSERVER
 
     FORKSERVER.prewarm()
     size, _ = first_pool(os.environ)

@@ -22,7 +22,7 @@ import pytest
 
 import nbddp
 from nbddp.launcher import starters
-from nbddp.launcher.starters import FORKSERVER
+from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import escape_fns
 from tests.procs import wait_procs_gone
 

@@ -19,7 +19,7 @@ IMPORT_AND_EXIT = textwrap.dedent(
     """
     import sys, time
     import nbddp
-    from nbddp.launcher.starters import FORKSERVER
+    from nbddp.launcher.forkserver_link import FORKSERVER
     time.sleep(float(sys.argv[1]))
     print(FORKSERVER.pid, flush=True)
     """

@@ -17,7 +17,7 @@ import pytest
 
 import nbddp
 from nbddp.errors import ConfigError, RemoteError
-from nbddp.launcher.starters import FORKSERVER
+from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import failing, fns
 from tests.procs import wait_gone
 
@@ -156,3 +156,44 @@ def test_logging_in_a_spawned_dataloader_worker_says_it_cannot_reach_the_noteboo
     with pytest.raises(RuntimeError) as info:
         nbddp.launch(failing.log_in_spawned_dataloader_workers, procs=2, output="none")
     assert "nbddp.log works in a rank and in the processes it forks" in str(info.value)
+
+
+def test_an_interrupt_while_the_forkserver_process_starts_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel's interrupt (SIGINT) can land while Popen waits for the new process
+    # to exec: the process exists, but Popen never returns it.
+    import signal
+    import subprocess
+
+    nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")  # the loop thread exists
+    FORKSERVER.close()
+    before = (threading.active_count(), psutil.Process().num_fds())
+    real = subprocess.Popen
+    started: list[int] = []
+
+    def interrupted(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(proc.pid)
+        signal.raise_signal(signal.SIGINT)  # arrives before Popen hands the process over
+        return proc  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", interrupted)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")
+    monkeypatch.setattr(subprocess, "Popen", real)
+    kept = caught.value.__traceback__  # as IPython keeps it (``%debug``): its frames live on
+    assert nbddp.launch(fns.all_reduce_sum, 1.0, procs=2, output="none") == 3.0
+    FORKSERVER.close()
+    assert _ended(started[0])
+    assert (threading.active_count(), psutil.Process().num_fds()) == before
+    del kept
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone, or goes within seconds."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    return psutil.wait_procs([proc], timeout=10)[1] == []

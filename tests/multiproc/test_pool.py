@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.launcher.starters import FORKSERVER
+from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import fns
 from tests.procs import fd_identities, rank_and_keeper_pipes, wait_pool, wait_procs_gone
 

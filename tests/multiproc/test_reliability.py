@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.launcher.starters import FORKSERVER
+from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
 from tests.procs import wait_pool

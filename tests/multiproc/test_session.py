@@ -69,7 +69,9 @@ def _gone(pids: dict[int, int]) -> bool:
 def _start(session: Session, fn: Any, *args: Any, timeout: float | None = None) -> Any:
     """Start ``fn`` as the session's next cell, recorded; (run, display)."""
     display = Recording()
-    config = dataclasses.replace(session.config, timeout=timeout)
+    config = dataclasses.replace(
+        session.config, job=dataclasses.replace(session.config.job, timeout=timeout)
+    )
     return session.run_call(fn, args, {}, config, display), display
 
 
@@ -262,7 +264,7 @@ def test_bad_session_options_are_refused_before_anything_starts() -> None:
 
 
 def _forkserver() -> set[int]:
-    from nbddp.launcher.starters import FORKSERVER
+    from nbddp.launcher.forkserver_link import FORKSERVER
 
     pid = FORKSERVER.pid
     return set() if pid is None else {pid, *(p.pid for p in psutil.Process(pid).children())}

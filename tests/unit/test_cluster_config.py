@@ -36,10 +36,10 @@ def build(**options: Any) -> LaunchConfig:
 
 def test_ranks_per_node_times_nodes_is_the_world_and_gpus_are_the_nodes_own() -> None:
     config = build(nodes=2, gpus=8, cluster="ray://head:10001")  # none visible here: fine
-    assert (config.world_size, config.device, config.backend) == (16, "cuda", "nccl")
+    assert (config.job.world_size, config.job.device, config.job.backend) == (16, "cuda", "nccl")
     assert config.cluster == RayCluster("ray://head:10001")
     cpu = build(nodes=3, procs=2, cluster=RayCluster("ray", runtime_env={"pip": ["x"]}))
-    assert (cpu.world_size, cpu.device, cpu.nodes) == (6, "cpu", 3)
+    assert (cpu.job.world_size, cpu.job.device, cpu.nodes) == (6, "cpu", 3)
     assert cpu.cluster is not None and cpu.cluster.ray_address == "auto"
 
 
@@ -73,17 +73,23 @@ def test_a_cluster_launch_that_cannot_work_is_refused_in_one_line(
 
 
 def test_the_magics_spell_the_cluster_options_as_flags() -> None:
-    with pytest.raises(ConfigError, match=r"^--nodes 2 needs a Ray cluster: add --cluster ray://"):
-        LaunchConfig.build(visible=NO_GPU, spelling=FLAGS, nodes=2, procs=1)
+    needs = r"^--nodes 2 needs a Ray cluster: add --cluster ray://"
+    with pytest.raises(ConfigError, match=needs), FLAGS.speaking():
+        LaunchConfig.build(visible=NO_GPU, nodes=2, procs=1)
 
 
 def test_each_node_gives_its_ranks_torchruns_environment() -> None:
-    config = build(nodes=2, gpus=2, cluster="ray")
+    spec = build(nodes=2, gpus=2, cluster="ray").job
     node = NodeSlice(
-        node_rank=1, nodes=2, first_rank=2, world_size=4, master_addr="10.0.0.2", port=29400
+        node_rank=1,
+        nodes=2,
+        first_rank=2,
+        ranks=2,
+        master_addr="10.0.0.2",
+        port=29400,
+        gpu_tokens=("6", "7"),
     )
-    mine = config.for_node(node, 2, ("6", "7"))
-    env = mine.rank_env(1, 29400)
+    env = spec.rank_env(node, 1, 29400)
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
         "RANK": "3",
         "LOCAL_RANK": "1",
@@ -93,8 +99,9 @@ def test_each_node_gives_its_ranks_torchruns_environment() -> None:
     assert (env["NODE_RANK"], env["GROUP_RANK"], env["ROLE_RANK"]) == ("1", "1", "3")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.2", "29400")
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7"
-    assert (mine.world_size, mine.total_ranks, mine.global_rank(0), mine.cluster) == (2, 4, 2, None)
-    assert (config.total_ranks, config.global_rank(1)) == (4, 1)
+    assert spec.world_size == 4  # torch's world size, on every node
+    whole = spec.local()  # the run on one machine: every rank, from rank 0
+    assert (whole.first_rank, whole.ranks, whole.port) == (0, 4, None)
 
 
 def test_notebook_launcher_runs_across_nodes_only_with_a_configured_cluster(
@@ -175,7 +182,7 @@ def test_the_call_and_its_large_arguments_cross_as_bytes() -> None:
     payload = Payload.serialize(torch.sum, (big,), {})
     assert payload.fds
     landed = land_payload(ship_payload(payload))
-    call = load_call(landed.data, landed.fds)
+    call = load_call(landed.ref())
     assert torch.equal(call.args[0], big)
 
 
@@ -204,7 +211,7 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
     validated = settings.validate()
     assert validated.errors == {}
     assert validated.config is not None
-    assert (validated.config.world_size, validated.config.nodes) == (4, 2)
+    assert (validated.config.job.world_size, validated.config.nodes) == (4, 2)
     assert validated.config.cluster == RayCluster("ray://head:10001")
     assert "--procs 2 --nodes 2 --cluster ray://head:10001" in settings.magic_cell("train()")
     assert "nodes=2, cluster='ray://head:10001'" in settings.launch_call("train", "")

@@ -15,38 +15,50 @@ from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
 from nbddp.launcher.reserved import USER_MAY_SET
-from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling
+from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling, spoken
 
 NO_GPU = VisibleGpus((), "0 in /proc/driver/nvidia/gpus")
 TWO_GPUS = VisibleGpus(("4", "5"), "CUDA_VISIBLE_DEVICES=4,5")
 
 
-def build(**kw: object) -> LaunchConfig:
+def build(spelling: Spelling = KEYWORDS, **kw: object) -> LaunchConfig:
+    """``LaunchConfig.build`` as the entry point that spells options ``spelling`` calls it."""
     kw.setdefault("visible", NO_GPU)
-    return LaunchConfig.build(**kw)  # type: ignore[arg-type]
+    with spelling.speaking():
+        return LaunchConfig.build(**kw)  # type: ignore[arg-type]
+
+
+def rank_env(cfg: LaunchConfig, local: int, port: int) -> dict[str, str]:
+    """The environment of ``cfg``'s ``local``-th rank, the run on this machine."""
+    return cfg.job.rank_env(cfg.job.local(), local, port)
+
+
+def notices(cfg: LaunchConfig, spelling: Spelling = KEYWORDS) -> list[str]:
+    with spelling.speaking():
+        return [spoken(notice) for notice in cfg.view.notices]
 
 
 def test_defaults_without_gpu_are_two_cpu_ranks_with_a_notice() -> None:
     cfg = build()
-    assert (cfg.world_size, cfg.device, cfg.backend) == (2, "cpu", "gloo")
-    assert cfg.notices and "procs=N" in cfg.notices[0]
+    assert (cfg.job.world_size, cfg.job.device, cfg.job.backend) == (2, "cpu", "gloo")
+    assert notices(cfg) and "procs=N" in notices(cfg)[0]
 
 
 def test_defaults_with_gpus_take_every_visible_gpu_and_nccl() -> None:
     cfg = build(visible=TWO_GPUS)
-    assert (cfg.world_size, cfg.device, cfg.backend, cfg.gpu_tokens) == (
+    assert (cfg.job.world_size, cfg.job.device, cfg.job.backend, cfg.job.gpu_tokens) == (
         2,
         "cuda",
         "nccl",
         ("4", "5"),
     )
-    assert not cfg.notices
+    assert not cfg.view.notices
 
 
 def test_gpu_ids_map_through_the_notebooks_visible_devices() -> None:
     cfg = build(visible=TWO_GPUS, gpus=[1])
-    assert cfg.gpu_tokens == ("5",)
-    assert cfg.rank_env(0, 1234)["CUDA_VISIBLE_DEVICES"] == "5"
+    assert cfg.job.gpu_tokens == ("5",)
+    assert rank_env(cfg, 0, 1234)["CUDA_VISIBLE_DEVICES"] == "5"
 
 
 BAD_INPUT = pytest.mark.parametrize(
@@ -102,7 +114,7 @@ def test_bad_input_is_a_one_line_error_that_says_what_to_do(
 
 def test_rank_env_has_the_torch_distributed_variables() -> None:
     cfg = build(procs=3, env={"EXTRA": "1"}, mixed_precision="BF16")
-    env = cfg.rank_env(2, 29999)
+    env = rank_env(cfg, 2, 29999)
     assert env["RANK"] == env["LOCAL_RANK"] == "2"
     assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
     assert (env["GROUP_RANK"], env["NODE_RANK"]) == ("0", "0")
@@ -114,12 +126,12 @@ def test_rank_env_has_the_torch_distributed_variables() -> None:
 
 
 def test_inherit_devices_leaves_cuda_visible_devices_alone() -> None:
-    env = build(procs=2, inherit_devices=True).rank_env(0, 1)
+    env = rank_env(build(procs=2, inherit_devices=True), 0, 1)
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
 def test_string_port_from_accelerate_signature_is_accepted() -> None:
-    assert build(port="29500").port == 29500
+    assert build(port="29500").job.port == 29500
 
 
 def test_cuda_visible_devices_parsing_follows_the_runtime() -> None:
@@ -142,14 +154,14 @@ def test_rank_threads_follow_env_then_the_notebook_then_the_cores(monkeypatch: A
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     shared = LaunchConfig.build(procs=2)
-    assert shared.threads == 4 and shared.rank_env(0, 1)["OMP_NUM_THREADS"] == "4"
+    assert shared.job.threads(2) == 4 and rank_env(shared, 0, 1)["OMP_NUM_THREADS"] == "4"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert LaunchConfig.build(procs=2).threads == 3
-    assert "OMP_NUM_THREADS" not in LaunchConfig.build(procs=2).rank_env(0, 1)  # the notebook's
+    assert LaunchConfig.build(procs=2).job.threads(2) == 3
+    assert "OMP_NUM_THREADS" not in rank_env(LaunchConfig.build(procs=2), 0, 1)  # the notebook's
     given = LaunchConfig.build(procs=2, env={"OMP_NUM_THREADS": "5"})
-    assert given.threads == 5 and given.rank_env(0, 1)["OMP_NUM_THREADS"] == "5"
+    assert given.job.threads(2) == 5 and rank_env(given, 0, 1)["OMP_NUM_THREADS"] == "5"
     odd = LaunchConfig.build(procs=2, env={"OMP_NUM_THREADS": "4,2"})  # nested OpenMP levels
-    assert odd.threads is None and odd.rank_env(0, 1)["OMP_NUM_THREADS"] == "4,2"
+    assert odd.job.threads(2) is None and rank_env(odd, 0, 1)["OMP_NUM_THREADS"] == "4,2"
 
 
 # -- env cannot override what nbddp sets ----------------------------------------
@@ -193,7 +205,7 @@ def test_every_variable_nbddp_sets_is_refused_unless_users_may_tune_it() -> None
         {"procs": 2, "inherit_devices": True, "host_store": False},
     ]
     for kwargs in launches:
-        sets = set(build(**kwargs).rank_env(0, 1))
+        sets = set(rank_env(build(**kwargs), 0, 1))
         assert {"RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} <= sets
         for key in sets - USER_MAY_SET:
             with pytest.raises(ConfigError, match=re.escape(f"env[{key!r}]: ")):
@@ -202,13 +214,13 @@ def test_every_variable_nbddp_sets_is_refused_unless_users_may_tune_it() -> None
 
 def test_env_keeps_what_users_may_set() -> None:
     env = {"OMP_NUM_THREADS": "3", "PYTHONUNBUFFERED": "0", "NCCL_DEBUG": "INFO", "EXTRA": "x"}
-    assert build(procs=2, env=env).rank_env(0, 1)["OMP_NUM_THREADS"] == "3"
+    assert rank_env(build(procs=2, env=env), 0, 1)["OMP_NUM_THREADS"] == "3"
     # Ranks that see the notebook's devices (spawn()) choose their own: nbddp sets none.
     inherit = build(procs=2, inherit_devices=True, env={"CUDA_VISIBLE_DEVICES": "1"})
-    assert inherit.rank_env(0, 1)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert rank_env(inherit, 0, 1)["CUDA_VISIBLE_DEVICES"] == "1"
     # Without the notebook hosting the store, its variable is not nbddp's either.
     store = build(procs=2, host_store=False, env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
-    assert store.rank_env(0, 1)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert rank_env(store, 0, 1)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
 def test_the_magics_and_the_panel_get_the_env_message_in_their_words() -> None:
@@ -231,7 +243,7 @@ def test_the_magics_and_the_panel_get_the_env_message_in_their_words() -> None:
 def messages(spelling: Spelling, **kwargs: object) -> str:
     """The error of ``build``, or else its notices, as one text."""
     try:
-        return " | ".join(build(spelling=spelling, **kwargs).notices)
+        return " | ".join(notices(build(spelling, **kwargs), spelling))
     except ConfigError as exc:
         return str(exc)
 
@@ -269,7 +281,7 @@ def test_too_many_gpus_says_what_each_entry_point_takes() -> None:
         (FLAGS, {"gpus": [], "visible": TWO_GPUS}, "or use --procs N for CPU"),
         (PANEL, {"port": 70000}, "Master port must be a number from 1 to 65535 (or leave"),
         (PANEL, {"timeout": -1}, "leave Timeout (s) empty for no limit"),
-        (KEYWORDS, {"timeout": -1}, "timeout must be positive (seconds), got -1; use None"),
+        (KEYWORDS, {"timeout": -1}, "timeout must be positive (seconds), got -1; use timeout=None"),
     ],
 )
 def test_messages_use_the_callers_spelling(
@@ -314,9 +326,9 @@ def test_fork_after_the_notebook_initialised_cuda_is_refused_before_any_start(
     with pytest.raises(ConfigError, match=r"--start-method fork cannot start GPU ranks"):
         build(visible=TWO_GPUS, start_method="fork", spelling=FLAGS)
     # CPU ranks never touch CUDA, and the other methods never fork this process.
-    assert build(procs=2, start_method="fork").start_method == "fork"
-    assert build(visible=TWO_GPUS, start_method="spawn").start_method == "spawn"
+    assert build(procs=2, start_method="fork").job.start_method == "fork"
+    assert build(visible=TWO_GPUS, start_method="spawn").job.start_method == "spawn"
     monkeypatch.setitem(
         sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))
     )
-    assert build(visible=TWO_GPUS, start_method="fork").start_method == "fork"
+    assert build(visible=TWO_GPUS, start_method="fork").job.start_method == "fork"

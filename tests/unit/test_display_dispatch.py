@@ -26,7 +26,7 @@ def config(**kw: object) -> LaunchConfig:
 
 def shown(config: LaunchConfig) -> object:
     """The display a launch of ``config`` gets, inside the guard every launch has."""
-    display = make_display(config)
+    display = make_display(config.view)
     assert isinstance(display, Guarded)
     return display.inner
 

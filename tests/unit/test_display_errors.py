@@ -11,7 +11,7 @@ import pytest
 from nbddp.display.guard import Guarded
 from nbddp.launcher.events import Done, MetricRows, Notice, RankState, StateChanged, Text
 from nbddp.launcher.run import Run, RunStatus
-from tests.unit.test_display_pump import FakeSource, RecordingDisplay
+from tests.unit.test_display_pump import CONFIG, FakeSource, RecordingDisplay
 
 
 class Broken(RecordingDisplay):
@@ -81,7 +81,7 @@ def test_a_display_error_is_reported_once_and_the_run_goes_on_as_text(
 ) -> None:
     job = FakeSource(tmp_path)
     display = Broken(where, MemoryError())
-    run = Run(job, Guarded(display, None))
+    run = Run(job, Guarded(display, None), CONFIG)
     finish(run, job)
     result = run.wait()
     assert result.failure is None and result.exit_codes == {0: 0, 1: 0}
@@ -101,7 +101,7 @@ def test_the_event_a_display_failed_on_is_shown_as_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = FakeSource(tmp_path)
-    run = Run(job, Guarded(Broken("output", OverflowError("too big")), None))
+    run = Run(job, Guarded(Broken("output", OverflowError("too big")), None), CONFIG)
     finish(run, job)
     run.wait()
     out, err = capsys.readouterr()
@@ -118,7 +118,7 @@ def test_when_the_text_display_fails_too_the_run_goes_on_without_one(
     monkeypatch.setattr("nbddp.display.text.TextDisplay._write", broken_write)
     job = FakeSource(tmp_path)
     guard = Guarded(Broken("output", RuntimeError("bad")), None)
-    run = Run(job, guard)
+    run = Run(job, guard, CONFIG)
     finish(run, job)
     result = run.wait()
     assert result.failure is None
@@ -135,7 +135,7 @@ def test_an_error_whose_message_cannot_be_made_is_still_reported(
             raise RuntimeError("no message")
 
     job = FakeSource(tmp_path)
-    run = Run(job, Guarded(Broken("output", Unsayable()), None))
+    run = Run(job, Guarded(Broken("output", Unsayable()), None), CONFIG)
     finish(run, job)
     run.wait()
     assert "nbddp: the display failed (Unsayable)" in capsys.readouterr().err
@@ -145,7 +145,7 @@ def test_a_notice_too_long_for_one_line_is_cut(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = FakeSource(tmp_path)
-    run = Run(job, Guarded(Broken("output", ValueError("v" * 100_000)), None))
+    run = Run(job, Guarded(Broken("output", ValueError("v" * 100_000)), None), CONFIG)
     job.events.put(Notice("hello"))
     finish(run, job)
     run.wait()
@@ -157,7 +157,7 @@ def test_a_notice_too_long_for_one_line_is_cut(
 def test_keyboard_interrupt_from_a_display_still_stops_the_ranks(tmp_path: Path) -> None:
     job = StoppableSource(tmp_path)
     job.status = RunStatus.INTERRUPTED
-    run = Run(job, Guarded(Broken("output", KeyboardInterrupt()), None))
+    run = Run(job, Guarded(Broken("output", KeyboardInterrupt()), None), CONFIG)
     job.events.put(Text(0, "stdout", "x\n"))
     with pytest.raises(KeyboardInterrupt):
         run.wait()
@@ -178,7 +178,7 @@ def test_anything_else_escaping_the_pump_stops_the_ranks_before_it_is_raised(
         return job.ended.wait(timeout)
 
     job.wait = failing_wait  # type: ignore[method-assign]
-    run = Run(job, RecordingDisplay())
+    run = Run(job, RecordingDisplay(), CONFIG)
     job.events.put(Text(0, "stdout", "x\n"))
     with pytest.raises(RuntimeError, match="the pump broke"):
         run.wait()

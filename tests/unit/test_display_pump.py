@@ -5,12 +5,12 @@ from __future__ import annotations
 import queue
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import nbddp
+from nbddp.launcher.config import JobSpec, LaunchConfig
 from nbddp.launcher.events import (
     Done,
     Failure,
@@ -24,6 +24,9 @@ from nbddp.launcher.events import (
     Text,
 )
 from nbddp.launcher.run import Run
+
+CONFIG = LaunchConfig(JobSpec(world_size=2, device="cpu", kill_grace=1.0))
+"""What a ``Run`` reads of its launch's options here: the grace to stop, no timeout."""
 
 
 class RecordingDisplay:
@@ -62,7 +65,6 @@ class FakeSource:
     def __init__(self, log_dir: Path) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.log_dir = log_dir
-        self.config = SimpleNamespace(kill_grace=1.0, timeout=None, shown_ranks=None)
         self.ended = threading.Event()
         self.root_cause: Failure | None = None
         self.status = RunStatus.DONE
@@ -83,7 +85,7 @@ class FakeSource:
 def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None:
     job = FakeSource(tmp_path)
     display = RecordingDisplay()
-    run = Run(job, display)
+    run = Run(job, display, CONFIG)
     assert display.attached == (tmp_path, 2)
     sent: list[RunEvent] = [Text(0, "stdout", f"line {i}\n") for i in range(100_000)]
     row = {"rank": 1, "step": 0, "time": 0.0, "x": 1.0}
@@ -109,7 +111,7 @@ def test_timeout_refreshes_then_raises(tmp_path: Path) -> None:
     display = RecordingDisplay()
     job.events.put(Text(0, "stdout", "partial"))
     with pytest.raises(TimeoutError):
-        Run(job, display).wait(timeout=0.01)
+        Run(job, display, CONFIG).wait(timeout=0.01)
     assert display.events == [("output", 0, "stdout", "partial")]
     assert display.refreshes >= 1
     assert not display.closed
@@ -122,7 +124,7 @@ def test_the_root_cause_and_outcomes_make_the_error_raised(tmp_path: Path) -> No
     job.status = RunStatus.FAILED
     job.events.put(Done())
     job.ended.set()
-    run = Run(job, None)
+    run = Run(job, None, CONFIG)
     with pytest.raises(nbddp.RankExitedError, match=r"rank 1 was killed by signal SIGSEGV") as info:
         run.wait()
     assert info.value.exit_code == -11 and info.value.rank == 1

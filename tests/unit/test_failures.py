@@ -216,13 +216,13 @@ def test_the_rank_that_raised_first_is_the_root_cause_whatever_order_its_news_ar
 def test_a_ranks_error_carries_when_it_reached_the_worker() -> None:
     import time
 
-    from nbddp.launcher.job import _monotonic
-    from nbddp.rank.worker import error_info
+    from nbddp.launcher.failures import local_time
+    from nbddp.rank.errors import error_info
 
     before = time.time()
     stamp = error_info(ValueError("boom")).raised_at
     assert stamp is not None and before <= stamp <= time.time()
     # On the notebook's monotonic clock: a second ago is a second ago, never in the future.
-    assert abs(_monotonic(time.time() - 1.0) - (time.monotonic() - 1.0)) < 0.05  # type: ignore[operator]
-    assert _monotonic(time.time() + 5.0) <= time.monotonic()  # type: ignore[operator]
-    assert _monotonic(None) is None
+    assert abs(local_time(time.time() - 1.0) - (time.monotonic() - 1.0)) < 0.05  # type: ignore[operator]
+    assert local_time(time.time() + 5.0) <= time.monotonic()  # type: ignore[operator]
+    assert local_time(None) is None

@@ -26,8 +26,8 @@ def test_a_nul_byte_in_an_env_value_is_a_config_error(method: str) -> None:
 
 
 def test_the_magics_name_the_nul_byte_in_their_words() -> None:
-    with pytest.raises(ConfigError, match="--env TOKEN="):
-        LaunchConfig.build(visible=NO_GPU, procs=2, env={"TOKEN": "\0"}, spelling=FLAGS)
+    with pytest.raises(ConfigError, match="--env TOKEN="), FLAGS.speaking():
+        LaunchConfig.build(visible=NO_GPU, procs=2, env={"TOKEN": "\0"})
 
 
 def test_a_variable_too_long_for_a_new_process_is_refused_for_spawn_only() -> None:
@@ -36,8 +36,8 @@ def test_a_variable_too_long_for_a_new_process_is_refused_for_spawn_only() -> No
         build(env=big, start_method="spawn")
     with pytest.raises(ConfigError, match="BIG"):
         LaunchConfig.build(visible=NO_GPU, procs=2, start_method="spawn", environ=big)
-    assert build(env=big, start_method="forkserver").env == big
-    assert build(env=big, start_method="fork").env == big
+    assert build(env=big, start_method="forkserver").job.env == big
+    assert build(env=big, start_method="fork").job.env == big
 
 
 def test_an_environment_too_large_in_all_for_a_new_process_is_refused_for_spawn() -> None:

@@ -14,7 +14,7 @@ from nbddp.wire.payload import Payload, load_call
 
 def _round_trip(*args: object) -> tuple[object, ...]:
     payload = Payload.serialize(print, args, {})
-    return load_call(payload.data, payload.fds).args
+    return load_call(payload.ref()).args
 
 
 def test_a_pipe_end_is_rebuilt_on_a_descriptor_of_its_own_that_reaches_the_same_pipe() -> None:

@@ -55,9 +55,13 @@ def test_valid_settings_build_the_launch_they_show() -> None:
         "mixed_precision": "bf16",
     }
     config = LaunchConfig.build(**options)
-    assert (config.world_size, config.start_method, config.timeout) == (3, "spawn", 90.0)
-    assert config.max_restarts == 2
-    assert config.env["A"] == "1"
+    assert (config.job.world_size, config.job.start_method, config.job.timeout) == (
+        3,
+        "spawn",
+        90.0,
+    )
+    assert config.job.max_restarts == 2
+    assert config.job.env["A"] == "1"
 
 
 @pytest.mark.parametrize(
@@ -155,7 +159,7 @@ def test_every_bad_field_is_reported_at_once_in_form_order() -> None:
 def test_validate_carries_the_config_exactly_when_there_are_no_errors() -> None:
     checked = replace(CPU, procs=3, timeout="5").validate()
     assert checked.errors == {} and checked.config is not None
-    assert (checked.config.world_size, checked.config.timeout) == (3, 5.0)
+    assert (checked.config.job.world_size, checked.config.job.timeout) == (3, 5.0)
     assert checked.options == {"procs": 3, "timeout": 5.0}
     bad = replace(CPU, port="http").validate()
     assert bad.config is None and list(bad.errors) == ["port"]
@@ -183,7 +187,7 @@ def test_the_panel_validates_once_per_change_and_launches_with_that_config(
     try:
         assert len(builds) == 1  # the form shown
         panel.view.procs.value = 3  # one change, one validation
-        assert len(builds) == 2 and builds[-1].world_size == 3
+        assert len(builds) == 2 and builds[-1].job.world_size == 3
         panel.code()
         with pytest.raises(RuntimeError, match="not started in this test"):
             panel.launch()

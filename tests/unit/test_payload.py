@@ -30,7 +30,7 @@ def test_round_trip_of_lambda_closure_and_local_class() -> None:
 
     payload = Payload.serialize(lambda a, b=1: Local(a + b).v, (2,), {"b": 3})
     assert payload.fds == ()
-    call = load_call(payload.data)
+    call = load_call(payload.ref())
     assert call.fn(*call.args, **call.kwargs) == 5
 
 

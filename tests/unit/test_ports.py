@@ -21,9 +21,7 @@ def test_busy_port_raises_or_falls_back_with_a_notice() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         busy = sock.getsockname()[1]
-        with pytest.raises(
-            ConfigError, match=f"port {busy} on 127.0.0.1 is in use; pass port=None"
-        ):
+        with pytest.raises(ConfigError, match=f"port {busy} on 127.0.0.1 is in use; use port=None"):
             choose_port("127.0.0.1", busy, fallback=False)
         port, notice = choose_port("127.0.0.1", busy, fallback=True)
     assert port != busy

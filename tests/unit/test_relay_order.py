@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from nbddp.forkserver.keeper import STATUS
 from nbddp.launcher.relay import RankPipes, Relay
-from nbddp.launcher.starters import STATUS
 from nbddp.wire import protocol
 
 

@@ -99,8 +99,8 @@ def test_a_session_cell_may_set_its_own_timeout_and_output_only() -> None:
     runner, session = _runner_with({"procs": 2})
     session._job = _Alive()  # type: ignore[assignment]
     config = runner.session_cell_config(session, {"timeout": 5, "output": "rank0"}, init=True)
-    assert (config.timeout, config.output, config.world_size) == (5, "rank0", 2)
-    assert runner.session_cell_config(session, {"procs": 2}, init=True).world_size == 2
+    assert (config.job.timeout, config.view.output, config.job.world_size) == (5, "rank0", 2)
+    assert runner.session_cell_config(session, {"procs": 2}, init=True).job.world_size == 2
     with pytest.raises(CellError, match=r"--procs 3: this cell's options differ .*\(--procs 2\)"):
         runner.session_cell_config(session, {"procs": 3}, init=True)
     with pytest.raises(CellError, match="--no-init"):

@@ -45,7 +45,7 @@ def test_payload_carries_the_descriptors() -> None:
     big = torch.ones(1 << 20)
     payload = Payload.serialize(lambda t: float(t.sum()), (big,), {})
     assert len(payload.fds) == 1
-    call = load_call(payload.data, [os.dup(payload.fds[0])])
+    call = load_call(payload.ref())
     assert call.fn(*call.args) == float(1 << 20)
 
 
@@ -81,7 +81,7 @@ def test_array_descriptors_close_with_the_payload() -> None:
     payload = Payload.serialize(lambda a: float(a.sum()), (np.ones(1 << 18),), {})
     (fd,) = payload.fds
     made = os.fstat(fd)  # open while the payload lives
-    call = load_call(payload.data, [os.dup(fd)])
+    call = load_call(payload.ref())
     assert call.fn(*call.args) == float(1 << 18)
     del payload, call
     gc.collect()

@@ -60,7 +60,8 @@ class Panel:
         if not callable(fn):
             raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
         # Why here too: no panel for a call that cannot bind (Launch checks it again).
-        check_call(fn, tuple(args), dict(kwargs or {}), PANEL)
+        with PANEL.speaking():
+            check_call(fn, tuple(args), dict(kwargs or {}))
         self.fn = fn
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
@@ -160,9 +161,10 @@ class Panel:
                 self.view.show_errors(checked.errors)
                 raise ConfigError(_describe(checked.errors))
             config = checked.config
-            self.view.start_run(config.world_size)
+            self.view.start_run(config.job.world_size)
             feed = PanelFeed(self.view, tail=self.tail)
-            run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
+            with PANEL.speaking():
+                run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
             self.run = run
             self.view.show_run_state(RunStatus.RUNNING)
             self.view.set_running(True, can_launch=False)

@@ -3,7 +3,7 @@
 Contract: ``PanelSettings`` holds what the form's fields hold, as the user
 typed it (text fields stay text). ``validate()`` checks the form once: it
 parses the text fields (a port, seconds, ``NAME=VALUE`` lines), checks each
-field's option with the config's own check (``config.check_option``), then
+field's option with the config's own check (``checks.check_option``), then
 builds the ``LaunchConfig``; a message maps to its field, or to ``launch``
 when only the combination is wrong. Its errors are empty exactly when it
 carries the config, which is the one the panel launches. The form's own
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.config import LaunchConfig, check_option
+from nbddp.launcher.checks import check_option
+from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
 from nbddp.launcher.spelling import PANEL
 
@@ -117,7 +118,8 @@ class PanelSettings:
         options, errors = self._parse()
         for name, value in options.items():
             try:
-                check_option(name, value, PANEL)
+                with PANEL.speaking():
+                    check_option(name, value)
             except ConfigError as exc:
                 errors[name] = str(exc)
         if errors:
@@ -126,7 +128,8 @@ class PanelSettings:
                 dict(sorted(errors.items(), key=lambda e: order.index(e[0]))), options, None
             )
         try:
-            config = LaunchConfig.build(spelling=PANEL, **options)
+            with PANEL.speaking():
+                config = LaunchConfig.build(**options)
         except ConfigError as exc:
             return Validated({"launch": str(exc)}, options, None)
         return Validated({}, options, config)

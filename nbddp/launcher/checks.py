@@ -1,0 +1,276 @@
+"""Each launch option's value, checked on its own, before any process starts.
+
+Contract: ``Values.check(options)`` returns every option of
+``options.LaunchOptions`` as its checked, typed value, or raises
+``OptionError`` (``launcher.spelling``) for the first that is wrong in
+itself: the option, its value, and a one-line message in the words of
+whichever entry point shows it, saying what is wrong and what to do.
+``check_option(name, value)`` is the same check of one option (the panel
+checks each field with it). What only a combination shows (gpus and procs,
+GPUs that are not visible) is ``config.LaunchConfig.build``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+from nbddp.launcher.options import (
+    DEFAULTS,
+    OPTIONS,
+    Backend,
+    LaunchOptions,
+    MixedPrecision,
+    StartMethod,
+)
+from nbddp.launcher.options import Output as OutputChoice
+from nbddp.launcher.raycluster import RayCluster, as_cluster
+from nbddp.launcher.spelling import OptionError
+
+S = TypeVar("S", bound=str)
+
+
+@dataclass(frozen=True)
+class Values:
+    """Every launch option's value, each checked on its own."""
+
+    gpus: int | tuple[int, ...] | None
+    procs: int | None
+    start_method: StartMethod
+    port: int | None
+    master_addr: str
+    timeout: float | None
+    env: dict[str, str]
+    mixed_precision: MixedPrecision
+    backend: Backend | None
+    init_process_group: bool
+    max_restarts: int
+    output: OutputChoice
+    tail: int
+    nodes: int
+    cluster: RayCluster | None
+
+    @classmethod
+    def check(cls, options: LaunchOptions) -> Values:
+        """Raise ``OptionError`` for the first option whose value is wrong in itself."""
+        procs, backend = options["procs"], options["backend"]
+        return cls(
+            gpus=gpu_request(options["gpus"]),
+            procs=None if procs is None else positive_int("procs", procs),
+            start_method=choice("start_method", options["start_method"]),
+            port=port(options["port"]),
+            master_addr=master_addr(options["master_addr"]),
+            timeout=seconds("timeout", options["timeout"]),
+            env=environment(options["env"]),
+            mixed_precision=choice("mixed_precision", _lower(options["mixed_precision"])),
+            backend=None if backend is None else choice("backend", backend),
+            init_process_group=bool(options["init_process_group"]),
+            max_restarts=restarts(options["max_restarts"]),
+            output=choice("output", options["output"]),
+            tail=tail(options["tail"]),
+            nodes=positive_int("nodes", options["nodes"]),
+            cluster=cluster(options["cluster"]),
+        )
+
+
+def check_option(name: str, value: object) -> None:
+    """Raise ``OptionError`` if ``value`` is wrong for option ``name`` in itself (whatever
+    the other options are); ``LaunchConfig.build`` may still refuse a combination."""
+    if name not in OPTIONS:
+        raise ValueError(f"no launch option is named {name!r}")
+    Values.check(cast(LaunchOptions, {**DEFAULTS, name: value}))
+
+
+def positive_int(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(
+            option,
+            value,
+            lambda s: f"{s.name(option)} must be a positive whole number, got {value!r}",
+        )
+    if value < 1:
+        raise OptionError(
+            option, value, lambda s: f"{s.name(option)} must be at least 1, got {value}"
+        )
+    return value
+
+
+def gpu_request(gpus: object) -> int | tuple[int, ...] | None:
+    """A GPU count, or GPU ids (notebook ordinals), as far as they can be checked alone."""
+    if gpus is None:
+        return None
+    if isinstance(gpus, str):
+        raise OptionError(
+            "gpus",
+            gpus,
+            lambda s: (
+                f"{s.name('gpus')} must be a count or a list of GPU ids such as "
+                f"{s.given('gpus', [0, 1])}, got the string {gpus!r}"
+            ),
+        )
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        return positive_int("gpus", gpus)
+    if not isinstance(gpus, Iterable):
+        raise OptionError(
+            "gpus",
+            gpus,
+            lambda s: f"{s.name('gpus')} must be a count or a list of GPU ids, got {gpus!r}",
+        )
+    ids = list(gpus)
+    if not ids:
+        raise OptionError(
+            "gpus",
+            ids,
+            lambda s: (
+                f"{s.given('gpus', [])} selects no GPU; give at least one id, "
+                f"or use {s.hole('procs', 'N')} for CPU"
+            ),
+        )
+    for gid in ids:
+        _gpu_id(ids, gid)
+    if len(set(ids)) != len(ids):
+        raise OptionError("gpus", ids, lambda s: f"{s.name('gpus')} lists a GPU twice: {ids}")
+    return tuple(ids)
+
+
+def _gpu_id(ids: list[object], gid: object) -> None:
+    if isinstance(gid, bool) or not isinstance(gid, int) or gid < 0:
+        raise OptionError(
+            "gpus", ids, lambda s: f"GPU ids must be non-negative whole numbers, got {gid!r}"
+        )
+
+
+def choice(option: str, value: S) -> S:
+    """``value`` if it is one of option ``option``'s choices (its ``Literal`` type)."""
+    allowed = OPTIONS[option].choices
+    if value not in allowed:
+        raise OptionError(
+            option,
+            value,
+            lambda s: f"unknown {s.name(option)} {value!r}; choose one of {', '.join(allowed)}",
+        )
+    return value
+
+
+def _lower(value: S) -> S:
+    # "BF16" means bf16 (accelerate accepts either case).
+    return cast(S, value.lower()) if isinstance(value, str) else value
+
+
+def tail(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        raise OptionError(
+            "tail",
+            value,
+            lambda s: (
+                f"{s.given('tail', value)} shows nothing; use {s.given('tail', 1)} or "
+                f"more ({s.given('output', 'none')} hides)"
+            ),
+        )
+    return positive_int("tail", value)
+
+
+def restarts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(
+            "max_restarts",
+            value,
+            lambda s: (
+                f"{s.name('max_restarts')} must be a whole number of restarts (0 or "
+                f"more), got {value!r}"
+            ),
+        )
+    return value
+
+
+def master_addr(addr: object) -> str:
+    if not isinstance(addr, str) or not addr.strip():
+        raise OptionError(
+            "master_addr",
+            addr,
+            lambda s: f"{s.name('master_addr')} must be a host name or IP address, got {addr!r}",
+        )
+    return addr.strip()
+
+
+def port(value: object) -> int | None:
+    if value is None:
+        return None
+    number = int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= 65535:
+        raise OptionError(
+            "port",
+            value,
+            lambda s: (
+                f"{s.name('port')} must be a number from 1 to 65535 "
+                f"(or {s.unset('port')} for any), got {value!r}"
+            ),
+        )
+    return number
+
+
+def environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise OptionError(
+            "env",
+            env,
+            lambda s: f"{s.name('env')} must be a dict of strings, got {type(env).__name__}",
+        )
+    return {key: _env_entry(env, key, value) for key, value in env.items()}
+
+
+def _env_entry(env: Mapping[str, object], key: object, value: object) -> str:
+    """One variable of the ``env`` option: its value as a string."""
+    if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+        raise OptionError(
+            "env",
+            env,
+            lambda s: f"{s.name('env')} keys must be non-empty strings without '=', got {key!r}",
+        )
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise OptionError(
+            "env",
+            env,
+            lambda s: f"{s.env_entry(key, '...')} must be a string, got {type(value).__name__}",
+        )
+    if "\0" in str(value):
+        raise OptionError(
+            "env",
+            env,
+            lambda s: (
+                f"{s.env_entry(key, '...')} contains a NUL byte, which no environment "
+                "variable can hold; remove it (pass binary data in a file instead)"
+            ),
+        )
+    return str(value)
+
+
+def seconds(option: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise OptionError(
+            option, value, lambda s: f"{s.name(option)} must be a number of seconds, got {value!r}"
+        )
+    if value <= 0:
+        raise OptionError(
+            option,
+            value,
+            lambda s: (
+                f"{s.name(option)} must be positive (seconds), got {value}; "
+                f"{s.unset(option)} for no limit"
+            ),
+        )
+    return float(value)
+
+
+def cluster(value: object) -> RayCluster | None:
+    try:
+        return as_cluster(value)
+    except ValueError as exc:
+        reason = str(exc)
+        raise OptionError("cluster", value, lambda s: f"{s.name('cluster')} {reason}") from None

@@ -1,0 +1,117 @@
+"""Starting a job's ranks: each one's link, pipes and order, asked for side by side.
+
+Contract: ``starter(spec, ranks)`` starts ``ranks`` ranks of ``spec`` on this
+machine by its start method (``starters``, ``forkserver_link``).
+``order(spec, node, rank, env, call)`` is the ``RunOrder`` of
+``node``'s ``rank``-th rank (its typed place, environment and call).
+``ask(start, order)`` makes the rank's link (a socketpair) and its stdout and
+stderr pipes, keeps the notebook's ends (``NOTEBOOK_FDS``) and asks the
+starter for the process, without waiting for it; ``Asked.take()`` then waits
+for its pid and returns the notebook's ends as ``RankPipes``. Asking for every
+rank before taking any lets their forks go on side by side. Until it is
+taken, ``Asked.give_up()`` releases everything: a process started for it
+finds its link closed and ends.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+from nbddp.launcher.config import JobSpec, NodeSlice
+from nbddp.launcher.fds import NOTEBOOK_FDS
+from nbddp.launcher.forkserver_link import FORKSERVER, ForkserverLaunch, pool_request
+from nbddp.launcher.relay import RankPipes
+from nbddp.launcher.starters import ChildFds, ForkStarter, SpawnStarter, Starter, Starting
+from nbddp.wire.protocol import CallRef, Placement, RunOrder
+
+
+def starter(spec: JobSpec, ranks: int) -> Starter:
+    """The starter of ``spec``'s start method, for ``ranks`` ranks on this machine."""
+    method = spec.start_method
+    if method == "forkserver":
+        return ForkserverLaunch(FORKSERVER, pool_request(spec, ranks))
+    if method == "spawn":
+        return SpawnStarter()
+    if method == "fork":
+        return ForkStarter()
+    raise ValueError(f"unknown start method {method!r}")
+
+
+def order(
+    spec: JobSpec, node: NodeSlice, rank: int, env: dict[str, str], call: CallRef
+) -> RunOrder:
+    """What ``node``'s ``rank``-th rank is told to do (see module contract)."""
+    place = Placement(
+        rank=node.first_rank + rank,
+        local_rank=rank,
+        world_size=spec.world_size,
+        local_world_size=node.ranks,
+        device=spec.device,
+        cuda_index=rank if spec.device == "cuda" else None,
+    )
+    return RunOrder(
+        place=place,
+        env=env,
+        call=call,
+        sys_path=list(sys.path),
+        cwd=os.getcwd(),
+        backend=spec.backend,
+        init_process_group=spec.init_process_group,
+        threads=spec.threads(node.ranks),
+    )
+
+
+@dataclass
+class Asked:
+    """A rank asked of the starter, not yet taken: the notebook's ends of its fds."""
+
+    order: RunOrder
+    ours: socket.socket
+    out_r: int
+    err_r: int
+    starting: Starting | None = None
+
+    def take(self) -> tuple[int, RankPipes]:
+        """Wait for the rank's pid; from then on its fds are the caller's."""
+        starting, self.starting = self.starting, None  # child() releases its own if it raises
+        assert starting is not None
+        try:
+            child = starting.child()
+        except BaseException:
+            self.give_up()
+            raise
+        NOTEBOOK_FDS.keep(child.status_fd)
+        return child.pid, RankPipes(self.out_r, self.err_r, self.ours, child.status_fd)
+
+    def give_up(self) -> None:
+        """Close the notebook's ends: a worker started for this rank (the forkserver
+        may fork it later) finds its link closed, so it knows no order will come."""
+        if self.starting is not None:
+            self.starting.abandon()
+        for fd in (self.ours.fileno(), self.out_r, self.err_r):
+            NOTEBOOK_FDS.release(fd)
+        self.ours.close()
+        os.close(self.out_r)
+        os.close(self.err_r)
+
+
+def ask(start: Starter, run: RunOrder) -> Asked:
+    """Ask ``start`` for the process of the rank ``run`` is for (see module contract)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    NOTEBOOK_FDS.keep(ours.fileno(), out_r, err_r)
+    asked = Asked(run, ours, out_r, err_r)
+    try:
+        asked.starting = start.start(ChildFds(theirs.fileno(), out_w, err_w), run.env)
+    except BaseException:
+        asked.give_up()
+        raise
+    finally:
+        theirs.close()
+        os.close(out_w)
+        os.close(err_w)
+    return asked
