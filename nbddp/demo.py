@@ -52,7 +52,7 @@ def load_data() -> Digits:
     )
 
 
-def train(data: Digits, epochs: int, lr: float, batch_size: int) -> dict[str, Any]:
+def train(data: Digits, epochs: int, lr: float, batch_size: int) -> dict[str, object]:
     """One rank's training: DDP over a DistributedSampler; returns test metrics."""
     import torch.distributed as dist
     from torch import nn

@@ -40,7 +40,7 @@ from nbddp.launcher.run import Run
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import Spelling, spoken
 from nbddp.rank.calls import WithRank
-from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Payload
+from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Args, Fn, Kwargs, Payload
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -94,9 +94,9 @@ def guarded(display: Display, view: ViewSpec) -> Display:
 
 def start_run(
     config: LaunchConfig,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fn: Fn,
+    args: Args,
+    kwargs: Kwargs,
 ) -> Run:
     """Serialise the call, start the job and return its handle (the shared core)."""
     return start_with_display(config, fn, args, kwargs, make_display(config.view))
@@ -104,9 +104,9 @@ def start_run(
 
 def start_with_display(
     config: LaunchConfig,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fn: Fn,
+    args: Args,
+    kwargs: Kwargs,
     display: Display | None,
 ) -> Run:
     """``start_run`` with a display of the caller's (the panel's widgets).
@@ -233,8 +233,8 @@ def launch(
 
 
 def notebook_launcher(
-    function: Callable[..., Any],
-    args: tuple[Any, ...] = (),
+    function: Callable[..., object],
+    args: Args = (),
     num_processes: int | None = None,
     mixed_precision: str = "no",
     use_port: str | int = "29500",
@@ -243,7 +243,7 @@ def notebook_launcher(
     num_nodes: int = 1,
     rdzv_backend: str = "static",
     rdzv_endpoint: str = "",
-    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_conf: dict[str, object] | None = None,
     rdzv_id: str = "none",
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
@@ -293,8 +293,8 @@ def notebook_launcher(
 
 
 def spawn(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...] = (),
+    fn: Fn,
+    args: Args = (),
     nprocs: int = 1,
     join: bool = True,
     daemon: bool = False,

@@ -1,4 +1,6 @@
-"""Shared fixtures. Every test that starts processes checks that none is left.
+"""Shared fixtures. Every test that starts processes checks that none is left: the
+directories whose tests start them (multiproc, kernel, browser, gpu) make
+``no_leftovers`` autouse in their own conftest.
 
 ``NBDDP_TEST_SESSION`` is set before nbddp is imported, so the forkserver, the
 workers and any kernel a test starts all carry it (see ``tests/procs.py``).
@@ -42,11 +44,3 @@ def no_leftovers() -> Iterator[None]:
 
 def pytest_unconfigure() -> None:
     shutil.rmtree(LOG_DIR, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Tests under multiproc/, kernel/, browser/ and gpu/ start processes: all get the check.
-    for item in items:
-        path = str(item.path)
-        if any(part in path for part in ("/multiproc/", "/kernel/", "/browser/", "/gpu/")):
-            item.fixturenames.insert(0, "no_leftovers")

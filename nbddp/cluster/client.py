@@ -27,10 +27,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import IO
 
 from nbddp.cluster import nodes
 from nbddp.cluster.agent import Batch
+from nbddp.cluster.nodes import Ray
 from nbddp.cluster.portable import ShippedError, land_error, land_value, ship_payload
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import (
@@ -65,7 +66,7 @@ class _Node:
     """What the notebook knows of one node's agent."""
 
     index: int
-    handle: Any
+    handle: Ray
     address: str
     ranks: range
     ended: bool = False
@@ -322,7 +323,7 @@ class ClusterJob:
         self.events.put(Done())
 
 
-def _get(ray: Any, refs: Any, timeout: float) -> Any:
+def _get(ray: Ray, refs: Ray, timeout: float) -> Ray:
     """``ray.get``, raising what the agent raised itself (a busy port, a worker that
     could not start) rather than Ray's wrapper of it."""
     from ray.exceptions import RayTaskError

@@ -44,8 +44,11 @@ sometimes exits at once with nothing in its logs ("Starting Ray client server
 failed"; seen on this project's 2-core CI machine about one first connection in
 several); the proxy starts a fresh one for each new connection."""
 
+Ray = Any
+"""Ray ships no types: its module, actor handles, placement groups and node records."""
 
-def import_ray() -> Any:
+
+def import_ray() -> Ray:
     """ray, or a ``ConfigError`` that says how to install it."""
     try:
         import ray
@@ -60,7 +63,7 @@ def import_ray() -> Any:
 _connected: str | None = None  # the address this process is a driver of
 
 
-def connect(cluster: RayCluster) -> Any:
+def connect(cluster: RayCluster) -> Ray:
     """Be a driver of ``cluster``; ray (see module contract)."""
     global _connected
     ray = import_ray()
@@ -84,7 +87,7 @@ def connect(cluster: RayCluster) -> Any:
     return ray
 
 
-def _init(ray: Any, cluster: RayCluster) -> None:
+def _init(ray: Ray, cluster: RayCluster) -> None:
     """``ray.init`` for ``cluster``, tried again when Ray Client's server could not
     start this connection's server (``CLIENT_START_TRIES``)."""
     for attempt in range(1, CLIENT_START_TRIES + 1):
@@ -126,8 +129,8 @@ class Agents:
 
     shape: tuple[str, int, int, int]
     """(cluster address, nodes, GPUs per node, CPUs per node): what they were placed for."""
-    group: Any
-    handles: list[Any]
+    group: Ray
+    handles: list[Ray]
     infos: list[NodeInfo]
 
 
@@ -150,7 +153,7 @@ def place(config: LaunchConfig) -> Agents:
     return _kept
 
 
-def _alive(ray: Any, agents: Agents) -> bool:
+def _alive(ray: Ray, agents: Agents) -> bool:
     """Every kept agent still answers (one round trip each, in parallel)."""
     with contextlib.suppress(Exception):
         pings = [h.__ray_ready__.remote() for h in agents.handles]
@@ -161,7 +164,7 @@ def _alive(ray: Any, agents: Agents) -> bool:
     return False
 
 
-def _check_fits(ray: Any, config: LaunchConfig, gpus: int) -> None:
+def _check_fits(ray: Ray, config: LaunchConfig, gpus: int) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     fit = [n for n in nodes if _has(n, "GPU") >= gpus and _has(n, "CPU") >= 1]
     if len(fit) >= config.nodes:
@@ -184,11 +187,11 @@ def _check_fits(ray: Any, config: LaunchConfig, gpus: int) -> None:
     )
 
 
-def _has(node: dict[str, Any], resource: str) -> float:
+def _has(node: Ray, resource: str) -> float:
     return float(node.get("Resources", {}).get(resource, 0.0))
 
 
-def _new_agents(ray: Any, shape: tuple[str, int, int, int]) -> Agents:
+def _new_agents(ray: Ray, shape: tuple[str, int, int, int]) -> Agents:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

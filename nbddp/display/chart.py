@@ -27,7 +27,8 @@ import html
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from nbddp.wire.protocol import MetricRow
 
 PALETTE = (
     "#1f77b4",
@@ -92,19 +93,19 @@ class MetricHistory:
         self.max_points = max_points
         self._series: dict[str, dict[int, _Series]] = {}
         self._rows: dict[int, int] = {}
-        self.last: dict[int, dict[str, Any]] = {}
+        self.last: dict[int, MetricRow] = {}
         """Each rank's latest row."""
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: MetricRow) -> None:
         """Record one metric row."""
         self.add_many((row,))
 
-    def add_many(self, rows: Iterable[dict[str, Any]]) -> None:
+    def add_many(self, rows: Iterable[MetricRow]) -> None:
         """Record metric rows, in order (as ``add`` of each; ranks log a row per step,
         so this loop is kept free of calls per value)."""
         series, counts, last, max_points = self._series, self._rows, self.last, self.max_points
         for row in rows:
-            rank = int(row.get("rank", 0))
+            rank = int(row.get("rank") or 0)
             last[rank] = row
             count = counts.get(rank, 0)
             counts[rank] = count + 1
@@ -211,7 +212,7 @@ def chart_text(history: MetricHistory) -> str:
     )
 
 
-def metric_summary(row: dict[str, Any]) -> str:
+def metric_summary(row: MetricRow) -> str:
     """``step 40 loss=0.1234 acc=0.91``: a row in one short line (see module contract)."""
     parts = []
     size = 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from nbddp.display.text import TextDisplay
 from nbddp.launcher.display import Display
+from nbddp.wire.protocol import MetricRow
 
 MAX_ERROR_TEXT = 200  # characters of an error's message in its one-line report
 
@@ -49,7 +50,7 @@ class Guarded:
         """As the display's."""
         self._call("state", rank, state)
 
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
+    def metric(self, rank: int, row: MetricRow) -> None:
         """As the display's."""
         self._call("metric", rank, row)
 

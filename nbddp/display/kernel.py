@@ -35,6 +35,7 @@ from typing import Any, Protocol, TextIO
 from nbddp.display.chart import chart_html, chart_text
 from nbddp.display.model import RankModel, RunModel
 from nbddp.display.style import STATE_COLORS
+from nbddp.wire.protocol import MetricRow
 
 Bundle = dict[str, str]
 
@@ -89,7 +90,7 @@ class KernelDisplay:
     # and per metric row, and a forwarding method would add a call to each.
     output: Callable[[int, str, str], None]
     state: Callable[[int, str], None]
-    metric: Callable[[int, dict[str, Any]], None]
+    metric: Callable[[int, MetricRow], None]
 
     def __init__(
         self,

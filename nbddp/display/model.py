@@ -26,13 +26,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from nbddp.display.chart import MetricHistory, metric_summary
 from nbddp.display.ratelimit import RateLimiter
 from nbddp.display.screen import Screen
 from nbddp.launcher.events import RankState
 from nbddp.launcher.logs import rank_log
+from nbddp.wire.protocol import MetricRow
 
 # A state's name -> its member (members hash as their names, so they find
 # themselves): a dict lookup, where ``RankState(name)`` costs ten times more.
@@ -74,7 +74,7 @@ class RankModel:
         self.started_at = started_at
         self.ended_at: float | None = None
         """When it was first seen in an ended state."""
-        self.metric: dict[str, Any] | None = None
+        self.metric: MetricRow | None = None
         """Its latest metric row."""
         self.dirty = True
         """Something of this rank changed since it was last drawn."""
@@ -138,7 +138,7 @@ class RunModel:
         """Metric rows arrived since the chart was last drawn."""
         self.log_dir: Path | None = None
         self._history = MetricHistory()
-        self._new_rows: list[dict[str, Any]] = []  # not yet in ``_history``
+        self._new_rows: list[MetricRow] = []  # not yet in ``_history``
 
     # -- events (record only) ------------------------------------------------
 
@@ -163,7 +163,7 @@ class RunModel:
             entry.ended_at = self.clock()
         entry.dirty = True
 
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
+    def metric(self, rank: int, row: MetricRow) -> None:
         """Record a metric row: the rank's latest, and one more for the chart."""
         self._new_rows.append(row)
         entry = self.ranks.get(rank) or self.rank(rank)

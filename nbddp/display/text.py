@@ -32,12 +32,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from nbddp.display.chart import metric_summary
 from nbddp.display.ratelimit import RateLimiter
 from nbddp.display.screen import strip_cursor_codes
 from nbddp.launcher.logs import rank_log
+from nbddp.wire.protocol import MetricRow
 
 TEXT_WIDTH = 10_000
 """Characters of one line the text display writes; the rest is in the rank's log."""
@@ -181,7 +182,7 @@ class TextDisplay:
         self._clock = clock
         self._metric_interval = metric_interval
         self._metric_limiters: dict[int, RateLimiter] = {}
-        self._pending_metrics: dict[int, dict[str, Any]] = {}
+        self._pending_metrics: dict[int, MetricRow] = {}
         self._progress_limiter = RateLimiter(progress_interval, clock)
         self._progress_limiter.fire()  # the first snapshot after one interval
         self._progress_shown: dict[tuple[int, str], str] = {}
@@ -214,7 +215,7 @@ class TextDisplay:
     def state(self, rank: int, state: str) -> None:
         """Rank state changes are not shown as text (errors are raised instead)."""
 
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
+    def metric(self, rank: int, row: MetricRow) -> None:
         """Print ``row`` as one line, or keep it until the rank's rate limit allows."""
         if self._ranks is not None and rank not in self._ranks:
             return

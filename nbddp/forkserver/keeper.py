@@ -1,9 +1,9 @@
 """The keeper: the parent of a rank, so that nothing the rank starts outlives it.
 
 Contract: every rank's parent is a keeper, whatever the start method. A
-keeper leads a session of its own, is a child subreaper, forks the rank
-(which leads its own session too and runs ``worker.run_forked`` on the
-rank's ctrl, out and err fds), writes the rank's pid to ``status_w`` (8
+keeper leads a process group of its own (``setsid``), is a child subreaper,
+forks the rank (which leads its own process group too, and runs
+``worker.run_forked`` on the rank's ctrl, out and err fds), writes the rank's pid to ``status_w`` (8
 bytes, ``STATUS``), and reaps every orphan of the rank's tree that is
 re-parented to it (``setsid`` daemons, double forks). When the rank has
 exited it SIGKILLs every descendant left, reaps them, and writes the rank's
@@ -49,7 +49,9 @@ STATUS = struct.Struct("!q")
 """A pid, then an exit code: the frames a keeper writes to its status fd."""
 KEEPER_NAME = "nbddp-keeper"
 IDLE_NAME = "nbddp-idle"
-"""A free keeper, and an idle worker."""
+"""A free keeper, and an idle worker once it is ready."""
+WARMING_NAME = "nbddp-warming"
+"""An idle worker until it is ready: it has closed what is its keeper's."""
 WORKER_NAME = "nbddp-worker"
 """A rank until it knows its number (then ``nbddp-rank<N>``)."""
 RUN, WARM, FREE = b"R", b"W", b"F"
@@ -58,8 +60,8 @@ RANK_FDS = 4
 
 
 def detach(close: Collection[int]) -> None:
-    """First steps of a forked child: lead its own session, close the parent's fds in
-    ``close``, and take default signal handling."""
+    """First steps of a forked child: lead its own process group (``setsid``), close
+    the parent's fds in ``close``, and take default signal handling."""
     os.setsid()
     for fd in close:
         with contextlib.suppress(OSError):
@@ -89,7 +91,7 @@ def keep(run_rank: Callable[[], NoReturn], status_w: int, rank_fds: Collection[i
 
 def spawned_main() -> NoReturn:
     """A spawned keeper: ``python -c ... CTRL OUT ERR STATUS_W`` (the spawn starter),
-    in a new session, its stdio the notebook's."""
+    leading its own process group, its stdio the notebook's."""
     ctrl, out, err, status_w = (int(arg) for arg in sys.argv[-4:])
     keep(lambda: _run_rank(ctrl, out, err), status_w, (ctrl, out, err))
 
@@ -241,9 +243,12 @@ def _start_rank(idle: tuple[int, socket.socket] | None, link: socket.socket, fds
 
 
 def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
-    """Fork an idle worker, which waits for a rank's ctrl, out and err fds; (pid, link)."""
+    """Fork an idle worker, which waits for a rank's ctrl, out and err fds; (pid, link).
+    Named ``WARMING_NAME`` from the fork (the keeper too, for that instant) until it has
+    closed what is its keeper's."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     keeper = os.getpid()
+    prctl.set_name(WARMING_NAME)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the idle worker
 
@@ -264,6 +269,7 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
         theirs.close()
         prctl.outlive_parent()  # from now on a rank: its link to the notebook decides
         _rank_on(*fds)
+    prctl.set_name(IDLE_NAME)
     theirs.close()
     return pid, ours
 

@@ -9,7 +9,9 @@ and must be cheap; drawing that can be batched belongs in ``refresh``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from nbddp.wire.protocol import MetricRow
 
 
 class Display(Protocol):
@@ -27,7 +29,7 @@ class Display(Protocol):
     def state(self, rank: int, state: str) -> None:
         """``rank`` is now running, done, failed or stopped."""
 
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
+    def metric(self, rank: int, row: MetricRow) -> None:
         """A row ``rank`` sent with ``nbddp.log``."""
 
     def refresh(self) -> float | None:

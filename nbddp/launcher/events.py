@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Literal
 
 from nbddp.wire.descriptors import Packed
-from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.protocol import ErrorInfo, MetricRow
 
 
 class _Word(str, Enum):
@@ -89,7 +89,7 @@ class MetricRows:
     """Rows ``rank`` sent with ``nbddp.log``, in the order it logged them."""
 
     rank: int
-    rows: tuple[dict[str, Any], ...]
+    rows: tuple[MetricRow, ...]
 
 
 @dataclass(frozen=True)

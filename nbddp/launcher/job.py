@@ -37,7 +37,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from threading import Event
-from typing import Any
 
 from nbddp.launcher import launching
 from nbddp.launcher.config import JobSpec, NodeSlice
@@ -62,7 +61,7 @@ from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import STACKS_SIGNAL, CallRef, RunOrder
+from nbddp.wire.protocol import STACKS_SIGNAL, Body, CallRef, RunOrder
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
@@ -219,7 +218,7 @@ class Job:
         """Forward output to the event queue."""
         self._route(Text(rank, stream, text))
 
-    def on_message(self, rank: int, kind: str, body: Any) -> None:
+    def on_message(self, rank: int, kind: str, body: Body) -> None:
         """Handle a worker message (``protocol``: its body's type depends on ``kind``)."""
         record = self._ranks[rank]
         if kind == "started":
@@ -316,7 +315,7 @@ class Job:
         """Hand ``event`` to the run's reader: ``events``."""
         self.events.put(event)
 
-    def _message(self, rank: int, kind: str, body: Any) -> None:
+    def _message(self, rank: int, kind: str, body: Body) -> None:
         """A worker message of a kind the job itself does not handle: ignored."""
 
     def _ending(self) -> None:

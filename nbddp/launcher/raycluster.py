@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
@@ -28,7 +27,7 @@ class RayCluster:
 
     address: str
     """``ray://head:10001``, ``ray`` (this process's cluster) or a GCS ``host:port``."""
-    runtime_env: Mapping[str, Any] | None = field(default=None, compare=False)
+    runtime_env: Mapping[str, object] | None = field(default=None, compare=False)
     """Ray's ``runtime_env`` for the agents (and so the ranks): ``pip``, ``env_vars``..."""
 
     def __str__(self) -> str:

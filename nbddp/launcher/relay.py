@@ -44,13 +44,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nbddp.forkserver.keeper import STATUS
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.protocol import (
     FD_SPACE,
+    Body,
     FrameReader,
     encode_with_fds,
     received_fds,
@@ -103,7 +104,7 @@ class RelaySink(Protocol):
     def on_output(self, rank: int, stream: str, text: str) -> None:
         """Decoded text a rank wrote to ``stream`` ("stdout" or "stderr")."""
 
-    def on_message(self, rank: int, kind: str, body: Any) -> None:
+    def on_message(self, rank: int, kind: str, body: Body) -> None:
         """A message the rank's worker sent (see ``protocol``)."""
 
     def on_link_closed(self, rank: int) -> None:
@@ -158,7 +159,7 @@ class _Ended:
     def on_output(self, rank: int, stream: str, text: str) -> None:
         """Ignored."""
 
-    def on_message(self, rank: int, kind: str, body: Any) -> None:
+    def on_message(self, rank: int, kind: str, body: Body) -> None:
         """Ignored."""
 
     def on_link_closed(self, rank: int) -> None:

@@ -21,10 +21,11 @@ from nbddp.errors import ResultError
 from nbddp.launcher.events import RankOutcome
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.payload import short_error
+from nbddp.wire.protocol import MetricRow
 from nbddp.wire.values import unpack
 
 
-class Metrics(list[dict[str, Any]]):
+class Metrics(list[MetricRow]):
     """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
 
     def to_pandas(self) -> Any:

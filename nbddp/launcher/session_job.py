@@ -30,7 +30,6 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from nbddp.errors import SessionError
 from nbddp.launcher.config import JobSpec
@@ -47,7 +46,7 @@ from nbddp.launcher.events import (
 from nbddp.launcher.failures import describe_exit, local_time, root_cause
 from nbddp.launcher.job import STACKS_WAIT, Job
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
+from nbddp.wire.protocol import Body, CellOrder, CellReply, ErrorInfo
 
 INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
 REGROUP_WAIT = 30.0  # seconds every rank gets to join a new process group
@@ -152,7 +151,7 @@ class SessionJob(Job):
         elif not isinstance(event, StateChanged):
             self._between.append(event)  # shown with the next cell
 
-    def _message(self, rank: int, kind: str, body: Any) -> None:
+    def _message(self, rank: int, kind: str, body: Body) -> None:
         if kind == "cell_done" and isinstance(body, CellReply):
             self._replied(rank, body)
         elif kind == "regrouped":

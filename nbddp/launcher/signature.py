@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from nbddp.launcher.spelling import CallError, Say, close_options
 from nbddp.rank.calls import WithRank
+from nbddp.wire.payload import Args, Fn
 
 _RANK = 0  # stands for the rank spawn() puts first; only its position matters
 
 
-def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+def check_call(fn: Fn, args: Args, kwargs: Mapping[str, object]) -> None:
     """Raise ``CallError`` if ``fn(*args, **kwargs)`` cannot bind (see module contract)."""
     target, how = fn, ""
     if isinstance(fn, WithRank):
@@ -47,14 +47,14 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
         raise CallError(lambda s: f"{message}; {hint(s)}" if hint else message) from None
 
 
-def _name(fn: Callable[..., Any]) -> str:
+def _name(fn: Fn) -> str:
     while isinstance(fn, functools.partial):
         fn = fn.func
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def _hint(error: str, kwargs: Mapping[str, Any]) -> Say | None:
+def _hint(error: str, kwargs: Mapping[str, object]) -> Say | None:
     """``did you mean the launch option procs=2?`` for an unexpected keyword near one."""
     if "unexpected keyword" not in error:
         return None

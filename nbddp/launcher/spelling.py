@@ -24,7 +24,7 @@ import contextvars
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from nbddp.errors import ConfigError, NbddpError, PayloadError
 from nbddp.launcher.options import OPTIONS
@@ -174,7 +174,7 @@ class Worded(NbddpError):
         self.spelling: Spelling | None = None
         """The entry point's spelling it was reworded in; None: ``KEYWORDS`` so far."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return self.plain, (str(self),)
 
 

@@ -1,7 +1,7 @@
 """Starting one worker process: what every start method does, and spawn and fork.
 
 Contract: a starter's ``start(fds, env)`` asks for a process that is the
-leader of its own session, has ``fds.out``/``fds.err`` as fd 1/2 and runs
+leader of its own process group (``setsid``), has ``fds.out``/``fds.err`` as fd 1/2 and runs
 ``worker.serve`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
 waiting for the process: a launch asks for all its ranks first and only then
 waits for each (``Starting.child``), so that they are forked side by side. The

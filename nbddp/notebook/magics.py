@@ -31,11 +31,11 @@ from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options
 from nbddp.launcher.spelling import FLAGS, close_options
 from nbddp.notebook.runner import CellRunner
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 # Typed faces of IPython's (unannotated) magic_arguments decorators.
-def argument(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+def argument(*args: object, **kwargs: object) -> Callable[[F], F]:
     """``magic_arguments.argument``: one ``add_argument`` call."""
     return cast(Callable[[F], F], _ma.argument(*args, **kwargs))  # type: ignore[no-untyped-call]
 
@@ -121,7 +121,7 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
     return cast(LaunchOptions, given)
 
 
-def parse(magic: Callable[..., Any], line: str, name: str) -> argparse.Namespace:
+def parse(magic: Callable[..., object], line: str, name: str) -> argparse.Namespace:
     """Parse ``line`` for ``magic``; any problem is a one-line ``UsageError``."""
     try:
         args = _ma.parse_argstring(magic, line)  # type: ignore[no-untyped-call]

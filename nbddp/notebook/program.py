@@ -17,7 +17,6 @@ import re
 import symtable
 import tokenize
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from nbddp.rank.cell import CellProgram, compile_cell, register_source
 
@@ -32,7 +31,7 @@ def build_program(
     *,
     header: str,
     filename: str,
-    user_ns: Mapping[str, Any],
+    user_ns: Mapping[str, object],
     hidden: Iterable[str] = (),
     out: Iterable[str] = (),
     session: bool = False,
@@ -147,8 +146,8 @@ def _bindings(stmt: ast.stmt) -> set[str]:
 
 
 def select_names(
-    user_ns: Mapping[str, Any], names: Iterable[str], hidden: Iterable[str] = ()
-) -> dict[str, Any]:
+    user_ns: Mapping[str, object], names: Iterable[str], hidden: Iterable[str] = ()
+) -> dict[str, object]:
     """The ``names`` that ``user_ns`` holds, minus IPython's own (``hidden`` and history)."""
     skip = set(hidden)
     return {

@@ -92,9 +92,9 @@ class CellRunner:
         given: LaunchOptions,
         out: Iterable[str],
         init: bool,
-        user_ns: Mapping[str, Any],
+        user_ns: Mapping[str, object],
         hidden: Iterable[str] = (),
-    ) -> tuple[dict[str, Any], Any]:
+    ) -> tuple[dict[str, object], Any]:
         """Run the cell on every rank; (``--out`` values, last value) from rank 0.
 
         While a session runs, in its ranks (``session_cell_config`` says which
@@ -235,7 +235,7 @@ class CellRunner:
         return "\n".join(lines) + note
 
 
-def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, Any], Any]:
+def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object], Any]:
     failure: BaseException | None = None
     values: Any = None
     try:
@@ -263,7 +263,7 @@ def _interrupted(run: Run, session: Session | None) -> str:
     return f"KeyboardInterrupt: {session.lost_message()}"
 
 
-def _explain_names(names: Mapping[str, Any]) -> str | None:
+def _explain_names(names: Mapping[str, object]) -> str | None:
     """Which notebook name the cell reads cannot be sent, and what to do; None if all can."""
     for name, value in names.items():
         path = find_unpicklable(value, [f"the notebook name {name!r}"], set(), depth=0)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -46,7 +47,7 @@ from nbddp.launcher.session_job import SessionJob
 from nbddp.notebook.program import build_program
 from nbddp.rank import session as rank_session
 from nbddp.rank.cell import CellProgram, CellValues
-from nbddp.wire.payload import Payload
+from nbddp.wire.payload import Args, Fn, Kwargs, Payload
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -79,7 +80,7 @@ class Session:
         self._cell_config = built
         self._job: SessionJob | None = None
         self._started_at = 0.0
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._finalizer: weakref.finalize[[SessionJob], Session] | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class Session:
         return self._job.names if self._job is not None else ()
 
     @property
-    def log_dir(self) -> Any:
+    def log_dir(self) -> Path | None:
         """The session's log directory (a log per rank, a marker line per cell)."""
         return self._job.log_dir if self._job is not None else None
 
@@ -153,13 +154,13 @@ class Session:
 
     # -- calls ---------------------------------------------------------------
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(self, fn: Fn, *args: object, **kwargs: object) -> Any:
         """Call ``fn(*args, **kwargs)`` on every rank; rank 0's value."""
         run = self.run_call(fn, args, kwargs, self._cell_config)
         return self.finish(run).values.get(0)
 
     def exec(
-        self, source: str, names: Mapping[str, Any] | None = None, *, out: Iterable[str] = ()
+        self, source: str, names: Mapping[str, object] | None = None, *, out: Iterable[str] = ()
     ) -> Any:
         """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
 
@@ -185,9 +186,9 @@ class Session:
 
     def run_call(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        fn: Fn,
+        args: Args,
+        kwargs: Kwargs,
         config: LaunchConfig,
         display: Display | None = None,
     ) -> Run:

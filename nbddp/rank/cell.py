@@ -85,9 +85,9 @@ class CellValues:
     last_repr: str | None = None
     """Its ``repr``, when the value itself could not be pickled."""
 
-    def restore(self) -> tuple[dict[str, Any], Any]:
+    def restore(self) -> tuple[dict[str, object], Any]:
         """(``--out`` name -> value, trailing expression's value) in the notebook."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for name, packed in self.out.items():
             out[name] = _restore(f"--out {name}", packed)
         if self.last is not None:
@@ -126,7 +126,7 @@ class CellProgram:
     """The ``%%ddp`` line, shown as line 1 in tracebacks."""
     filename: str
     """The name the cell's code is compiled under, e.g. ``<ddp cell [3]>``."""
-    names: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, object] = field(default_factory=dict)
     """The notebook names the cell reads."""
     out: tuple[str, ...] = ()
     """Names rank 0 sends back."""
@@ -157,7 +157,7 @@ class CellProgram:
             return None
         return _collect(ns, self.out, value)
 
-    def _namespace(self) -> dict[str, Any]:
+    def _namespace(self) -> dict[str, object]:
         """The globals the cell runs in, seeded with the names sent from the notebook.
 
         One dict as the globals: functions and classes the cell defines see
@@ -173,7 +173,7 @@ class CellProgram:
         ns.update({k: v for k, v in self.names.items() if k not in state.owned})
         return ns
 
-    def _claim(self, ns: dict[str, Any]) -> None:
+    def _claim(self, ns: dict[str, object]) -> None:
         """The names this cell bound (and did not just keep as sent) become the ranks'."""
         state = rank_session.state()
         sent = self.names
@@ -186,7 +186,7 @@ class CellProgram:
         }
 
 
-def _collect(ns: dict[str, Any], out: tuple[str, ...], value: object) -> CellValues:
+def _collect(ns: dict[str, object], out: tuple[str, ...], value: object) -> CellValues:
     missing = [name for name in out if name not in ns]
     if missing:
         raise NameError(

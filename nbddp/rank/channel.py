@@ -29,8 +29,7 @@ import time
 
 from nbddp.wire import protocol
 
-Row = dict[str, float | int | None]
-"""A metric row: ``rank``, ``step`` (None when not given), ``time`` and the logged values."""
+Row = protocol.MetricRow
 
 BATCH_INTERVAL = 0.02  # seconds ``send_row`` may hold a message while rows keep coming
 TAIL_INTERVAL = 0.1  # seconds the last held messages may wait once rows stop coming

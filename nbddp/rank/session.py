@@ -38,7 +38,6 @@ import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from nbddp import prctl
 from nbddp.rank import context, regroup
@@ -46,7 +45,7 @@ from nbddp.rank.channel import installed
 from nbddp.rank.errors import error_info, unsendable
 from nbddp.wire import mpobjects, values
 from nbddp.wire.payload import load_call
-from nbddp.wire.protocol import CellOrder, CellReply, ErrorInfo
+from nbddp.wire.protocol import Body, CellOrder, CellReply, ErrorInfo, Message
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ log = logging.getLogger(__name__)
 class SessionState:
     """One session rank's state (see module contract)."""
 
-    namespace: dict[str, Any] = field(default_factory=dict)
+    namespace: dict[str, object] = field(default_factory=dict)
     owned: set[str] = field(default_factory=set)
     running: int | None = None
     """The cell whose code runs now (main thread only)."""
@@ -64,7 +63,7 @@ class SessionState:
 
 
 _STATE: SessionState | None = None
-_INBOX: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+_INBOX: queue.SimpleQueue[Message] = queue.SimpleQueue()
 _MAIN: int | None = None  # the main thread's ident while serving
 
 
@@ -75,7 +74,7 @@ def state() -> SessionState:
     return _STATE
 
 
-def deliver(kind: str, body: Any) -> bool:
+def deliver(kind: str, body: Body) -> bool:
     """Take a request the link thread received; False if it is not a session's."""
     if kind == "interrupt":
         current = _STATE

@@ -11,7 +11,7 @@ and exits. It takes every value from the order's typed fields; the
 environment it sets is for the user's code.
 
 Before ``serve`` the starter has already made the process the leader of its
-own session (so stopping it can signal the whole group, DataLoader workers
+own process group (so stopping it can signal the whole group, DataLoader workers
 included) and pointed fd 1 and fd 2 at pipes the notebook reads, so C/C++
 output and faulthandler dumps reach the notebook like ``print`` does, and
 every byte written before a crash is already out of this process.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import faulthandler
 import io
+import logging
 import os
 import signal
 import socket
@@ -34,7 +35,7 @@ import traceback
 import types
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from nbddp import prctl
 from nbddp.rank import session
@@ -45,19 +46,18 @@ from nbddp.rank.errors import error_info, unsendable
 from nbddp.rank.stacks import format_stacks
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
-from nbddp.wire.protocol import RunOrder
+from nbddp.wire.protocol import Message, RunOrder
+
+log = logging.getLogger(__name__)
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
     """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over them.
 
-    Used by starters that fork (a spawned worker gets its fds from Popen).
-    Line buffering matches a terminal: a line leaves the process when it
-    ends (one ``write`` system call per line), and ``flush()`` (which tqdm
-    calls) sends partial lines. Why ``write_through``: text goes straight
-    to the binary buffer, which the newline flushes; the same system calls,
-    but a ``print`` costs a training step about 4 us less than when the text
-    layer keeps its own pending buffer too (measured in a training loop).
+    Line buffering matches a terminal: a line leaves the process when it ends
+    (one ``write`` per line), and ``flush()`` (which tqdm calls) sends partial
+    lines. ``write_through``: text goes straight to the binary buffer, which the
+    newline flushes, without a pending buffer of the text layer's own.
     """
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
@@ -82,7 +82,7 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     )
 
 
-def _watch_link(incoming: Iterator[tuple[str, Any]], channel: Channel, rank: int) -> None:
+def _watch_link(incoming: Iterator[Message], channel: Channel, rank: int) -> None:
     """Block on the link and answer the notebook's requests (``stacks``: this
     process's Python stacks, see ``stacks``; a session's cells, see
     ``nbddp.rank.session``); when the notebook is gone, take the whole group down."""
@@ -105,7 +105,7 @@ def _apply_order(order: RunOrder) -> None:
     try:
         os.chdir(order.cwd)
     except OSError as exc:
-        print(f"nbddp: could not enter {order.cwd}: {exc}", file=sys.stderr)
+        log.warning("nbddp: could not enter %s: %s", order.cwd, exc)
 
 
 def _prepare_torch(order: RunOrder) -> None:
@@ -215,9 +215,9 @@ def _wait_for_peers() -> None:
 
     Exiting closes this rank's gloo/nccl connections, and a peer may still
     be using them: ``init_process_group`` returns on one rank while another
-    is still completing the connection mesh (seen as "Gloo connectFullMesh
-    failed ... Connection closed by peer" on a loaded machine, about one
-    launch in five). So the ranks count themselves out in the process
+    is still completing the connection mesh (it then fails with "Gloo
+    connectFullMesh failed ... Connection closed by peer"). So the ranks
+    count themselves out in the process
     group's own store; the last one releases everybody. The wait is
     bounded by ``PEER_WAIT``: a peer still blocked in a collective this
     rank skipped (a bug in the function) must then see this rank leave and
@@ -266,7 +266,7 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
         _wait_for_peers()
         return 0
     if not isinstance(code, int):
-        print(code, file=sys.stderr)
+        sys.stderr.write(f"{code}\n")  # as Python's sys.exit(message) prints it
         code = 1
     channel.send("exit", code)
     _flush()
@@ -296,7 +296,7 @@ def _flush() -> None:
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
     """Serve one rank in a process its keeper forked (``nbddp.forkserver.keeper``), already
-    the leader of its own session: point fd 1/2 at ``out``/``err``, serve ``ctrl``,
+    the leader of its own process group: point fd 1/2 at ``out``/``err``, serve ``ctrl``,
     exit with the rank's code. Never returns.
 
     Every start method ends here; it runs as ``nbddp.rank.worker`` (never

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 class Descriptors:
@@ -59,7 +58,7 @@ class Descriptors:
     def __len__(self) -> int:
         return len(self.fds) + self.missing
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("Descriptors travel beside a message (encode_with_fds), not inside it")
 
 

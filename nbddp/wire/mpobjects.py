@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-Reduced = tuple[Callable[..., Any], tuple[Any, ...]]
+Reduced = tuple[Callable[..., object], tuple[object, ...]]
 
 
 class MpObjectError(RuntimeError):
@@ -253,7 +253,7 @@ def _mapping_of(address: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _rebuild_connection(df: SentFd, readable: bool, writable: bool, authkey: bytes) -> Any:
+def _rebuild_connection(df: SentFd, readable: bool, writable: bool, authkey: bytes) -> object:
     import multiprocessing
     from multiprocessing import connection
 
@@ -269,11 +269,11 @@ def _semlock(cls: type, handle: int, kind: int, maxvalue: int, name: str | None)
     return lock
 
 
-def _rebuild_named_semlock(cls: type, kind: int, maxvalue: int, name: str) -> Any:
+def _rebuild_named_semlock(cls: type, kind: int, maxvalue: int, name: str) -> object:
     return _semlock(cls, 0, kind, maxvalue, name)  # opened by name
 
 
-def _rebuild_inherited_semlock(cls: type, kind: int, maxvalue: int, handle: int) -> Any:
+def _rebuild_inherited_semlock(cls: type, kind: int, maxvalue: int, handle: int) -> object:
     return _semlock(cls, handle, kind, maxvalue, None)  # the mapping came with fork
 
 
@@ -291,7 +291,7 @@ def _rebuild_mapped_semlock(
     return _semlock(cls, address + offset, kind, maxvalue, None)
 
 
-def _rebuild_queue(cls: type, state: tuple[Any, ...]) -> Any:
+def _rebuild_queue(cls: type, state: tuple[object, ...]) -> object:
     queue: Any = object.__new__(cls)
     queue.__setstate__(state)
     _QUEUES.add(queue)

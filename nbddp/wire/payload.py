@@ -40,14 +40,19 @@ from nbddp.wire.values import type_name
 
 LARGE_PAYLOAD_BYTES = 256 << 20
 
+Fn = Callable[..., object]
+"""A function the ranks call: the user's, whatever it takes and returns."""
+Args = tuple[object, ...]
+Kwargs = dict[str, object]
+
 
 @dataclass(frozen=True)
 class Call:
     """What a rank calls: ``fn(*args, **kwargs)``."""
 
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    fn: Fn
+    args: Args
+    kwargs: Kwargs
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,9 @@ class Payload:
     @classmethod
     def serialize(
         cls,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        fn: Fn,
+        args: Args,
+        kwargs: Kwargs,
         *,
         forked: bool = False,
     ) -> Payload:
@@ -109,10 +114,8 @@ def load_call(ref: CallRef) -> Call:
     return call
 
 
-def _explain(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception
-) -> str:
-    roots: list[tuple[str, Any]] = [(_name(fn), fn)]
+def _explain(fn: Fn, args: Args, kwargs: Kwargs, exc: Exception) -> str:
+    roots: list[tuple[str, object]] = [(_name(fn), fn)]
     roots += [(f"argument {i}", a) for i, a in enumerate(args)]
     roots += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, obj in roots:

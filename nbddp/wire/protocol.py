@@ -3,7 +3,7 @@
 Contract: a message is ``(kind, body)`` pickled and framed with an 8-byte
 length. The socketpair is created by the notebook and inherited by exactly
 one worker, so the only peer that can write to it is that worker: there is
-no address anyone else could connect to (see DESIGN.md, Safety).
+no address anyone else could connect to.
 
 Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
 ``descriptors.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
@@ -50,6 +50,12 @@ FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _RTMAX = getattr(signal, "SIGRTMAX", None)
 STACKS_SIGNAL = int(_RTMAX) - 3 if _RTMAX is not None else int(signal.SIGUSR1)
 
+Body = Any
+"""A message's body: its type is the one its kind names (see the module contract)."""
+Message = tuple[str, Body]
+MetricRow = dict[str, float | int | None]
+"""A row of ``nbddp.log``: ``rank``, ``step`` (None when not given), ``time`` and the
+values logged; what the notebook receives is checked again where it is drawn."""
 DeviceKind = Literal["cuda", "cpu", "inherit"]
 Backend = Literal["nccl", "gloo"]
 
@@ -146,7 +152,7 @@ class _FramePickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.fds: list[int] = []
 
-    def persistent_id(self, obj: Any) -> Any:
+    def persistent_id(self, obj: object) -> tuple[str, int] | None:
         if type(obj) is Descriptors:
             self.fds.extend(obj.fds)
             return ("fds", len(obj.fds))
@@ -197,7 +203,7 @@ def send(sock: socket.socket, kind: str, body: object) -> None:
     sock.sendall(encode(kind, body))
 
 
-def recv(sock: socket.socket) -> tuple[str, Any] | None:
+def recv(sock: socket.socket) -> Message | None:
     """Receive one message (blocking); None when the peer has closed."""
     header = _recv_exact(sock, HEADER.size)
     if header is None:
@@ -210,7 +216,7 @@ def recv(sock: socket.socket) -> tuple[str, Any] | None:
     return str(kind), body
 
 
-def messages(sock: socket.socket) -> Iterator[tuple[str, Any]]:
+def messages(sock: socket.socket) -> Iterator[Message]:
     """Each message arriving on the blocking ``sock``, with its ``Descriptors``;
     ends when the peer closes (or the socket fails)."""
     reader = FrameReader()
@@ -249,7 +255,7 @@ class FrameReader:
         self._buf = bytearray()
         self._fds: list[int] = []
 
-    def feed(self, data: bytes, fds: Sequence[int] = ()) -> list[tuple[str, Any]]:
+    def feed(self, data: bytes, fds: Sequence[int] = ()) -> list[Message]:
         """Add received bytes and descriptors; return every message now complete.
 
         A message claiming more descriptors than arrived (the kernel drops
@@ -257,7 +263,7 @@ class FrameReader:
         ``missing``."""
         self._fds += fds
         self._buf += data
-        out: list[tuple[str, Any]] = []
+        out: list[Message] = []
         while len(self._buf) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._buf)
             if length > MAX_FRAME:
@@ -293,7 +299,7 @@ class _FrameUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._reader = reader
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> Descriptors:
         if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "fds":
             return self._reader.take(int(pid[1]))
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r:.40}")

@@ -36,6 +36,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 SHARE_BYTES = 1 << 20
 
-_Reduced = tuple[Callable[..., Any], tuple[Any, ...]]  # a rebuild function and its arguments
+_Reduced = tuple[Callable[..., object], tuple[object, ...]]  # a rebuild function and its arguments
 
 
 class SharingPickler(CloudPickler):
@@ -181,26 +182,37 @@ def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> Any:
 class _MappingUnpickler(pickle.Unpickler):
     """Unpickles a payload whose shared-memory references index ``fds``.
 
-    The rebuild functions are named in the pickle by reference; this
-    unpickler hands out each one bound to its own ``fds``, so the received
+    The rebuild functions are named in the pickle by reference; this unpickler
+    hands out each one bound to its own ``fds`` and mapping, so the received
     descriptors are this unpickler's state, not the module's.
     """
 
     def __init__(self, data: bytes, fds: Sequence[int], shared: bool) -> None:
         super().__init__(io.BytesIO(data))
-        self._fds = tuple(fds)
-        self._shared = shared
+        self._fds = _Received(tuple(fds), shared)
 
     def find_class(self, module_name: str, global_name: str, /) -> Any:
-        if module_name == __name__:
-            rebuild = (_SHARED_REBUILDERS if self._shared else _REBUILDERS).get(global_name)
-            if rebuild is not None:
-                return functools.partial(rebuild, self._fds)
+        rebuild = _REBUILDERS.get(global_name) if module_name == __name__ else None
+        if rebuild is not None:
+            return functools.partial(rebuild, self._fds)
         return super().find_class(module_name, global_name)
 
 
+@dataclass(frozen=True)
+class _Received:
+    """The descriptors a pickle refers to, and how to map them: copy-on-write (a
+    payload, in a rank) or shared (a result, whose sender is done with it)."""
+
+    fds: tuple[int, ...]
+    shared: bool
+
+    def region(self, index: int, nbytes: int) -> mmap.mmap:
+        flags = mmap.MAP_SHARED if self.shared else mmap.MAP_PRIVATE
+        return mmap.mmap(self.fds[index], nbytes, flags=flags)
+
+
 def _rebuild_tensor(
-    fds: tuple[int, ...],
+    got: _Received,
     index: int,
     nbytes: int,
     dtype: torch.dtype,
@@ -211,48 +223,19 @@ def _rebuild_tensor(
 ) -> torch.Tensor:
     import torch
 
-    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
-    base = torch.frombuffer(region, dtype=torch.uint8)
-    tensor = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, size, stride)
-    return tensor.requires_grad_(requires_grad)
-
-
-def _rebuild_array(
-    fds: tuple[int, ...],
-    index: int,
-    nbytes: int,
-    dtype: np.dtype[np.generic],
-    shape: tuple[int, ...],
-    order: Literal["C", "F"],
-) -> np.ndarray:
-    import numpy as np
-
-    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_PRIVATE)
-    return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
-
-
-def _rebuild_tensor_shared(
-    fds: tuple[int, ...],
-    index: int,
-    nbytes: int,
-    dtype: torch.dtype,
-    offset: int,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    requires_grad: bool,
-) -> torch.Tensor:
-    import torch
-
-    # A torch shared-memory storage (MAP_SHARED, keeping a duplicate of the
-    # descriptor): ``is_shared()``, so a later launch sends it without a copy.
-    storages: Any = torch.UntypedStorage  # the method is missing from torch's stubs
-    storage = storages._new_shared_fd_cpu(fds[index], nbytes)
+    if got.shared:
+        # A torch shared-memory storage (MAP_SHARED, keeping a duplicate of the
+        # descriptor): ``is_shared()``, so a later launch sends it without a copy.
+        storages: Any = torch.UntypedStorage  # the method is missing from torch's stubs
+        storage = storages._new_shared_fd_cpu(got.fds[index], nbytes)
+    else:
+        storage = torch.frombuffer(got.region(index, nbytes), dtype=torch.uint8).untyped_storage()
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     return tensor.requires_grad_(requires_grad)
 
 
-def _rebuild_array_shared(
-    fds: tuple[int, ...],
+def _rebuild_array(
+    got: _Received,
     index: int,
     nbytes: int,
     dtype: np.dtype[np.generic],
@@ -261,24 +244,16 @@ def _rebuild_array_shared(
 ) -> np.ndarray:
     import numpy as np
 
-    region = mmap.mmap(fds[index], nbytes, flags=mmap.MAP_SHARED)
-    return np.frombuffer(region, dtype=dtype).reshape(shape, order=order)
+    return np.frombuffer(got.region(index, nbytes), dtype=dtype).reshape(shape, order=order)
 
 
-def _rebuild_descriptors(fds: tuple[int, ...], start: int, count: int) -> Descriptors:
-    return Descriptors([os.dup(fd) for fd in fds[start : start + count]], owned=True)
+def _rebuild_descriptors(got: _Received, start: int, count: int) -> Descriptors:
+    return Descriptors([os.dup(fd) for fd in got.fds[start : start + count]], owned=True)
 
 
-_REBUILDERS: dict[str, Callable[..., Any]] = {
+_REBUILDERS: dict[str, Callable[..., object]] = {
     "_rebuild_tensor": _rebuild_tensor,
     "_rebuild_array": _rebuild_array,
     "_rebuild_descriptors": _rebuild_descriptors,
 }
 """What ``_MappingUnpickler`` binds to the received descriptors, by the name the pickle uses."""
-
-_SHARED_REBUILDERS: dict[str, Callable[..., Any]] = {
-    **_REBUILDERS,
-    "_rebuild_tensor": _rebuild_tensor_shared,
-    "_rebuild_array": _rebuild_array_shared,
-}
-"""The same, for ``loads(..., shared=True)``."""

@@ -26,3 +26,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     shots = sorted(artifacts_dir().glob("*.png"))
     if shots:
         terminalreporter.write_line(f"browser screenshots ({len(shots)}): {artifacts_dir()}")
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left(no_leftovers: None) -> None:
+    """Every test here starts processes: none may outlive it (``tests/conftest.py``)."""

@@ -41,3 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def gpus() -> int:
     """How many GPUs this process sees (at least one: the suite is skipped otherwise)."""
     return GPUS
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left(no_leftovers: None) -> None:
+    """Every test here starts processes: none may outlive it (``tests/conftest.py``)."""

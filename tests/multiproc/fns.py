@@ -125,18 +125,25 @@ def fail_on(rank_to_fail: int, how: str) -> str:
 
 
 def dataloader_then_fail(fifo: str | None = None) -> None:
-    """Iterate a DataLoader with 2 worker processes, then raise (or block) mid-epoch."""
+    """Iterate a DataLoader with 2 worker processes, say their pids, then on rank 1
+    raise (or block on ``fifo`` first), and on the other ranks block with the workers
+    running: nbddp must stop those ranks, and their workers with them."""
+    import psutil
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2)
-    for i, _ in enumerate(loader):
-        if i == 2:
-            print(f"ready {os.environ['RANK']}", flush=True)
-            if fifo is not None:
-                with open(fifo) as f:
-                    f.readline()
-            raise RuntimeError("failed while DataLoader workers run")
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    workers = [p.pid for p in psutil.Process().children()]
+    print(f"ready {os.environ['RANK']} workers {workers}", flush=True)
+    if fifo is not None:
+        with open(fifo) as f:
+            f.readline()
+    if os.environ["RANK"] != "1":
+        threading.Event().wait()  # holds the iterator, so its workers run on
+    raise RuntimeError("failed while DataLoader workers run")
 
 
 def hang() -> None:

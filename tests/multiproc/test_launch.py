@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import nbddp
@@ -164,9 +166,18 @@ def test_keyboard_interrupt_stops_every_rank_and_reraises() -> None:
 
 
 def test_dataloader_worker_processes_are_stopped_with_their_rank() -> None:
-    # The leftover check (conftest) covers the DataLoader workers: they carry the marker.
+    # Rank 1 raises; rank 0 blocks with its workers running, and is stopped.
+    run = nbddp.launch(fns.dataloader_then_fail, procs=2, output="none", block=False)
     with pytest.raises(RuntimeError, match="failed while DataLoader workers run"):
-        nbddp.launch(fns.dataloader_then_fail, procs=2, output="none")
+        run.wait(timeout=30)
+    workers = []
+    for rank in (0, 1):
+        said = re.search(r"ready \d workers \[([\d, ]+)\]", run.output(rank))
+        assert said is not None, run.output(rank)
+        workers += [int(pid) for pid in said.group(1).split(",")]
+    assert len(workers) == 4  # two per rank, running when each said so
+    # Every one is gone once the run has ended: none is left to the leftover check.
+    assert [pid for pid in workers if psutil.pid_exists(pid) and _alive(pid)] == []
 
 
 def test_timeout_dumps_every_ranks_stacks_then_stops() -> None:
@@ -287,3 +298,10 @@ def test_a_keyword_meant_as_a_launch_option_starts_no_process(monkeypatch: Any) 
     # The same call with the option spelt right runs (the count above can see a start).
     assert nbddp.launch(fns.all_reduce_sum, 0.5, procs=2, output="none") == 2.0
     assert len(starts) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

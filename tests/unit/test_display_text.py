@@ -92,5 +92,28 @@ def test_partial_bar_stays_small() -> None:
 
 
 def test_apply_carriage_returns() -> None:
+    assert apply_carriage_returns("10%\r20%\r30%") == "30%"
+    assert apply_carriage_returns("abcdef\rXY") == "XYcdef"
+    assert apply_carriage_returns("plain") == "plain"
+    assert apply_carriage_returns("done\r") == "done"
     assert apply_carriage_returns("abc\rX") == "Xbc"
     assert apply_carriage_returns("a\x1b[Ab") == "ab"
+
+
+def test_lines_are_assembled_per_rank_and_stream() -> None:
+    lines = LineAssembler()
+    assert lines.feed(0, "stdout", "hel") == []
+    assert lines.feed(1, "stdout", "other\n") == ["other"]
+    assert lines.feed(0, "stdout", "lo\nwor") == ["hello"]
+    assert lines.drain() == [(0, "stdout", "wor")]
+
+
+def test_stderr_goes_to_stderr_and_a_redrawn_line_shows_its_last_state() -> None:
+    display, out, err, _ = make()
+    display.output(0, "stdout", "a\nb")
+    display.output(1, "stderr", "warn\n")
+    display.output(1, "stdout", " 50%\r100%\n")
+    assert out.getvalue() == "[rank 0] a\n[rank 1] 100%\n"
+    display.close()
+    assert out.getvalue().endswith("[rank 0] b\n")
+    assert err.getvalue() == "[rank 1] warn\n"

@@ -22,9 +22,9 @@ _HOOKED: list[object] = []  # the shell whose pre_run_cell hook is ours
 
 
 def show_panel(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
     options: LaunchOptions | None = None,
 ) -> Panel:
     """Make the panel, and in a kernel display it and tie it to the running cell."""
@@ -66,7 +66,7 @@ def _hook(shell: Any) -> None:
     _HOOKED.append(shell)
 
 
-def _request_metadata(shell: Any) -> dict[str, Any]:
+def _request_metadata(shell: Any) -> dict[str, object]:
     """The running execute request's metadata (JupyterLab: cellId, deletedCells)."""
     try:
         parent = shell.kernel.get_parent()

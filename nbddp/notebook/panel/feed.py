@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nbddp.display.chart import chart_html
 from nbddp.display.model import RunModel
 from nbddp.launcher.events import RankState
+from nbddp.wire.protocol import MetricRow
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class PanelFeed:
     # they run per printed line and per metric row, so no forwarding call.
     output: Callable[[int, str, str], None]
     state: Callable[[int, str], None]
-    metric: Callable[[int, dict[str, Any]], None]
+    metric: Callable[[int, MetricRow], None]
 
     def __init__(
         self,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from nbddp.entry import start_with_display
 from nbddp.errors import ConfigError
@@ -50,9 +49,9 @@ class Panel:
 
     def __init__(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: Mapping[str, Any] | None = None,
+        fn: Callable[..., object],
+        args: tuple[object, ...] = (),
+        kwargs: Mapping[str, object] | None = None,
         *,
         options: LaunchOptions | None = None,
         tail: int = PANEL_TAIL,

@@ -204,7 +204,7 @@ def _initial_devices(
     return ("gpu" if visible_gpus else "cpu"), tuple(range(visible_gpus)), PanelSettings.procs
 
 
-def call_code(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool]:
+def call_code(args: Sequence[Any], kwargs: Mapping[str, object]) -> tuple[str, bool]:
     """The arguments of a call as source (``"3, lr=0.1"``), and whether it is exact.
 
     Literals (numbers, strings, None, and lists/tuples/dicts of them) are

@@ -5,7 +5,7 @@ else: it reads the form into ``PanelSettings`` (``settings()``), shows
 per-field errors next to their fields (``show_errors``), and implements
 ``feed.PanelSink`` so a ``PanelFeed`` draws the ranks (a status table and
 one output tab per rank), the chart and notices into it. It never launches
-anything; ``widgets.panel.Panel`` wires the buttons. Every element a test or a user
+anything; ``panel.Panel`` wires the buttons. Every element a test or a user
 may look for carries a ``nbddp-*`` CSS class, and the run and rank states
 are in ``data-state`` attributes, so a browser test waits on them.
 

@@ -1,0 +1,10 @@
+"""Multi-process tests (gloo, CPU ranks): each one checks that no process is left."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left(no_leftovers: None) -> None:
+    """Every test here starts processes: none may outlive it (``tests/conftest.py``)."""
