@@ -29,11 +29,11 @@ if _TYPE_CHECKING:
         WorkerError,
     )
     from nbddp.launcher.config import LaunchConfig
-    from nbddp.launcher.prewarm import shutdown
     from nbddp.launcher.raycluster import RayCluster
     from nbddp.launcher.run import Run, RunResult, UnloadedValue
     from nbddp.notebook.panel.panel import Panel
     from nbddp.notebook.session import Session, session
+    from nbddp.prewarm import shutdown
     from nbddp.rank.metrics import log
 
 _HOMES = {
@@ -59,7 +59,7 @@ _HOMES = {
     "Session": "nbddp.notebook.session",
     "session": "nbddp.notebook.session",
     "log": "nbddp.rank.metrics",
-    "shutdown": "nbddp.launcher.prewarm",
+    "shutdown": "nbddp.prewarm",
 }
 """Each lazily loaded public name, and the module that defines it."""
 
@@ -144,8 +144,10 @@ def unload_ipython_extension(ipython: _Any) -> None:
     unload(ipython)
 
 
-# In a notebook or a script, not in nbddp's own processes, nor when asked not to.
-if not _os.environ.get("NBDDP_ROLE") and _os.environ.get("NBDDP_PREWARM", "").strip() != "0":
-    from nbddp.launcher.prewarm import start as _prewarm
+if not _os.environ.get("NBDDP_ROLE"):  # a notebook or a script, not nbddp's own processes
+    from nbddp.launcher.settings import prewarm_wanted as _prewarm_wanted
 
-    _prewarm()
+    if _prewarm_wanted():
+        from nbddp.prewarm import start as _prewarm
+
+        _prewarm()

@@ -19,7 +19,9 @@ one of the words given. The series start once nbddp's forkserver has
 finished starting (``settle_forkserver``), as it has in a notebook by the
 first launch. First, ``--first-reps`` fresh interpreters (0: none)
 each import nbddp, wait ``--think`` seconds (the background prewarm's head
-start) and time their first launch. Not a test: nothing here asserts a time.
+start) and time their first launch: interactive ones (``python -i``, as a
+notebook's kernel is: nbddp warms up its launch machinery there too), then
+scripts. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -171,12 +173,13 @@ def first_launch_child(think: float) -> None:
     print(f"FIRST {time.perf_counter() - start:.4f}")
 
 
-def first_launches(reps: int, think: float) -> list[float]:
+def first_launches(reps: int, think: float, interactive: bool) -> list[float]:
     """Times of the first launch after import, each in a fresh interpreter."""
     times = []
     for _ in range(reps):
         proc = subprocess.run(
-            [sys.executable, __file__, "--first-child", str(think)],
+            [sys.executable, *["-i"] * interactive, __file__, "--first-child", str(think)],
+            stdin=subprocess.DEVNULL,  # the interactive one's prompt reads EOF and exits
             capture_output=True,
             text=True,
             timeout=120,
@@ -249,7 +252,7 @@ def main() -> None:
     if args.first_child is not None:
         first_launch_child(args.first_child)
         return
-    first = first_launches(args.first_reps, args.think)
+    first = {how: first_launches(args.first_reps, args.think, how) for how in (True, False)}
     calls = {
         name: call
         for name, call in launchers(args.procs).items()
@@ -264,12 +267,14 @@ def main() -> None:
     )
     for pause in args.pause:
         table(results, pause)
-    if first:
-        print(
-            f"\nfirst launch {args.think:g} s after `import nbddp` (fresh interpreter each): "
-            + ", ".join(f"{t:.3f}" for t in first)
-            + f" s; median {statistics.median(first):.3f} s"
-        )
+    for interactive, times in first.items():
+        if times:
+            how = "interactive" if interactive else "script"
+            print(
+                f"first launch {args.think:g} s after `import nbddp` ({how}, fresh each): "
+                + ", ".join(f"{t:.3f}" for t in times)
+                + f" s; median {statistics.median(times):.3f} s"
+            )
 
 
 if __name__ == "__main__":

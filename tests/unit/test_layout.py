@@ -3,7 +3,7 @@
 Packages by process: ``forkserver`` (the forkserver and the keepers of ranks),
 ``rank`` (the rank), ``wire`` (crosses processes: every process may load it),
 and the notebook side: ``launcher``, ``display``, ``notebook``, ``cluster`` and
-``entry``. ``prctl`` and ``errors`` are leaves every process may load.
+``entry`` and ``prewarm``. ``prctl`` and ``errors`` are leaves every process may load.
 
 Checked here from the source (every import, also inside functions):
 
@@ -44,6 +44,7 @@ NOTEBOOK_SIDE = (
     "nbddp.display",
     "nbddp.cluster",
     "nbddp.entry",
+    "nbddp.prewarm",
 )
 PROCESS_SIDE = ("nbddp.forkserver", "nbddp.rank", "nbddp.wire", "nbddp.prctl", "nbddp.errors")
 """What the forkserver, keepers and ranks may load of nbddp (with ``nbddp`` itself)."""
@@ -96,7 +97,7 @@ def test_what_runs_outside_the_notebook_imports_nothing_of_its_side(path: Path) 
 
 @pytest.mark.parametrize("path", modules("nbddp.launcher"), ids=module_name)
 def test_the_launcher_depends_on_no_display_notebook_cluster_or_entry_point(path: Path) -> None:
-    above = ("nbddp.display", "nbddp.notebook", "nbddp.cluster", "nbddp.entry")
+    above = ("nbddp.display", "nbddp.notebook", "nbddp.cluster", "nbddp.entry", "nbddp.prewarm")
     bad = {n for n in imports(path) if under(n, above)}
     assert not bad, f"{module_name(path)} imports {sorted(bad)}"
 
@@ -253,9 +254,15 @@ def test_a_spawned_keeper_loads_nothing_but_itself_before_it_forks_the_rank() ->
 
 
 def test_importing_nbddp_loads_only_the_package_until_a_name_is_used() -> None:
-    assert loaded("import nbddp\nshow()") == {"nbddp": ["nbddp"]}
+    # With NBDDP_PREWARM=0: what decides that, and nothing else.
+    assert loaded("import nbddp\nshow()") == {
+        "nbddp": ["nbddp", "nbddp.errors", "nbddp.launcher", "nbddp.launcher.settings"]
+    }
     used = loaded("import nbddp\nnbddp.log\nshow()")
-    assert "nbddp.launcher" not in used["nbddp"] and "nbddp.rank.metrics" in used["nbddp"]
+    assert "nbddp.rank.metrics" in used["nbddp"] and "torch" not in used
+    assert [m for m in used["nbddp"] if m.startswith("nbddp.launcher.")] == [
+        "nbddp.launcher.settings"
+    ]
 
 
 def test_building_a_cluster_launch_imports_no_ray_and_no_front_end() -> None:

@@ -2,15 +2,17 @@
 
 Contract: ``start()`` runs once when ``nbddp`` is imported in a notebook or a
 script (never in nbddp's own processes), unless ``NBDDP_PREWARM=0``
-(``launcher.settings``). It starts the forkserver in the background (torch
+(``settings.prewarm_wanted``). It starts the forkserver in the background (torch
 preloaded, CUDA untouched), so that the first launch finds it ready; in an
 interactive session (a Jupyter kernel, IPython, ``python -i``, the REPL) it
-also imports ``torch.distributed`` on a daemon thread, for the store the
-notebook hosts. ``shutdown()`` stops the forkserver (it is also stopped at
-interpreter exit: ``starters.ForkserverStarter``).
+also imports, on a daemon thread, what the first launch needs in the notebook:
+nbddp's launch machinery (``import nbddp`` loads it lazily) and
+``torch.distributed``, for the store the notebook hosts. ``shutdown()`` stops
+the forkserver (it is also stopped at interpreter exit:
+``launcher.forkserver_link``).
 
-Why the store support warms up only in an interactive session: there the
-user's pause before the first launch pays for it. A script goes on at
+Why these warm up only in an interactive session: there the user's pause
+before the first launch pays for them. A script goes on at
 once, so a launch soon waits for the same import anyway, while an exit
 during that import in a thread waits for it (the thread holds the GIL while
 it loads torch's libraries) and can print torch's finalizer errors.
@@ -22,7 +24,6 @@ import sys
 import threading
 
 from nbddp.launcher.forkserver_link import FORKSERVER
-from nbddp.launcher.settings import prewarm_wanted
 
 
 def shutdown() -> None:
@@ -30,11 +31,13 @@ def shutdown() -> None:
     FORKSERVER.close()
 
 
-def _import_store_support() -> None:
+def _import_launch() -> None:
     try:
         import torch.distributed  # noqa: F401  # seconds to import; never initialises CUDA
+
+        import nbddp.entry  # noqa: F401
     except Exception:
-        pass  # e.g. the interpreter is shutting down; a launch imports it again
+        pass  # e.g. the interpreter is shutting down; a launch imports them again
 
 
 def interactive() -> bool:
@@ -44,8 +47,6 @@ def interactive() -> bool:
 
 def start() -> None:
     """Warm up in the notebook or a script (see module contract)."""
-    if not prewarm_wanted():
-        return
     FORKSERVER.prewarm()
     if interactive():
-        threading.Thread(target=_import_store_support, name="nbddp-prewarm", daemon=True).start()
+        threading.Thread(target=_import_launch, name="nbddp-prewarm", daemon=True).start()
