@@ -319,3 +319,8 @@ def memory_after_all_reduce() -> dict[str, int]:
 def pid_and_keeper() -> tuple[int, int]:
     """This rank's pid and its parent's (the rank's keeper)."""
     return os.getpid(), os.getppid()
+
+
+def loaded_modules() -> list[str]:
+    """Every module this process has loaded, sorted."""
+    return sorted(sys.modules)
