@@ -154,6 +154,16 @@ def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseExce
             log_path=log,
         )
     exc = _rebuilt(info) or remote_error(rank, info, log)
+    if isinstance(exc, SystemExit):
+        # Only a session's cell sends one (a run's rank exits with the code):
+        # the cell ended, the rank did not, and the caller must not exit.
+        exc = RankExitedError(
+            f"rank {rank} called sys.exit({exc.code!r}) in the cell; in a session that "
+            "ends the cell, not the rank",
+            rank=rank,
+            exit_code=exc.code if isinstance(exc.code, int) else int(exc.code is not None),
+            log_path=log,
+        )
     exc.__cause__ = RemoteTraceback(f"\n{_traceback_text(rank, info)}")
     if hasattr(exc, "add_note"):  # Python 3.11+
         exc.add_note(f"(raised on rank {rank}; full output in {log})")
@@ -194,6 +204,8 @@ def presentable(
     others = other_failures(outcomes, rank, info)
     also = f"; also failed: {', '.join(others)}" if others else ""
     lines = info.traceback.rstrip("\n").split("\n")
+    if isinstance(exc, RankExitedError):  # a session cell's sys.exit (``rank_error``)
+        lines.append(f"{type(exc).__name__}: {exc}")
     lines.append(f"(raised on rank {rank} of {len(outcomes)}{also}; full output in {log})")
     lines.extend(after)
     if isinstance(exc, NOT_RENDERED):

@@ -35,14 +35,20 @@ def build_program(
     hidden: Iterable[str] = (),
     out: Iterable[str] = (),
     session: bool = False,
+    also: Iterable[str] = (),
 ) -> CellProgram:
     """The program for the cell ``source`` (see module contract). ``hidden``: names
-    never sent (IPython's own; a session's ranks' names)."""
+    never sent (IPython's own; a session's ranks' names); ``also``: names sent if
+    the notebook has them, read or not, and left on a session's ranks after the
+    cell (what the functions of earlier cells read; this cell's are added)."""
     register_source(filename, header + "\n" + source)
     quiet = is_quiet(source)
     compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
-    names = select_names(user_ns, names_read(source), hidden)
-    return CellProgram(source, header, filename, names, tuple(out), quiet, session)
+    if session:
+        also = {*also, *definitions_read(source)}
+    names = select_names(user_ns, names_read(source) | set(also), hidden)
+    lasting = frozenset(also) & names.keys() if session else frozenset()
+    return CellProgram(source, header, filename, names, tuple(out), quiet, session, lasting)
 
 
 def names_read(source: str) -> frozenset[str]:
@@ -69,6 +75,34 @@ def names_read(source: str) -> frozenset[str]:
             if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
         }
     return frozenset(read & _read_before_bound(tree.body))
+
+
+def definitions_read(source: str) -> frozenset[str]:
+    """The global names read by the functions, classes and lambdas ``source`` defines.
+
+    In a session these stay on the ranks and may be called in any later cell:
+    the notebook's values of these names are sent with every cell, so such a
+    function sees them as it would in the notebook (current, or undefined)."""
+    table = symtable.symtable(source, "<ddp cell>", "exec")
+    return frozenset(
+        sym.get_name()
+        for scope in _definitions(table)
+        for sym in scope.get_symbols()
+        if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
+    )
+
+
+_COMPREHENSIONS = frozenset({"listcomp", "setcomp", "dictcomp", "genexpr"})
+
+
+def _definitions(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:
+    """The scopes of every definition in ``table`` (comprehensions run at once: not theirs)."""
+    for child in table.get_children():
+        if child.get_name() in _COMPREHENSIONS:
+            yield from _definitions(child)
+        else:
+            yield child
+            yield from _nested_scopes(child)
 
 
 def _nested_scopes(table: symtable.SymbolTable) -> Iterator[symtable.SymbolTable]:

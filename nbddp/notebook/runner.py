@@ -102,18 +102,12 @@ class CellRunner:
         session = self.session
         if session is not None:
             config = self.session_cell_config(session, given, init=init)
-            hidden = (*hidden, *session.names)
         else:
             config = self.cell_config(given, init=init)
+        make = session.cell_program if session is not None else build_program
         try:
-            program = build_program(
-                source,
-                header=header,
-                filename=filename,
-                user_ns=user_ns,
-                hidden=hidden,
-                out=out,
-                session=session is not None,
+            program = make(
+                source, header=header, filename=filename, user_ns=user_ns, hidden=hidden, out=out
             )
         except SyntaxError as exc:
             # Shown as Python shows it (file, line, caret), without the

@@ -19,10 +19,13 @@ is False): ``restart()`` starts fresh ranks with the same options.
 ``stop()`` ends the ranks (asks, then stops them after ``kill_grace``).
 A ``Session`` is a context manager that stops on exit.
 
-Names (``exec`` and ``%%ddp``): a name a session cell bound on the ranks is
-theirs: it is never sent from the notebook again (``names``), so what the
-ranks built is never overwritten; every other name the cell reads is sent
-each time.
+Names (``exec``, ``%%ddp`` and ``run``): a name a cell (or a function the
+notebook defined, through ``global``) bound on the ranks is theirs: it is
+never sent from the notebook again (``names``), so what the ranks built is
+never overwritten. Every other name a cell reads is the notebook's, sent
+each time and dropped on the ranks after the cell (``nbddp.rank.namespace``);
+so are the names read by the functions and classes earlier cells defined,
+which the ranks keep (``cell_program``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from nbddp.launcher.failures import describe_exit
 from nbddp.launcher.options import LaunchOptions, format_options
 from nbddp.launcher.run import Run
 from nbddp.launcher.session_job import SessionJob
-from nbddp.notebook.program import build_program
+from nbddp.notebook.program import build_program, definitions_read
 from nbddp.rank import session as rank_session
 from nbddp.rank.cell import CellProgram, CellValues
 from nbddp.wire.payload import Args, Fn, Kwargs, Payload
@@ -80,6 +83,7 @@ class Session:
         self._cell_config = built
         self._job: SessionJob | None = None
         self._started_at = 0.0
+        self._definitions_read: set[str] = set()
         self._finalizer: weakref.finalize[[SessionJob], Session] | None = None
 
     # -- life ---------------------------------------------------------------
@@ -89,6 +93,7 @@ class Session:
         if self.alive:
             raise SessionError("the session is already running; stop() or restart() it")
         job = SessionJob(self.config.job, Payload.serialize(rank_session.serve, (), {}))
+        self._definitions_read = set()
         job.start()
         self._job, self._started_at = job, time.monotonic()
         # A session dropped without stop() (a kernel's magics reloaded, a script's
@@ -166,19 +171,44 @@ class Session:
 
         ``names``: values the cell may read (the ranks' own names win)."""
         self._job_or_raise()
-        program = build_program(
+        program = self.cell_program(
             source,
             header="# nbddp session",
             filename=f"<ddp session cell {self._next_number()}>",
             user_ns=names or {},
-            hidden=self.names,
             out=out,
-            session=True,
         )
         values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
         if not isinstance(values, CellValues):
             return None
         return values.restore()[1]
+
+    def cell_program(
+        self,
+        source: str,
+        *,
+        header: str,
+        filename: str,
+        user_ns: Mapping[str, object],
+        hidden: Iterable[str] = (),
+        out: Iterable[str] = (),
+    ) -> CellProgram:
+        """The program for a cell of this session (``build_program``): it sends the
+        names the cell reads and those that the functions of this cell and earlier
+        ones read (kept on the ranks: they may run between cells), never the ranks'
+        own (``names``) nor ``hidden``."""
+        program = build_program(
+            source,
+            header=header,
+            filename=filename,
+            user_ns=user_ns,
+            hidden=(*hidden, *self.names),
+            out=out,
+            session=True,
+            also=self._definitions_read,
+        )
+        self._definitions_read |= definitions_read(source)  # valid: it compiled
+        return program
 
     def run_program(self, program: CellProgram, config: LaunchConfig) -> Run:
         """Start ``program`` (a session ``%%ddp`` cell) as the next cell; its ``Run``."""

@@ -5,9 +5,10 @@ Contract: a ``CellProgram`` (built in the notebook by
 rank, calling it defines ``rank``, ``local_rank``, ``world_size`` and
 ``device`` (from the rank's context, ``nbddp.rank.context``), runs the cell
 body in a fresh namespace seeded with the names sent from the notebook (in a
-session: the rank's own namespace, ``nbddp.rank.session``), and evaluates a
-trailing expression. Rank 0 returns a ``CellValues`` holding the ``--out``
-names and that expression's value, each packed on its own (``wire.values``);
+session: the rank's own namespace, whose rules say what stays after the
+cell, ``nbddp.rank.namespace``), and evaluates a trailing expression.
+Rank 0 returns a ``CellValues`` holding the ``--out`` names and that
+expression's value, each packed on its own (``wire.values``);
 the other ranks return None, so nothing comes back that nobody reads.
 ``CellValues.restore`` rebuilds them in the notebook, once.
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import ast
 import builtins
 import linecache
-import symtable
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,15 +32,6 @@ from nbddp.rank import context
 from nbddp.rank import session as rank_session
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.values import pack, unpack
-
-
-def names_bound(source: str) -> frozenset[str]:
-    """The global names ``source``'s top level binds (assigns, imports, defines), even
-    conditionally: in a session, these become the ranks' own."""
-    table = symtable.symtable(source, "<ddp cell>", "exec")
-    return frozenset(
-        sym.get_name() for sym in table.get_symbols() if sym.is_assigned() or sym.is_imported()
-    )
 
 
 def register_source(filename: str, text: str) -> None:
@@ -134,56 +125,41 @@ class CellProgram:
     """The cell ends with ``;``: its last expression is not shown."""
     session: bool = False
     """Run in the rank's session namespace (``nbddp.rank.session``), not a fresh one."""
+    lasting: frozenset[str] = frozenset()
+    """In a session: the sent names that functions the ranks keep read, left in the
+    namespace after the cell (``nbddp.rank.namespace``)."""
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank (see module contract)."""
         place = context.require()
         register_source(self.filename, self.header + "\n" + self.source)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
-        ns = self._namespace()
-        ns.update(
-            rank=place.rank,
-            local_rank=place.local_rank,
-            world_size=place.world_size,
-            device=context.device(place),
-        )
-        try:
-            exec(body, ns)
-            value = eval(expr, ns) if expr is not None else None
-        finally:
-            if self.session:
-                self._claim(ns)
-        if place.rank != 0:
-            return None
-        return _collect(ns, self.out, value)
-
-    def _namespace(self) -> dict[str, object]:
-        """The globals the cell runs in, seeded with the names sent from the notebook.
-
-        One dict as the globals: functions and classes the cell defines see
-        each other and the sent names, as they would in the notebook. In a
-        session it is the rank's own, kept from cell to cell, and a name the
-        ranks own is never replaced by the notebook's."""
-        if not self.session:
-            return {"__name__": "__main__", "__builtins__": builtins, **self.names}
-        state = rank_session.state()
-        ns = state.namespace
-        ns.setdefault("__name__", "__main__")
-        ns.setdefault("__builtins__", builtins)
-        ns.update({k: v for k, v in self.names.items() if k not in state.owned})
-        return ns
-
-    def _claim(self, ns: dict[str, object]) -> None:
-        """The names this cell bound (and did not just keep as sent) become the ranks'."""
-        state = rank_session.state()
-        sent = self.names
-        # A name the cell deleted (``del x``) is no longer the ranks': the
-        # notebook's is sent again when a cell reads it.
-        state.owned = {name for name in state.owned if name in ns} | {
-            name
-            for name in names_bound(self.source)
-            if name in ns and (name not in sent or ns[name] is not sent[name])
+        given = {
+            "rank": place.rank,
+            "local_rank": place.local_rank,
+            "world_size": place.world_size,
+            "device": context.device(place),
         }
+        if not self.session:
+            # One dict as the globals: functions and classes the cell defines
+            # see each other and the sent names, as they would in the notebook.
+            ns = {"__name__": "__main__", "__builtins__": builtins, **self.names, **given}
+            return self._run(body, expr, ns, place.rank)
+        space = rank_session.state().space
+        space.globals.update(given)
+        run = lambda: self._run(body, expr, space.globals, place.rank)  # noqa: E731
+        return space.call(run, self.names, self.lasting)
+
+    def _run(
+        self,
+        body: types.CodeType,
+        expr: types.CodeType | None,
+        ns: dict[str, object],
+        rank: int,
+    ) -> CellValues | None:
+        exec(body, ns)
+        value = eval(expr, ns) if expr is not None else None
+        return _collect(ns, self.out, value) if rank == 0 else None
 
 
 def _collect(ns: dict[str, object], out: tuple[str, ...], value: object) -> CellValues:

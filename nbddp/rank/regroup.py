@@ -11,6 +11,12 @@ own prefix (``nbddp/regroup/<n>/``) in the run's store (``MASTER_ADDR``,
 ``MASTER_PORT``), so no key of the first group is read again. It returns
 once every rank has the new group, or raises.
 
+``fresh_rendezvous()`` makes every later ``env://`` rendezvous in this
+process (a cell's own ``dist.init_process_group()`` after it destroyed the
+group) meet under a prefix of its own, ``nbddp/init/<n>/`` for the rank's
+n-th: torch's names the default group's keys the same each time, and a rank
+would otherwise read the address its peer had in the previous group.
+
 Objects bound to the old group (a ``DistributedDataParallel`` wrapper,
 groups from ``new_group``) are broken afterwards: the notebook says to
 re-create them. Other backends are not freed this way (an nccl wait is on
@@ -19,8 +25,15 @@ the device): the notebook ends the session instead.
 
 from __future__ import annotations
 
+import importlib
+import itertools
+import logging
 import os
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 REGROUP_TIMEOUT = 30.0  # seconds every rank gets to join the new group
 
@@ -51,3 +64,27 @@ def regroup(number: int, backend: str, rank: int, world_size: int) -> None:
         prefix.set("all_joined", "1")
     else:
         prefix.wait(["all_joined"])
+
+
+def fresh_rendezvous() -> None:
+    """Prefix each later ``env://`` rendezvous of this process (see module contract)."""
+    import torch.distributed as dist
+
+    # ``import torch.distributed.rendezvous`` names the function of that name.
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(rendezvous, "_rendezvous_handlers", None)
+    original = handlers.get("env") if isinstance(handlers, dict) else None
+    if handlers is None or original is None:
+        # Another torch: a re-initialised group may then meet stale keys.
+        log.warning("nbddp: torch's env:// rendezvous handler was not found; left as is")
+        return
+    count = itertools.count(1)
+
+    def env_handler(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        prefix = f"nbddp/init/{next(count)}/"
+        for store, rank, world_size in original(url, **kwargs):
+            yield dist.PrefixStore(prefix, store), rank, world_size  # type: ignore[attr-defined]
+
+    # torch's register_rendezvous_handler refuses a scheme it has; this
+    # handler wraps the one it replaces and keeps its signature.
+    handlers["env"] = env_handler

@@ -9,10 +9,19 @@ runs in the main thread; what it returns is packed as a run's value is
 (``values.pack``), what it raises travels as an ``ErrorInfo``, and in both
 cases the rank is idle again afterwards, its globals kept.
 
-State: ``state()`` is the rank's one ``SessionState``: ``namespace``, the
-globals every ``%%ddp`` cell runs in, and ``owned``, the names session
-cells bound there. The notebook never overwrites an owned name
-(``nbddp.rank.cell``), so what the ranks built stays theirs.
+State: ``state()`` is the rank's one ``SessionState``; its ``space`` is the
+namespace every ``%%ddp`` cell and every function the notebook defined runs
+in, with the rules of what stays in it (``nbddp.rank.namespace``).
+
+Exits: ``sys.exit`` in a cell ends the cell, not the rank (it travels as the
+cell's error; the notebook names the rank and the code); ``os._exit`` ends
+the rank, and the notebook ends the session.
+
+Process group: a cell may destroy the default process group and initialise
+a new one (``dist.init_process_group``), in the same cell or a later one:
+every ``env://`` rendezvous after the session's first meets under a prefix
+of its own (``nbddp.rank.regroup.fresh_rendezvous``), so no rank reads a
+key the previous group left in the store.
 
 Interrupt: ``interrupt`` (with the cell's number) arrives on the link
 thread, which sends SIGINT to the main thread; the handler raises
@@ -43,6 +52,7 @@ from nbddp import prctl
 from nbddp.rank import context, regroup
 from nbddp.rank.channel import installed
 from nbddp.rank.errors import error_info, unsendable
+from nbddp.rank.namespace import Namespace
 from nbddp.wire import mpobjects, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import Body, CellOrder, CellReply, ErrorInfo, Message
@@ -54,8 +64,8 @@ log = logging.getLogger(__name__)
 class SessionState:
     """One session rank's state (see module contract)."""
 
-    namespace: dict[str, object] = field(default_factory=dict)
-    owned: set[str] = field(default_factory=set)
+    space: Namespace = field(default_factory=Namespace)
+    """The globals every call runs in, and the names in it that are the ranks'."""
     running: int | None = None
     """The cell whose code runs now (main thread only)."""
     interrupt_for: int | None = None
@@ -117,6 +127,8 @@ def serve() -> None:
     assert channel is not None, "serve runs in a rank, after the worker installed its channel"
     global _BACKEND
     _BACKEND = _backend()
+    if _BACKEND is not None:
+        regroup.fresh_rendezvous()
     channel.send("cell_done", CellReply(0, values.pack(None), None, ()))  # ready
     while True:
         kind, body = _INBOX.get()
@@ -163,7 +175,7 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
             if current.interrupt_for == order.cell:
                 current.interrupt_for = None
                 raise KeyboardInterrupt
-            value = call.fn(*call.args, **call.kwargs)
+            value = current.space.run(call.fn, call.args, call.kwargs)
         finally:
             current.running = None
             mpobjects.flush()
@@ -176,7 +188,8 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
         except Exception as exc:
             error = error_info(unsendable("the value", value, exc))
     _flush_all()
-    return CellReply(order.cell, packed, error, tuple(sorted(current.owned)), _device_bytes())
+    owned = tuple(sorted(current.space.owned))
+    return CellReply(order.cell, packed, error, owned, _device_bytes())
 
 
 def _device_bytes() -> int | None:

@@ -244,15 +244,6 @@ def test_stop_ends_every_rank_and_restart_starts_fresh_ones(session: Session) ->
         session.run(fns.kept, "x")
 
 
-def test_an_idle_session_costs_no_cpu(session: Session) -> None:
-    pids = [pid for pid, _ in session.run(fns.identity)]
-    procs = [psutil.Process(pid) for pid in pids]
-    before = [sum(p.cpu_times()[:2]) for p in procs]
-    time.sleep(2.0)  # a measurement window, not synchronisation
-    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
-    assert max(used) < 0.05, used  # no polling: blocked in a read between cells
-
-
 def test_bad_session_options_are_refused_before_anything_starts() -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(nbddp.ConfigError, match="max_restarts does not apply to a session"):

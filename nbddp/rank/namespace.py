@@ -1,0 +1,109 @@
+"""A session rank's namespace: what a call may read, and what stays after it.
+
+Contract: ``Namespace.call(fn, sent)`` runs ``fn()`` with ``sent`` (the
+notebook's values, name -> value) put in ``globals`` for the names the ranks
+do not own. When it returns or raises, every name the call bound to a value
+other than the one sent is the ranks' own (``owned``), never replaced by the
+notebook's; a name the call deleted is theirs no more. The notebook's values
+the call only read are dropped: their memory goes once nothing on the rank
+refers to them, and a name the notebook deleted since is undefined in the
+next call, as it is in the notebook. Those a cell sends as ``lasting`` (read
+by functions the ranks keep, which may run between cells: a signal handler,
+a thread) stay, ``lent``, until a cell no longer sends them.
+
+``Namespace.run(fn)`` is the same for a function given to ``Session.run``:
+one defined in ``__main__`` (the notebook, or a script) is rebuilt with
+``globals`` as its globals, as are the notebook's functions it names, so
+that ``global`` and module-level names carry from call to call as in
+``%%ddp`` cells; the notebook's values it names are what is sent. A
+function from any other module keeps its module's globals.
+"""
+
+from __future__ import annotations
+
+import builtins
+import types
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TypeGuard, TypeVar
+
+T = TypeVar("T")
+
+_UNSET = object()
+
+
+@dataclass
+class Namespace:
+    """One session rank's globals and the names in it that are the ranks' own."""
+
+    globals: dict[str, object] = field(
+        default_factory=lambda: {"__name__": "__main__", "__builtins__": builtins}
+    )
+    owned: set[str] = field(default_factory=set)
+    lent: set[str] = field(default_factory=set)
+    """The notebook's names left in ``globals`` after a cell (``lasting``)."""
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        sent: Mapping[str, object],
+        lasting: Collection[str] | None = None,
+    ) -> T:
+        """``fn()`` with ``sent`` in ``globals`` (see module contract). ``lasting``:
+        a cell's (all the notebook's names it lends); None: a call's, which
+        leaves the names lent as they are."""
+        ns = self.globals
+        if lasting is not None:
+            for name in self.lent - sent.keys() - self.owned:
+                ns.pop(name, None)  # the notebook no longer has it
+            self.lent = set(lasting) & sent.keys()
+        ns.update({name: value for name, value in sent.items() if name not in self.owned})
+        before = dict(ns)
+        try:
+            return fn()
+        finally:
+            self._settle(sent, before)
+            # An exception's frames would otherwise keep every value alive.
+            del before
+
+    def run(
+        self, fn: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
+        """``fn(*args, **kwargs)``, in ``globals`` if ``fn`` is the notebook's."""
+        if not _from_main(fn):
+            return fn(*args, **kwargs)
+        theirs = fn.__globals__
+        sent = {name: value for name, value in theirs.items() if not _dunder(name)}
+        for name, value in sent.items():
+            if _from_main(value) and value.__globals__ is theirs:
+                sent[name] = self._rebuilt(value)
+        rebuilt = self._rebuilt(fn)
+        return self.call(lambda: rebuilt(*args, **kwargs), sent)
+
+    def _settle(self, sent: Mapping[str, object], before: Mapping[str, object]) -> None:
+        ns = self.globals
+        bound = {name for name, value in ns.items() if before.get(name, _UNSET) is not value}
+        self.owned = {name for name in self.owned if name in ns} | {
+            name for name in bound if name not in sent or ns[name] is not sent[name]
+        }
+        self.lent -= self.owned
+        for name, value in sent.items():
+            if name not in self.owned | self.lent and ns.get(name, _UNSET) is value:
+                del ns[name]
+
+    def _rebuilt(self, fn: types.FunctionType) -> types.FunctionType:
+        copy = types.FunctionType(
+            fn.__code__, self.globals, fn.__name__, fn.__defaults__, fn.__closure__
+        )
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__qualname__ = fn.__qualname__
+        copy.__dict__.update(fn.__dict__)
+        return copy
+
+
+def _from_main(value: object) -> TypeGuard[types.FunctionType]:
+    return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
