@@ -123,7 +123,7 @@ def panel(fn: "Callable[..., _Any]", *args: _Any, **kwargs: _Any) -> "Panel":
         import ipywidgets  # noqa: F401
     except ImportError:
         raise ImportError(
-            "nbddp.panel needs ipywidgets: pip install ipywidgets (or nbddp[panel])"
+            "nbddp.panel needs ipywidgets: pip install 'nbddp[panel]' (or ipywidgets)"
         ) from None
     from nbddp.notebook.panel.cells import show_panel
 

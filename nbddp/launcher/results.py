@@ -37,7 +37,7 @@ class Metrics(list[MetricRow]):
             pd = importlib.import_module("pandas")  # optional: imported only when asked
         except ImportError as exc:
             raise ImportError(
-                "Metrics.to_pandas() needs pandas: pip install pandas "
+                "Metrics.to_pandas() needs pandas: pip install 'nbddp[notebook]' (or pandas) "
                 "(the rows are also a plain list of dicts)"
             ) from exc
         names: dict[str, None] = dict.fromkeys(("rank", "step", "time"))

@@ -75,3 +75,22 @@ def test_demo_requirements_pin_the_core_and_the_demo_extra_as_ci_does() -> None:
     differ = {name: (v, full.get(name)) for name, v in demo.items() if full.get(name) != v}
     assert not differ, f"demo-requirements.txt and requirements.txt pin differently: {differ}"
     assert demo["torch"] == "2.13.0"  # the CPU build on disk: any other can pull CUDA wheels
+
+
+def test_the_user_extras_install_what_notebooks_use() -> None:
+    deps = project()
+    # tqdm bars in every example; pandas for ``run.metrics.to_pandas()``.
+    assert {"ipython", "ipykernel", "tqdm", "pandas"} <= requirement_names(deps["notebook"])
+    assert {"nbddp", "ipywidgets"} <= requirement_names(deps["panel"])
+    assert "nbddp[notebook]" in deps["panel"]
+    assert "ray" in requirement_names(deps["ray"])
+
+
+def test_the_readme_opens_with_the_user_install_then_the_clone_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert blocks[0].startswith('pip install "nbddp[notebook]"'), blocks[0]
+    commands = [line for line in blocks[1].splitlines() if not line.startswith("#")]
+    assert commands[0].endswith("python -m nbddp.demo")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci, "the README's test command is what .ci/run runs"
