@@ -305,7 +305,9 @@ class DdpMagics(Magics):
         try:
             from nbddp.notebook.panel.cells import show_panel
         except ImportError:
-            raise UsageError("%ddp_panel needs ipywidgets: pip install 'nbddp[panel]' (or ipywidgets)") from None
+            raise UsageError(
+                "%ddp_panel needs ipywidgets: pip install 'nbddp[panel]' (or ipywidgets)"
+            ) from None
         with _as_usage_error():
             return show_panel(fn, (), {}, options)
 
