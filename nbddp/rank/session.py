@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nbddp import prctl
-from nbddp.rank import context, regroup
+from nbddp.rank import context, prompt, regroup
 from nbddp.rank.channel import installed
 from nbddp.rank.errors import error_info, unsendable
 from nbddp.rank.namespace import Namespace
@@ -70,6 +70,8 @@ class SessionState:
     """The cell whose code runs now (main thread only)."""
     interrupt_for: int | None = None
     """The cell an interrupt was asked for (written by the link thread)."""
+    last_failure: types.TracebackType | None = None
+    """Where the last cell raised, kept until the next cell for ``debug_last``."""
 
 
 _STATE: SessionState | None = None
@@ -175,7 +177,17 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
             if current.interrupt_for == order.cell:
                 current.interrupt_for = None
                 raise KeyboardInterrupt
-            value = current.space.run(call.fn, call.args, call.kwargs)
+            if not isinstance(call.fn, DebugLast):
+                current.last_failure = None
+            try:
+                value = current.space.run(call.fn, call.args, call.kwargs)
+            except prompt.PromptInterrupted:
+                raise KeyboardInterrupt from None
+            except BaseException as exc:
+                if order.debug and not isinstance(exc, KeyboardInterrupt):
+                    prompt.post_mortem(exc.__traceback__)
+                current.last_failure = exc.__traceback__
+                raise
         finally:
             current.running = None
             mpobjects.flush()
@@ -190,6 +202,27 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
     _flush_all()
     owned = tuple(sorted(current.space.owned))
     return CellReply(order.cell, packed, error, owned, _device_bytes())
+
+
+@dataclass(frozen=True)
+class DebugLast:
+    """A cell that opens pdb where the last cell raised, on ``rank`` (``%ddp_debug``);
+    the other ranks return at once, and the failure is kept for another look."""
+
+    rank: int
+
+    def __call__(self) -> bool:
+        """True on the rank that had a failure to show."""
+        if context.require().rank != self.rank:
+            return False
+        failure = state().last_failure
+        if failure is None:
+            return False
+        try:
+            prompt.post_mortem(failure)
+        except prompt.PromptInterrupted:
+            raise KeyboardInterrupt from None
+        return True
 
 
 def _device_bytes() -> int | None:

@@ -38,7 +38,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from nbddp import prctl
-from nbddp.rank import session
+from nbddp.rank import prompt, session
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
@@ -89,6 +89,8 @@ def _watch_link(incoming: Iterator[Message], channel: Channel, rank: int) -> Non
     for kind, body in incoming:
         if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
+        elif kind == "answer":
+            prompt.answer(body)
         else:
             session.deliver(kind, body)
     # Why SIGKILL to the group: the notebook that would collect our output and
@@ -173,6 +175,7 @@ def serve(ctrl: socket.socket) -> int:
     faulthandler.register(protocol.STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     channel = Channel(ctrl)
     install_channel(channel)
+    prompt.install(channel)
     link = threading.Thread(
         target=_watch_link,
         args=(incoming, channel, order.place.rank),
@@ -189,6 +192,8 @@ def serve(ctrl: socket.socket) -> int:
         return _report_exit(channel, exc)
     except BaseException as exc:
         _leave_if_forked(owner, exc)
+        if order.debug and not isinstance(exc, KeyboardInterrupt):
+            prompt.post_mortem(exc.__traceback__)
         # Not printed here: the notebook raises it once, with this traceback,
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).

@@ -10,8 +10,10 @@ Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
 dicts, in logging order), ``exit`` (code a rank asked for with
 ``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for),
 ``cell_done`` (``CellReply``: a session rank back to idle), ``regrouped``
-(None, or the ``ErrorInfo`` of a failed ``regroup``).
-Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) at any time;
+(None, or the ``ErrorInfo`` of a failed ``regroup``), ``input``
+(``InputRequest``: the rank waits for a line from the user).
+Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) and
+``answer`` (``InputAnswer``) at any time;
 to a session rank (``nbddp.rank.session``) also ``cell`` (``CellOrder``),
 ``interrupt`` (the cell number), ``close_group`` (None), ``regroup`` (a
 number naming the new group) and ``end`` (None).
@@ -105,6 +107,8 @@ class RunOrder:
     threads: int | None = None
     """``torch.set_num_threads`` for a rank whose torch was imported before its
     environment was set (forkserver, fork); None leaves torch's own choice."""
+    debug: bool = False
+    """Open a debugger on the frame that raised, before reporting the error."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,26 @@ class CellOrder:
     cell: int
     """The cell's number in its session, from 1."""
     call: CallRef
+    debug: bool = False
+    """Open a debugger on the frame that raised, before replying."""
+
+
+@dataclass(frozen=True)
+class InputRequest:
+    """A rank waits for one line from the user (``input()``, a debugger's prompt)."""
+
+    number: int
+    """The rank's count of its requests, from 1: an answer names the one it is for."""
+    prompt: str
+    password: bool = False
+
+
+@dataclass(frozen=True)
+class InputAnswer:
+    """The user's line for a rank's ``InputRequest``; None: no more input (EOF)."""
+
+    number: int
+    text: str | None
 
 
 @dataclass(frozen=True)

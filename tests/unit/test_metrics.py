@@ -41,7 +41,7 @@ def test_to_pandas_empty() -> None:
 
 def test_to_pandas_without_pandas_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails
-    with pytest.raises(ImportError, match="pip install pandas"):
+    with pytest.raises(ImportError, match=r"pip install 'nbddp\[notebook\]'"):
         Metrics().to_pandas()
 
 

@@ -106,5 +106,5 @@ def test_without_ipywidgets_the_panel_says_what_to_install(monkeypatch: pytest.M
     import nbddp
 
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import now fails
-    with pytest.raises(ImportError, match=r"pip install ipywidgets \(or nbddp\[panel\]\)"):
+    with pytest.raises(ImportError, match=r"pip install 'nbddp\[panel\]' \(or ipywidgets\)"):
         nbddp.panel(lambda: None)

@@ -1,0 +1,137 @@
+"""Reading from the user in a rank: ``input()``, ``breakpoint()``, ``sys.stdin``, post-mortem.
+
+Contract: ``install(channel)`` makes ``builtins.input`` and ``sys.stdin``
+ask the notebook: a read flushes what the rank printed, sends an ``input``
+message (``InputRequest``: the prompt, a number) and blocks until the link
+thread hands over the ``InputAnswer`` with that number (``answer``); an
+answer of None is the end of input (``input`` raises ``EOFError``, a read
+returns ""). ``input`` then echoes the prompt and the line to stdout, as a
+terminal shows them, so the rank's output and log read in order. pdb reads
+through ``input``: ``breakpoint()`` works as it does in a terminal.
+
+``post_mortem(tb)`` opens pdb on the frame that raised (the rank's
+``--debug``, a session's ``%ddp_debug``); ``q`` or ``c`` leave it.
+
+Nothing runs until something reads: no thread, no descriptor. A process
+forked from the rank (a DataLoader worker) reads end of input: only the
+rank speaks on its link.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import queue
+import sys
+from dataclasses import dataclass
+from types import TracebackType
+
+from nbddp import prctl
+from nbddp.rank.channel import Channel
+from nbddp.wire.protocol import InputAnswer, InputRequest
+
+
+@dataclass
+class _Asking:
+    channel: Channel
+    answers: queue.SimpleQueue[InputAnswer]
+    pid: int
+    asked: int = 0
+
+
+_ASKING: _Asking | None = None
+
+
+def install(channel: Channel) -> None:
+    """Route this rank's ``input()`` and ``sys.stdin`` to the notebook (see contract)."""
+    global _ASKING
+    _ASKING = _Asking(channel, queue.SimpleQueue(), os.getpid())
+    builtins.input = ask_input
+    sys.stdin = NotebookStdin()
+
+
+def answer(body: object) -> None:
+    """Take an ``InputAnswer`` the link thread received."""
+    if _ASKING is not None and isinstance(body, InputAnswer):
+        _ASKING.answers.put(body)
+
+
+def ask(prompt: str, password: bool = False) -> str | None:
+    """One line from the user for ``prompt``; None at the end of input."""
+    asking = _ASKING
+    if asking is None or asking.pid != os.getpid():
+        return None
+    _flush()  # what the rank printed before the prompt is shown before it
+    asking.asked += 1
+    number = asking.asked
+    asking.channel.send("input", InputRequest(number, prompt, password))
+    while True:
+        try:
+            reply = asking.answers.get()
+        except KeyboardInterrupt:
+            # pdb takes a KeyboardInterrupt at its prompt and asks again; an
+            # interrupt from the notebook must end the cell instead.
+            raise PromptInterrupted from None
+        # An answer for an earlier request (one an interrupt abandoned) is stale.
+        if reply.number == number:
+            return reply.text
+
+
+class PromptInterrupted(BaseException):
+    """The notebook interrupted a rank waiting at a prompt (a ``KeyboardInterrupt``
+    that pdb does not catch)."""
+
+
+def ask_input(prompt: object = "") -> str:
+    """``input()`` in a rank (see module contract)."""
+    text = str(prompt)
+    line = ask(text)
+    if line is None:
+        raise EOFError
+    sys.stdout.write(f"{text}{line}\n")
+    return line
+
+
+class NotebookStdin(io.TextIOBase):
+    """``sys.stdin`` in a rank: each line read is asked of the user."""
+
+    def readable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    # typeshed gives TextIOBase the readline of bytes streams.
+    def readline(self, size: int | None = -1, /) -> str:  # type: ignore[override]
+        line = ask("")
+        return "" if line is None else f"{line}\n"
+
+    def read(self, size: int | None = -1, /) -> str:
+        if size is not None and size >= 0:
+            return self.readline()
+        lines = []
+        while line := self.readline():
+            lines.append(line)
+        return "".join(lines)
+
+
+def post_mortem(tb: TracebackType | None) -> None:
+    """pdb on the frame that raised (see module contract)."""
+    import pdb
+
+    if tb is None:
+        return
+    debugger = pdb.Pdb()
+    debugger.reset()
+    debugger.interaction(None, tb)
+    _flush()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    prctl.flush_c_stdio()
