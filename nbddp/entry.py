@@ -189,6 +189,7 @@ def launch(
     max_restarts: int = 0,
     output: Output = "all",
     tail: int = DEFAULT_TAIL,
+    debug: bool = False,
     block: bool = True,
     **kwargs: Any,
 ) -> R | Run:
@@ -204,7 +205,8 @@ def launch(
     ``init_process_group``: initialise the default group first; ``max_restarts``:
     after a failure, restart every rank (``TORCHELASTIC_RESTART_COUNT`` one higher)
     up to N times; ``output``: all, rank0 or none (all is logged); ``tail``: lines
-    each rank's block shows; ``block=False``: return the ``Run`` at once.
+    each rank's block shows; ``debug``: a rank that raises opens pdb on the raising
+    frame, in the cell, before the run fails; ``block=False``: return the ``Run`` at once.
 
     Other keyword arguments go to ``fn`` (bind one named as an option with
     ``functools.partial``); ``Launcher`` keeps ``fn``'s exact static types.
@@ -225,7 +227,12 @@ def launch(
         max_restarts=max_restarts,
         output=output,
         tail=tail,
+        debug=debug,
     )
+    if debug and not block:
+        raise ConfigError(
+            "debug=True needs block=True: the debugger's prompt opens in the cell that waits"
+        )
     run = start_run(config, fn, args, kwargs)
     if not block:
         return run

@@ -40,7 +40,15 @@ from nbddp.cluster.portable import (
 )
 from nbddp.cluster.versions import local_versions
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.events import Done, MetricRows, RunEvent, RunStatus, StateChanged, Text
+from nbddp.launcher.events import (
+    Done,
+    InputAsked,
+    MetricRows,
+    RunEvent,
+    RunStatus,
+    StateChanged,
+    Text,
+)
 from nbddp.launcher.job import Job
 from nbddp.launcher.ports import host_store, listen
 
@@ -159,6 +167,12 @@ class NodeAgent:
         if job is not None:
             job.dump_stacks()
 
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """The user's line for this node's ``rank`` (local) at its prompt."""
+        job = self._job
+        if job is not None:
+            job.answer(rank, number, text)
+
     def close_store(self) -> None:
         """The run has ended on every node: its store goes."""
         with self._lock:
@@ -175,7 +189,7 @@ def _node_address() -> str:
 
 def _global(event: RunEvent, first: int) -> RunEvent:
     """``event`` with its rank made global."""
-    if isinstance(event, Text | StateChanged | MetricRows):
+    if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
         return replace(event, rank=event.rank + first)
     return event
 

@@ -166,6 +166,13 @@ class ClusterJob:
                 with contextlib.suppress(Exception):
                     node.handle.dump_stacks.remote()
 
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` (global) the user's line for its prompt, through its node's agent."""
+        for node in self._nodes:
+            if rank in node.ranks and not node.ended:
+                with contextlib.suppress(Exception):
+                    node.handle.answer.remote(rank - node.ranks.start, number, text)
+
     def pids(self) -> dict[int, int]:
         """Global rank -> pid on its node."""
         return {r.rank: r.pid for r in self._ranks if r.pid is not None}

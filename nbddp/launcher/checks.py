@@ -46,6 +46,7 @@ class Values:
     mixed_precision: MixedPrecision
     backend: Backend | None
     init_process_group: bool
+    debug: bool
     max_restarts: int
     output: OutputChoice
     tail: int
@@ -67,6 +68,7 @@ class Values:
             mixed_precision=choice("mixed_precision", _lower(options["mixed_precision"])),
             backend=None if backend is None else choice("backend", backend),
             init_process_group=bool(options["init_process_group"]),
+            debug=bool(options["debug"]),
             max_restarts=restarts(options["max_restarts"]),
             output=choice("output", options["output"]),
             tail=tail(options["tail"]),

@@ -99,6 +99,8 @@ class JobSpec:
     """Exported as ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees it."""
     init_process_group: bool = False
     """Initialise the default process group before calling the function."""
+    debug: bool = False
+    """A rank that raises opens a debugger on the raising frame before it reports."""
     max_restarts: int = 0
     """After a failure, start every rank again (a fresh port), at most this often."""
     restart_count: int = 0
@@ -241,6 +243,7 @@ class LaunchConfig:
             timeout=values.timeout,
             mixed_precision=values.mixed_precision,
             init_process_group=values.init_process_group,
+            debug=values.debug,
             max_restarts=values.max_restarts,
             host_store=bool(host_store),
             failure_grace=_non_negative("failure_grace", failure_grace),

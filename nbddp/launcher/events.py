@@ -39,6 +39,8 @@ class RankState(_Word):
 
     STARTING = "starting"
     RUNNING = "running"
+    WAITING = "waiting for input"
+    """At a prompt (``input()``, a debugger): its answer comes from the notebook."""
     DONE = "done"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -100,11 +102,21 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class InputAsked:
+    """``rank`` waits at a prompt for the user's line (``job.answer`` sends it)."""
+
+    rank: int
+    number: int
+    prompt: str
+    password: bool = False
+
+
+@dataclass(frozen=True)
 class Done:
     """Every rank has exited and all of its output has been read: the last event."""
 
 
-RunEvent = Text | StateChanged | MetricRows | Notice | Done
+RunEvent = Text | StateChanged | MetricRows | Notice | InputAsked | Done
 
 
 StacksTaken = Literal["asked", "written", "signalled"]

@@ -43,6 +43,7 @@ from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import (
     Done,
     Failure,
+    InputAsked,
     MetricRows,
     Notice,
     RankOutcome,
@@ -56,16 +57,18 @@ from nbddp.launcher.events import (
 from nbddp.launcher.failures import local_time, root_cause
 from nbddp.launcher.logs import new_run_dir
 from nbddp.launcher.ports import rendezvous
+from nbddp.launcher.prompts import WaitClock
 from nbddp.launcher.ranks import RankRecord
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import STACKS_SIGNAL, Body, CallRef, RunOrder
+from nbddp.wire.protocol import STACKS_SIGNAL, Body, CallRef, InputAnswer, InputRequest, RunOrder
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
+PROMPT_RECHECK = 1.0  # seconds between timeout checks while a rank waits at a prompt
 
 
 class Job:
@@ -104,6 +107,7 @@ class Job:
         self._pipes: dict[int, RankPipes] = {}
         self._store: object | None = None  # the rendezvous store, while the run lasts
         self._timers: list[asyncio.TimerHandle] = []  # cancelled when the run ends
+        self._waits = WaitClock()  # ranks at a prompt: their wait is not the run's time
 
     # -- starting ---------------------------------------------------------
 
@@ -237,6 +241,12 @@ class Job:
             self._fail(Failure(rank, "exited"))
         elif kind == "metrics":
             self._route(MetricRows(rank, tuple(body)))
+        elif kind == "input" and isinstance(body, InputRequest):
+            self._waits.begin(rank)
+            record.state = RankState.WAITING
+            self._drain(rank)  # what it printed before the prompt is shown first
+            self._route(StateChanged(rank, RankState.WAITING))
+            self._route(InputAsked(rank, body.number, body.prompt, body.password))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.
@@ -247,6 +257,18 @@ class Job:
                 self._stop(RunStatus.TIMEOUT)
         else:
             self._message(rank, kind, body)
+
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` the user's line for its prompt ``number`` (any thread)."""
+        self._call_soon(self._answer, rank, number, text)
+
+    def _answer(self, rank: int, number: int, text: str | None) -> None:
+        record = self._ranks[rank]
+        self._waits.end(rank)
+        if record.state is RankState.WAITING:
+            record.state = RankState.RUNNING
+            self._route(StateChanged(rank, RankState.RUNNING))
+        self._send(rank, "answer", InputAnswer(number, text))
 
     def on_link_closed(self, rank: int) -> None:
         """A link that closes before its rank said how it ended means the rank died.
@@ -266,6 +288,7 @@ class Job:
         """Classify a rank's exit; a failure stops the others."""
         record = self._ranks[rank]
         record.exited, record.exit_code, record.ended_at = True, code, time.monotonic()
+        self._waits.end(rank)
         if record.error is not None:
             record.state = RankState.FAILED
         elif code == 0:
@@ -347,6 +370,12 @@ class Job:
         """Read what ``rank`` wrote so far, now (``relay.Relay.drain``)."""
         self._relay.drain(rank)
 
+    def _put_off(self) -> float | None:
+        """For a timeout that fires: how much later to look again, as time ranks spent at
+        a prompt is the user's, not the run's; None: it stands."""
+        owed = self._waits.owed()
+        return max(owed, PROMPT_RECHECK) if owed > 0 or self._waits.waiting else None
+
     def _log(self, rank: int, text: str) -> None:
         """Append ``text`` to ``rank``'s log."""
         self._relay.log_now(rank, text)
@@ -388,7 +417,9 @@ class Job:
         # faulthandler has not claimed the fallback signal (whose default
         # action would kill them).
         return self._ask_stacks(
-            r.rank for r in self._ranks if r.state is RankState.RUNNING and not r.exited
+            r.rank
+            for r in self._ranks
+            if r.state in (RankState.RUNNING, RankState.WAITING) and not r.exited
         )
 
     def _ask_stacks(self, ranks: Iterable[int]) -> list[int]:
@@ -439,6 +470,9 @@ class Job:
         rank has written them (``on_message``) or at the latest when the C-level dumps
         of those that could not have had time."""
         if self._done.is_set():
+            return
+        if (delay := self._put_off()) is not None:
+            self._later(delay, self._expire, seconds)
             return
         self._route(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
         self._stop_reason = self._stop_reason or RunStatus.TIMEOUT

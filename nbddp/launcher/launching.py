@@ -61,6 +61,7 @@ def order(
         backend=spec.backend,
         init_process_group=spec.init_process_group,
         threads=spec.threads(node.ranks),
+        debug=spec.debug,
     )
 
 

@@ -90,6 +90,8 @@ class Magic:
     """Value to the text after the flag, once per occurrence (``format_options``)."""
     repeat: bool = False
     """Given once per item (``--env A=1 --env B=2``); the items make a dict."""
+    switch: bool = False
+    """A flag without a value (``--debug``): given, it is True."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,14 @@ class LaunchOptions(TypedDict, total=False):
     tail: Annotated[
         int, Opt(DEFAULT_TAIL, "in a notebook, how many recent lines each rank's block shows")
     ]
+    debug: Annotated[
+        bool,
+        Opt(
+            False,
+            "when a rank raises, open a debugger (pdb) on the frame that raised, in the cell",
+            Magic(switch=True, show=lambda value: []),
+        ),
+    ]
 
 
 @dataclass(frozen=True)
@@ -296,5 +306,8 @@ def format_options(options: LaunchOptions) -> str:
         option = OPTIONS[key]
         if option.magic is None:
             raise ValueError(f"the magics have no flag for {key}")
-        parts += [f"{option.flag} {text}" for text in option.magic.show(value)]
+        if option.magic.switch:
+            parts += [option.flag] if value else []
+        else:
+            parts += [f"{option.flag} {text}" for text in option.magic.show(value)]
     return " ".join(parts)

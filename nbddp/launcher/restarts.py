@@ -88,6 +88,10 @@ class Restarting:
         """Have the current attempt's ranks dump their stacks."""
         self._job.dump_stacks()
 
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send the current attempt's ``rank`` the user's line (``Job.answer``)."""
+        self._job.answer(rank, number, text)
+
     # -- the restart thread -----------------------------------------------
 
     def _forward(self) -> None:

@@ -24,10 +24,18 @@ whatever the display does. The entry points give a display that never
 raises (``display.guard``); should anything escape the pump all the same,
 every rank is stopped before it is raised: a broken ``wait`` never leaves
 ranks running.
+
+Prompts: a rank waiting for the user (``input()``, ``breakpoint()``, a
+post-mortem) is asked for in the waiting thread between batches, one at a
+time in the order the ranks asked (``prompts.ask_user``, the prompt naming
+the rank), and its line sent back (``RunSource.answer``); a
+``KeyboardInterrupt`` at the prompt is an interrupt like any other. While
+the ranks are being stopped, prompts are answered with end of input.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import signal
@@ -43,6 +51,7 @@ from nbddp.launcher.display import Display
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import rank_log
+from nbddp.launcher.prompts import ask_user, prompt_for
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
@@ -88,6 +97,9 @@ class RunSource(Protocol):
     def dump_stacks(self) -> None:
         """Have every running rank dump its stacks."""
 
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` the user's line for its prompt ``number``."""
+
 
 _LATEST: weakref.ref[Run] | None = None
 
@@ -110,6 +122,8 @@ class Run:
         self._result: RunResult | None = None
         self._refresh_at: float | None = None  # when the display next wants a refresh
         self._done = False  # the job's last event (``Done``) was taken from its queue
+        self._asked: collections.deque[ev.InputAsked] = collections.deque()
+        self._prompting = True  # False while the ranks are being stopped
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))
         _LATEST = weakref.ref(self)
@@ -240,8 +254,23 @@ class Run:
                     # letting events gather makes it one wakeup per batch. ``done``
                     # ends the pause early so the end of a run is not delayed.
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
-                    self.job.wait(max(0.0, pause))
+                    self._pause(pause)
             self._refresh()
+            if self._asked:
+                self._serve_prompts()
+
+    def _pause(self, seconds: float) -> None:
+        if not self._asked:
+            self.job.wait(max(0.0, seconds))
+
+    def _serve_prompts(self) -> None:
+        """Ask the user for each waiting rank's line, in order (see module contract)."""
+        while self._asked:
+            asked = self._asked.popleft()
+            text = None
+            if self._prompting:
+                text = ask_user(prompt_for(asked.rank, asked.prompt), asked.password)
+            self.job.answer(asked.rank, asked.number, text)
 
     def _dispatch_batch(self, event: RunEvent) -> bool | None:
         """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).
@@ -282,6 +311,8 @@ class Run:
                 display.notice(event.text)
         if isinstance(event, ev.MetricRows):
             self.metrics.extend(event.rows)
+        elif isinstance(event, ev.InputAsked):
+            self._asked.append(event)
         return False
 
     def _refresh(self) -> None:
@@ -308,6 +339,7 @@ class Run:
         # be what was interrupted) must not cut the stop short. The logs keep
         # everything the ranks write meanwhile.
         display, self.display = self.display, None
+        self._prompting = False
         try:
             self.job.stop(reason)
             self._pump(time.monotonic() + self._config.job.kill_grace + STOP_WAIT)
@@ -317,6 +349,7 @@ class Run:
             log.exception("nbddp: stopping the ranks of run %s failed", self.run_id)
         finally:
             self.display = display
+            self._prompting = True
 
     def _build_result(self) -> RunResult:
         job = self.job

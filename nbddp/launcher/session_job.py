@@ -108,9 +108,10 @@ class SessionJob(Job):
         """True until the session's ranks are gone (or going)."""
         return not (self.wait(0) or self._asked_to_end or self.stop_reason is not None)
 
-    def cell(self, payload: Payload, timeout: float | None) -> CellSource:
+    def cell(self, payload: Payload, timeout: float | None, debug: bool = False) -> CellSource:
         """Run ``payload`` on every rank as the next cell (any thread, one at a time),
-        stopped after ``timeout`` seconds (None: never)."""
+        stopped after ``timeout`` seconds (None: never); ``debug``: a rank that raises
+        opens a debugger first."""
         if not self.alive:
             raise SessionError(f"the session has ended ({self.lost or 'stopped'})")
         if not self._lock.acquire(blocking=False):
@@ -120,7 +121,7 @@ class SessionJob(Job):
             )
         self.cells_run += 1
         source = CellSource(self, self.cells_run, timeout)
-        self._call_soon(self._begin, source, CellOrder(self.cells_run, payload.ref()))
+        self._call_soon(self._begin, source, CellOrder(self.cells_run, payload.ref(), debug))
         return source
 
     def busy_ranks(self) -> frozenset[int]:
@@ -321,6 +322,9 @@ class SessionJob(Job):
     def _cell_timeout(self, cell: _Cell) -> None:
         if self._cell is not cell or cell.reason is not None:
             return
+        if (delay := self._put_off()) is not None:
+            self._later(delay, self._cell_timeout, cell)
+            return
         cell.reason = RunStatus.TIMEOUT
         cell.source.events.put(
             Notice(f"timeout of {cell.timeout:g}s reached: dumping stacks, interrupting")
@@ -399,6 +403,10 @@ class CellSource:
         self._status: RunStatus | None = None
         self._cell: _Cell | None = None
         self._started_at = time.monotonic()
+
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` the user's line for its prompt ``number`` (``Job.answer``)."""
+        self._job.answer(rank, number, text)
 
     def _finish(self, status: RunStatus, cell: _Cell | None) -> None:
         """The cell has ended (loop thread)."""

@@ -1,4 +1,5 @@
-"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_session``, ``%ddp_status``, ``%ddp_panel``.
+"""IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_session``, ``%ddp_debug``,
+``%ddp_status``, ``%ddp_panel``.
 
 Contract: the magics only parse their arguments (IPython's
 ``magic_arguments``; the launch options, their flags, choices and help come
@@ -94,6 +95,9 @@ def _flag(option: Option) -> Callable[[F], F]:
         spec["metavar"] = magic.metavar
     if magic.repeat:
         spec["action"] = "append"
+    if magic.switch:
+        # None when not given, so a cell's line says only what it sets.
+        spec = {"help": option.help, "action": "store_const", "const": True, "default": None}
     return argument(option.flag, **spec)
 
 
@@ -275,6 +279,19 @@ class DdpMagics(Magics):
                     f"%ddp_session: unknown command {verb!r}; use start [options], stop, "
                     "restart, or nothing to show the session"
                 )
+
+    @line_magic
+    @magic_arguments()
+    @argument("--rank", type=int, help="the rank to debug (default: the one that failed first)")
+    def ddp_debug(self, line: str) -> None:
+        """Open pdb where the session's last cell raised, as %debug does for a cell.
+
+        On the rank that failed first, or --rank N (one that raised); the
+        session keeps its state. Outside a session, use %%ddp --debug.
+        """
+        args = parse(self.ddp_debug, line, "%ddp_debug")
+        with _as_usage_error():
+            self.runner.debug_session(args.rank)
 
     @magic_arguments("%ddp_session start")
     @_launch_arguments

@@ -25,7 +25,7 @@ from typing import Any, cast
 import cloudpickle
 
 from nbddp.entry import start_run
-from nbddp.errors import CellError, PayloadError
+from nbddp.errors import CellError, PayloadError, SessionError
 from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.failures import describe_exit, rendered
@@ -189,6 +189,18 @@ class CellRunner:
         session.restart()
         return self.describe_session()
 
+    def debug_session(self, rank: int | None) -> None:
+        """``%ddp_debug [--rank N]``: pdb where the session's last cell raised."""
+        if self.session is None:
+            raise CellError(
+                "%ddp_debug: no session is running (a one-shot run's ranks are gone once it "
+                "fails); run the cell with %%ddp --debug to debug where it raises"
+            )
+        try:
+            self.session.debug(rank)
+        except SessionError as exc:
+            raise CellError(f"%ddp_debug: {exc}") from None
+
     def describe_session(self) -> str:
         """``%ddp_session``: the session's ranks, or that there is none."""
         if self.session is None:
@@ -239,6 +251,8 @@ def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object]
     except Exception as exc:
         after = [session.state_note()] if session is not None else []
         failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir, after)
+    if session is not None:
+        session.record_failures(run)
     if failure is not None:
         # Raised here, outside the except blocks, so that the error carries
         # no __context__ for IPython to walk (it falls back to a plain local

@@ -55,7 +55,7 @@ from nbddp.wire.payload import Args, Fn, Kwargs, Payload
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-PER_CELL = frozenset({"timeout", "output", "tail"})
+PER_CELL = frozenset({"timeout", "output", "tail", "debug"})
 """Options a session's cell may set for itself; the others are the session's."""
 END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
 
@@ -84,6 +84,7 @@ class Session:
         self._job: SessionJob | None = None
         self._started_at = 0.0
         self._definitions_read: set[str] = set()
+        self._raised: tuple[int, ...] = ()  # ranks that raised in the last cell, cause first
         self._finalizer: weakref.finalize[[SessionJob], Session] | None = None
 
     # -- life ---------------------------------------------------------------
@@ -94,6 +95,7 @@ class Session:
             raise SessionError("the session is already running; stop() or restart() it")
         job = SessionJob(self.config.job, Payload.serialize(rank_session.serve, (), {}))
         self._definitions_read = set()
+        self._raised = ()
         job.start()
         self._job, self._started_at = job, time.monotonic()
         # A session dropped without stop() (a kernel's magics reloaded, a script's
@@ -232,7 +234,7 @@ class Session:
         payload = Payload.serialize(fn, args, kwargs)
         view = cell_config.view
         shown = guarded(display, view) if display is not None else make_display(view)
-        return Run(job.cell(payload, timeout), shown, cell_config)
+        return Run(job.cell(payload, timeout, config.job.debug), shown, cell_config)
 
     def finish(self, run: Run) -> Any:
         """Wait for ``run`` (a cell of this session); its result, or its failure raised
@@ -242,6 +244,36 @@ class Session:
         except BaseException as exc:
             self.note_if_ended(exc)
             raise
+        finally:
+            self.record_failures(run)
+
+    def record_failures(self, run: Run) -> None:
+        """Remember which ranks raised in ``run`` (the cell that just ended), the root
+        cause first, for ``debug``."""
+        cause = run.root_cause
+        raised = [o.rank for o in run.outcomes() if o.error is not None]
+        if cause is not None and cause.rank in raised:
+            raised.remove(cause.rank)
+            raised.insert(0, cause.rank)
+        self._raised = tuple(raised)
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open pdb in the cell where the last cell raised, on ``rank`` (default: the
+        rank that failed first), as IPython's ``%debug`` does; the state is kept."""
+        self._job_or_raise()
+        if not self._raised:
+            raise SessionError(
+                "nothing to debug: the last cell of the session did not raise on any rank"
+            )
+        if rank is None:
+            rank = self._raised[0]
+        elif rank not in self._raised:
+            raise SessionError(
+                f"rank {rank} did not raise in the last cell; ranks that did: "
+                f"{', '.join(map(str, sorted(self._raised)))}"
+            )
+        # Not ``finish``: looking at a failure does not replace it.
+        self.run_call(rank_session.DebugLast(rank), (), {}, self._cell_config).wait()
 
     def note_if_ended(self, exc: BaseException) -> None:
         """Add to ``exc`` what became of the session (``state_note``)."""

@@ -8,11 +8,13 @@ Nothing here sleeps: every wait is a blocking receive with a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +142,50 @@ class Kernel:
         """Run ``code`` as a cell and collect its messages until the kernel is idle."""
         msg_id = self.kc.execute(code, store_history=True)
         return self.collect(msg_id, timeout)
+
+    def execute_answering(
+        self,
+        code: str,
+        respond: Callable[[str, bool], str | None],
+        timeout: float = 120.0,
+    ) -> tuple[CellResult, list[str]]:
+        """Run ``code`` with stdin allowed, answering each ``input_request`` with
+        ``respond(prompt, password)``, asked again each turn while it returns None (not
+        answered yet: a user thinking, or one who interrupts instead); the cell's
+        result and the prompts, in order."""
+        msg_id = self.kc.execute(code, store_history=True, allow_stdin=True)
+        prompts: list[str] = []
+        messages: list[dict[str, Any]] = []
+        pending: tuple[str, bool] | None = None
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the cell did not finish within {timeout}s")
+            with contextlib.suppress(queue.Empty):
+                request = self.kc.get_stdin_msg(timeout=0.05)
+                if request["msg_type"] == "input_request":
+                    pending = (request["content"]["prompt"], bool(request["content"]["password"]))
+                    prompts.append(pending[0])
+            if pending is not None:
+                answer = respond(*pending)
+                if answer is not None:
+                    self.kc.input(answer)
+                    pending = None
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                if msg["content"]["execution_state"] == "idle":
+                    break
+                continue
+            messages.append(msg)
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+        return CellResult(reply["content"]["status"], messages, reply["content"]), prompts
 
     def messages_of(
         self, msg_id: str, timeout: float, waiting_for: str

@@ -52,6 +52,7 @@ SAMPLE: dict[str, Any] = {
     "max_restarts": 3,
     "output": "rank0",
     "tail": 5,
+    "debug": True,
 }
 """A valid value other than the default for every option (add one with a new option)."""
 

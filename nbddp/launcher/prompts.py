@@ -1,0 +1,68 @@
+"""Ranks waiting for the user: the prompt in the notebook, and the time it takes.
+
+Contract: ``ask_user(prompt, password)`` asks whoever runs the notebook for
+one line, where ``input()`` would (Jupyter's stdin request in a kernel, the
+terminal in a script); None when nobody can answer (end of input, a
+frontend without stdin), which the rank reads as end of input.
+``prompt_for(rank, prompt)`` names the rank in the prompt.
+
+``WaitClock`` keeps which ranks wait at a prompt and for how long: the
+job's timeout leaves that time out (``owed``), as a debugger's pause is not
+the run's.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Callable
+
+
+def prompt_for(rank: int, prompt: str) -> str:
+    """``(Pdb) [rank 1] ``: the rank's prompt, naming it."""
+    head = prompt.rstrip()
+    return f"{head} [rank {rank}] " if head else f"[rank {rank}] "
+
+
+def ask_user(prompt: str, password: bool = False) -> str | None:
+    """One line from the user (see module contract)."""
+    try:
+        return getpass.getpass(prompt) if password else input(prompt)
+    except EOFError:
+        return None
+    except NotImplementedError:  # IPython's StdinNotImplementedError: no stdin in this frontend
+        return None
+
+
+class WaitClock:
+    """Ranks at a prompt, and the time spent there (see module contract)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.waiting: set[int] = set()
+        self._since = 0.0
+        self._owed = 0.0
+
+    def begin(self, rank: int) -> None:
+        """``rank`` waits for the user."""
+        if not self.waiting:
+            self._since = self._clock()
+        self.waiting.add(rank)
+
+    def end(self, rank: int) -> None:
+        """``rank`` has its answer (or is gone)."""
+        if rank not in self.waiting:
+            return
+        self.waiting.discard(rank)
+        if not self.waiting:
+            self._owed += self._clock() - self._since
+
+    def owed(self) -> float:
+        """Seconds some rank waited since the last call, the current wait included."""
+        owed = self._owed
+        if self.waiting:
+            now = self._clock()
+            owed += now - self._since
+            self._since = now
+        self._owed = 0.0
+        return owed

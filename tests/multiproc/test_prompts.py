@@ -1,0 +1,62 @@
+"""A rank's ``input()`` and ``breakpoint()`` from a script: the prompt is on the terminal
+(the driver's stdin), naming the rank; with no more input, the rank reads end of input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import nbddp
+
+    def greet():
+        import torch.distributed as dist
+        rank = dist.get_rank()
+        if rank == 1:
+            name = input("who? ")
+            print("hello", name)
+            breakpoint()
+            marker = "inside " + name
+        dist.barrier()  # rank 0 asks once rank 1 is through
+        try:
+            input("more? ")
+        except EOFError:
+            print("end of input on", rank)
+        return rank
+
+    print("value", nbddp.launch(greet, procs=2, init_process_group=True))
+    """
+)
+
+
+def _run(tmp_path: Path, stdin: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "greet.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.run(
+        [sys.executable, str(script)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+def test_prompts_are_asked_on_the_terminal_and_answered_from_its_stdin(tmp_path: Path) -> None:
+    done = _run(tmp_path, "ada\nn\np marker\nc\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "who? [rank 1] " in out, out
+    assert "[rank 1] hello ada" in out, out
+    assert "(Pdb) [rank 1] " in out, out
+    assert "more? [rank 0] " in out and "more? [rank 1] " in out, out
+    assert "[rank 1] 'inside ada'" in out, out  # pdb ran in the rank, on its frame
+    # Both ranks then read end of input: the script's stdin has nothing more.
+    assert "[rank 0] end of input on 0" in out and "[rank 1] end of input on 1" in out, out
+    assert "value 0" in out, out
