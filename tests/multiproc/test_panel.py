@@ -48,7 +48,7 @@ def shown_state(panel: Panel) -> str:
 def test_launch_button_runs_to_done_and_shows_everything() -> None:
     panel = Panel(steps, (5, 0.0))
     assert not panel.view.launch_button.disabled and panel.view.stop_button.disabled
-    panel.view.procs.value = 2
+    panel.view.procs.value = "2"
     panel.view.launch_button.click()
     assert panel.run is not None
     result = panel.wait(60)
@@ -59,7 +59,7 @@ def test_launch_button_runs_to_done_and_shows_everything() -> None:
     assert panel.view.tabs.titles == ("rank 0 · done", "rank 1 · done")
     assert "step 4" in panel.view.tabs.children[1].value
     assert "<svg" in panel.view.chart.value and "loss" in panel.view.chart.value
-    assert "rank 0 returned 100" in panel.view.result.value
+    assert 'rank 0 returned <code class="nbddp-value">100</code>' in panel.view.result.value
     assert not panel.view.launch_button.disabled and panel.view.stop_button.disabled
     # Launching again from the same panel starts a fresh run.
     first = panel.run
@@ -121,7 +121,9 @@ def test_an_unsendable_argument_is_shown_not_launched() -> None:
     assert panel.run is None
     assert "PayloadError" in panel.view.result.value
     assert 'data-state="error"' in panel.view.run_state.value
-    assert "args[0]" in panel.view.code.value  # the code names what it cannot write
+    # The code says what it could not write, and names it after its parameter.
+    assert "# define n first: nbddp.panel was given a lock" in panel.view.code.value
+    assert "nbddp.launch(steps, n, 0.0, procs=2)" in panel.view.code.value
 
 
 def test_close_stops_the_run_and_the_panel_cannot_launch_again() -> None:
@@ -158,9 +160,90 @@ def test_a_second_launch_while_running_is_refused() -> None:
         panel.wait(60)
 
 
-def test_code_for_a_lambda_names_it_fn() -> None:
-    panel = Panel(lambda: 1)
+def test_code_for_a_lambda_nothing_holds_names_it_fn_and_says_so() -> None:
+    panel = Panel(lambda: 1, namespace={})
     magic, call = panel.code()
-    assert call == "nbddp.launch(fn, procs=2)" and magic.endswith("\nfn()")
-    shown = panel.view.code.value
-    assert "fn stands for the function given to nbddp.panel (&lt;lambda&gt;)" in shown
+    comment = "# define fn first: nbddp.panel was given a function (<lambda>)"
+    assert call.startswith(comment) and call.endswith("\nnbddp.launch(fn, procs=2)")
+    assert magic.endswith("\nfn()") and comment in magic
+    assert "Define the names the comments list" in panel.view.code.value
+
+
+class Weights:
+    """An argument that is no literal: the code names it as the notebook does."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+
+def echo(steps: int, weights: Weights, *, lr: float = 0.1, tag: str = "plain") -> str:
+    import os
+
+    return f"{tag}: steps={steps} weights={weights.total} lr={lr} world={os.environ['WORLD_SIZE']}"
+
+
+def test_keyword_arguments_typed_in_the_form_reach_the_function() -> None:
+    w = Weights(6)
+    panel = Panel(echo, (3, w), {"tag": "given"}, namespace={"echo": echo, "w": w})
+    assert panel.view.kwargs.value == "tag='given'"  # literals start in the field
+    panel.view.kwargs.value = "lr=0.5, tag='typed', epochs=2"
+    assert "unexpected keyword argument &#x27;epochs&#x27;" in panel.view.errors["kwargs"].value
+    assert panel.view.launch_button.disabled
+    assert panel.view.launch_button.description == "Fix 1 field to launch"
+    panel.view.kwargs.value = "lr=0.5, tag='typed'"
+    panel.view.procs.value = "3"
+    assert "<b>nbddp · echo(3, w, lr=0.5, tag=&#x27;typed&#x27;)</b>" in panel.view.title.value
+    panel.launch()
+    assert panel.wait(60).values[2] == "typed: steps=3 weights=6 lr=0.5 world=3"
+
+
+def test_the_code_shown_runs_as_pasted_and_returns_the_same_value() -> None:
+    w = Weights(6)
+    notebook: dict[str, object] = {"echo": echo, "w": w, "nbddp": nbddp}
+    panel = Panel(echo, (3, w), namespace=notebook)
+    panel.view.kwargs.value = "lr=0.5, tag='pasted'"
+    panel.view.timeout.value = "120"
+    _, call = panel.code()
+    assert call == "nbddp.launch(echo, 3, w, lr=0.5, tag='pasted', procs=2, timeout=120.0)"
+    panel.launch()
+    panel.wait(60)
+    exec(f"pasted = {call}", notebook)  # a new cell of the same notebook
+    assert notebook["pasted"] == panel.value == "pasted: steps=3 weights=6 lr=0.5 world=2"
+
+
+def rows(n: int) -> dict[str, object]:
+    import os
+
+    return {"rank": int(os.environ["RANK"]), "rows": list(range(n))}
+
+
+def test_the_value_is_shown_short_with_how_to_get_all_of_it() -> None:
+    notebook: dict[str, object] = {}
+    panel = Panel(rows, (1000,), namespace=notebook)
+    notebook["p"] = panel  # p = nbddp.panel(rows, 1000)
+    with pytest.raises(RuntimeError, match="nothing was launched"):
+        panel.value  # noqa: B018
+    panel.launch()
+    panel.wait(60)
+    assert panel.value == {"rank": 0, "rows": list(range(1000))}
+    shown = panel.view.result.value
+    assert "rank 0 returned <code" in shown and "…</code>" in shown and len(shown) < 1500
+    assert "full value: p.value · every rank&#x27;s values and metrics: p.wait()" in shown
+    # Not bound to a name: the kernel's output history holds it.
+    notebook.clear()
+    notebook["Out"] = {7: panel}
+    panel.launch()
+    panel.wait(60)
+    assert "full value: Out[7].value" in panel.view.result.value
+
+
+def test_the_value_of_a_run_still_going_says_to_wait() -> None:
+    panel = Panel(steps, (1_000_000, 0.01))
+    panel.launch()
+    with pytest.raises(RuntimeError, match="still going; wait"):
+        panel.value  # noqa: B018
+    panel.stop()
+    with pytest.raises(nbddp.RankError, match="stopped"):
+        panel.wait(60)
+    with pytest.raises(nbddp.RankError, match="stopped"):  # the run's own failure
+        panel.value  # noqa: B018

@@ -8,17 +8,19 @@ from typing import Any
 import pytest
 
 from nbddp.launcher.config import LaunchConfig
+from nbddp.launcher.signature import check_call
 from nbddp.notebook.panel import panel as panel_module
 from nbddp.notebook.panel import settings as settings_module
+from nbddp.notebook.panel.code import call_source, run_code
 from nbddp.notebook.panel.panel import Panel
-from nbddp.notebook.panel.settings import PanelSettings, call_code
+from nbddp.notebook.panel.settings import PanelSettings, parse_kwargs
 
 CPU = PanelSettings.initial(0)
 GPUS = PanelSettings.initial(4)
 
 
 def test_defaults_follow_the_machine() -> None:
-    assert (CPU.device, CPU.procs, CPU.gpus) == ("cpu", 2, ())
+    assert (CPU.device, CPU.procs, CPU.gpus) == ("cpu", "2", ())
     assert (GPUS.device, GPUS.gpus) == ("gpu", (0, 1, 2, 3))
     assert CPU.errors() == {}
 
@@ -35,7 +37,7 @@ def test_the_whole_config_is_checked_once_the_fields_are_valid(
 def test_valid_settings_build_the_launch_they_show() -> None:
     settings = replace(
         CPU,
-        procs=3,
+        procs="3",
         start_method="spawn",
         port=" 29511 ",
         timeout="90",
@@ -67,8 +69,8 @@ def test_valid_settings_build_the_launch_they_show() -> None:
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
-        ({"procs": 0}, "procs", "from 1 to 256"),
-        ({"procs": 10_000}, "procs", "from 1 to 256"),
+        ({"procs": "0"}, "procs", "from 1 to 256"),
+        ({"procs": "10000"}, "procs", "from 1 to 256"),
         ({"port": "http"}, "port", "a port number"),
         ({"port": "70000"}, "port", "from 1 to 65535"),
         ({"timeout": "soon"}, "timeout", "seconds"),
@@ -103,7 +105,7 @@ def test_initial_from_session_options() -> None:
         0, {"procs": 4, "start_method": "spawn", "timeout": 30.0, "env": {"X": "1"}}
     )
     assert (settings.procs, settings.start_method, settings.timeout, settings.env) == (
-        4,
+        "4",
         "spawn",
         "30",
         "X=1",
@@ -115,23 +117,20 @@ def test_initial_from_session_options() -> None:
 
 
 def test_code_for_literal_arguments_is_exact() -> None:
-    args, exact = call_code((3, "x", [1.5, None]), {"lr": 0.1})
-    assert (args, exact) == ("3, 'x', [1.5, None], lr=0.1", True)
+    def train(*args: object, **kwargs: object) -> None: ...
+
+    source = call_source(train, (3, "x", [1.5, None]), {"lr": 0.1}, {"train": train})
+    assert source.complete
     settings = replace(CPU, start_method="spawn", env="A=1")
-    assert settings.magic_cell(f"train({args})") == (
+    magic, launch = run_code(source, settings)
+    assert magic == (
         "%%ddp --no-init --procs 2 --start-method spawn --env A=1\n"
         "train(3, 'x', [1.5, None], lr=0.1)"
     )
-    assert settings.launch_call("train", args) == (
+    assert launch == (
         "nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
         "start_method='spawn', env={'A': '1'})"
     )
-
-
-def test_code_names_objects_it_cannot_write() -> None:
-    args, exact = call_code((object(), 1), {"data": list(range(1000)), "n": float("nan")})
-    assert args == "args[0], 1, data=kwargs['data'], n=kwargs['n']"
-    assert not exact
 
 
 @pytest.mark.parametrize(
@@ -152,12 +151,12 @@ def test_field_values_are_checked_by_the_config(
 
 
 def test_every_bad_field_is_reported_at_once_in_form_order() -> None:
-    bad = replace(CPU, port="http", timeout="-1", start_method="thread", procs=0)
+    bad = replace(CPU, port="http", timeout="-1", start_method="thread", procs="0")
     assert list(bad.errors()) == ["procs", "start_method", "port", "timeout"]
 
 
 def test_validate_carries_the_config_exactly_when_there_are_no_errors() -> None:
-    checked = replace(CPU, procs=3, timeout="5").validate()
+    checked = replace(CPU, procs="3", timeout="5").validate()
     assert checked.errors == {} and checked.config is not None
     assert (checked.config.job.world_size, checked.config.job.timeout) == (3, 5.0)
     assert checked.options == {"procs": 3, "timeout": 5.0}
@@ -186,7 +185,7 @@ def test_the_panel_validates_once_per_change_and_launches_with_that_config(
     panel = Panel(print)
     try:
         assert len(builds) == 1  # the form shown
-        panel.view.procs.value = 3  # one change, one validation
+        panel.view.procs.value = "3"  # one change, one validation
         assert len(builds) == 2 and builds[-1].job.world_size == 3
         panel.code()
         with pytest.raises(RuntimeError, match="not started in this test"):
@@ -195,3 +194,87 @@ def test_the_panel_validates_once_per_change_and_launches_with_that_config(
         assert launched == [builds[-1]] and launched[0] is builds[-1]
     finally:
         panel.close(wait=False)
+
+
+# -- the function's keyword arguments ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("", {}),
+        ("epochs=3, lr=0.1", {"epochs": 3, "lr": 0.1}),
+        ("  epochs = 3 ,\n lr=1e-3,", {"epochs": 3, "lr": 0.001}),
+        (
+            "name='a, b=c', sizes=[1, (2, 3)], opts={'k': None}",
+            {"name": "a, b=c", "sizes": [1, (2, 3)], "opts": {"k": None}},
+        ),
+        ('flag=True\nnote="two\\nlines"', {"flag": True, "note": "two\nlines"}),
+        ("x=-2, z=1+2j", {"x": -2, "z": 1 + 2j}),
+        ("a=1,, b=2\n\n", {"a": 1, "b": 2}),  # empty entries are nothing
+    ],
+)
+def test_keyword_arguments_are_python_literals(text: str, parsed: dict[str, object]) -> None:
+    assert parse_kwargs(text) == parsed
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("epochs", "entry 1 (epochs): write NAME=VALUE, e.g. epochs=3"),
+        ("epochs=3, lr=fast", "entry 2 (lr=fast): fast is not a Python literal"),
+        ("epochs=3, lr=", "entry 2 (lr=): no value after ="),
+        ("2x=1", "entry 1 (2x=1): '2x' is not a Python argument name"),
+        ("class=1", "entry 1 (class=1): 'class' is not a Python argument name"),
+        ("lr=0.1, lr=0.2", "entry 2 (lr=0.2): lr is given twice"),
+        ("sizes=[1, 2", "sizes=[1, 2: a bracket or quote is not closed"),
+        ("model=Net()", "entry 1 (model=Net()): Net() is not a Python literal"),
+    ],
+)
+def test_a_wrong_keyword_argument_says_which_entry_and_why(text: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_kwargs(text)
+    assert says in str(info.value)
+    assert says in replace(CPU, kwargs=text).errors()["kwargs"]
+
+
+def test_the_call_is_checked_with_the_keyword_arguments() -> None:
+    def train(steps: int, *, lr: float = 0.1) -> None: ...
+
+    def check(kwargs: dict[str, object]) -> None:
+        check_call(train, (3,), kwargs)
+
+    checked = replace(CPU, kwargs="lr=0.5").validate(check)
+    assert checked.errors == {} and checked.kwargs == {"lr": 0.5}
+    errors = replace(CPU, kwargs="epoch=2").validate(check).errors
+    assert list(errors) == ["kwargs"]
+    assert "unexpected keyword argument 'epoch'" in errors["kwargs"]
+
+
+# -- number fields --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("typed", ["two", "2x", "2.5", " ", "-1", "0"])
+def test_a_process_count_that_is_no_whole_number_is_refused_in_words(typed: str) -> None:
+    errors = replace(CPU, procs=typed).errors()
+    assert list(errors) == ["procs"]
+    assert "a whole number, e.g. 2 (from 1 to 256)" in errors["procs"]
+    assert repr(typed) in errors["procs"]  # what was typed, never silently dropped
+
+
+def test_a_process_count_is_read_from_the_text() -> None:
+    assert replace(CPU, procs=" 3 ").options() == {"procs": 3}
+
+
+# -- every field at once ---------------------------------------------------------
+
+
+def test_what_only_the_whole_launch_sees_is_flagged_with_the_other_fields() -> None:
+    # MASTER_PORT is refused by the launch's own check, which the form runs too
+    # while other fields are wrong; it is flagged on the Environment field.
+    bad = replace(CPU, procs="two", port="http", env="MASTER_PORT=29500", kwargs="epochs=fast")
+    errors = bad.errors()
+    assert list(errors) == ["kwargs", "procs", "port", "env"]
+    assert "nbddp sets MASTER_PORT itself" in errors["env"]
+    # With the other fields fixed, the same message on the same field.
+    assert list(replace(CPU, env="MASTER_PORT=29500").errors()) == ["env"]

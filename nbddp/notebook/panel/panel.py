@@ -6,9 +6,16 @@ builds the launch's config). Launch (the button, or ``launch()``) starts the
 run with that same config and a ``PanelFeed`` as its display, and pumps it
 on a background thread, so the notebook stays usable; the outcome (summary,
 or the failing rank's error and traceback) is shown in the panel and the run
-stays reachable as ``panel.run``. Stop (the button, or ``stop()``) stops every rank; the panel
-then shows ``stopped``. Launch is disabled while the form is invalid or a
-run goes on; launching again after a run ends starts a fresh run.
+stays reachable as ``panel.run``, rank 0's value as ``panel.value`` (the panel
+shows a short repr and says so, by the notebook's name for the panel). Stop
+(the button, or ``stop()``) stops every rank; the panel then shows
+``stopped``. Launch is disabled while the form is invalid or a run goes on;
+launching again after a run ends starts a fresh run.
+
+The call is ``fn(*args, **kwargs)`` with the form's keyword arguments over
+``kwargs``: those that can be written as literals start in that field, the
+others stay as given. *Same run as code* writes it for the notebook's
+namespace (``code.call_source``).
 
 Whatever goes wrong while a run is shown (its display, its result's
 ``repr``, ``Run.wait`` itself), the panel ends in a final state with Launch
@@ -23,25 +30,30 @@ and ranks end with the kernel in any case (each watches its link).
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
 from collections.abc import Callable, Mapping
 
-from nbddp.entry import start_with_display
+from nbddp.entry import kernel_shell, start_with_display
 from nbddp.errors import ConfigError
-from nbddp.launcher.devices import visible_gpus
+from nbddp.launcher.devices import VisibleGpus, visible_gpus
 from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import PANEL
+from nbddp.notebook.panel.code import CallSource, call_source, literal_source, run_code
 from nbddp.notebook.panel.feed import PanelFeed
-from nbddp.notebook.panel.settings import PanelSettings, Validated, call_code
+from nbddp.notebook.panel.settings import PanelSettings, Validated
 from nbddp.notebook.panel.view import PanelView
 
 PANEL_TAIL = 15  # lines of each rank's output in its tab (the full output is in its log)
 CLOSE_WAIT = 10.0  # seconds close() waits for a stopped run's ranks to be gone
-_MAX_VALUE_REPR = 200
+_MAX_VALUE_REPR = 400  # characters of rank 0's value the panel shows
+_MAX_VALUE_LINES = 8
+_MAX_TITLE = 100  # characters of the call in the panel's heading
 
 
 class Panel:
@@ -55,7 +67,10 @@ class Panel:
         *,
         options: LaunchOptions | None = None,
         tail: int = PANEL_TAIL,
+        namespace: Mapping[str, object] | None = None,
     ) -> None:
+        """``namespace``: the notebook's names, for the code (default: the kernel's, or
+        ``__main__``'s)."""
         if not callable(fn):
             raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
         # Why here too: no panel for a call that cannot bind (Launch checks it again).
@@ -64,16 +79,19 @@ class Panel:
         self.fn = fn
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
+        """The keyword arguments given to the panel (the form's are laid over them)."""
         self.tail = tail
+        self.namespace = _notebook_namespace() if namespace is None else namespace
         self.run: Run | None = None
         """The latest run started from this panel (running or ended)."""
-        name = getattr(fn, "__name__", None) or type(fn).__name__
-        self.name = name
-        # The name the code shown uses: a lambda or a callable object has none.
-        self.code_name = name if name.isidentifier() else "fn"
+        self.name = getattr(fn, "__name__", None) or type(fn).__name__
+        # Keyword arguments that read back as literals go into the form's field.
+        typed = {k: literal_source(v) for k, v in self.kwargs.items()}
+        self._kept = {k: v for k, v in self.kwargs.items() if typed[k] is None}
+        kwargs_text = ", ".join(f"{k}={text}" for k, text in typed.items() if text is not None)
         gpus = visible_gpus()
-        settings = PanelSettings.initial(len(gpus), options)
-        self.view = PanelView(f"nbddp · {self.name}", settings, f"GPUs: {gpus.describe()}")
+        settings = PanelSettings.initial(len(gpus), options, kwargs_text)
+        self.view = PanelView(f"nbddp · {self.name}", settings, gpu_words(gpus), _kwargs_hint(fn))
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -98,48 +116,65 @@ class Panel:
         """What the form holds now."""
         return self.view.settings()
 
+    @property
+    def value(self) -> object:
+        """Rank 0's return value of the latest run (its full value, not the panel's
+        short repr); raises that run's failure as ``wait()`` does.
+
+        Raises ``RuntimeError`` when nothing was launched yet or the run still goes on
+        (``wait()`` waits for it).
+        """
+        if self.run is None:
+            raise RuntimeError("nothing was launched from this panel yet; click Launch first")
+        if self.running:
+            raise RuntimeError("the run is still going; wait() waits for it and returns its result")
+        return self.wait().values.get(0)
+
     def code(self) -> tuple[str, str]:
         """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call for the current settings.
 
         Raises ``ConfigError`` while the form is invalid.
         """
         settings = self.settings()
-        errors = self._validated(settings).errors
-        if errors:
-            raise ConfigError(_describe(errors))
-        return self._code(settings)[:2]
+        checked = self._validated(settings)
+        if checked.errors:
+            raise ConfigError(_describe(checked.errors))
+        return run_code(self._source(checked), settings)
 
-    def _code(self, settings: PanelSettings) -> tuple[str, str, bool]:
-        """The code for valid ``settings``, and whether it is exact (see ``call_code``)."""
-        args, exact = call_code(self.args, self.kwargs)
-        name = self.code_name
-        return settings.magic_cell(f"{name}({args})"), settings.launch_call(name, args), exact
+    def _call_kwargs(self, checked: Validated) -> dict[str, object]:
+        """The keyword arguments a launch passes: the form's over those kept aside."""
+        return {**self._kept, **checked.kwargs}
+
+    def _source(self, checked: Validated) -> CallSource:
+        return call_source(self.fn, self.args, self._call_kwargs(checked), self.namespace)
 
     def _validated(self, settings: PanelSettings) -> Validated:
         """``settings`` validated: as last time when the form has not changed since."""
         if self._checked is None or self._checked[0] != settings:
-            self._checked = (settings, settings.validate())
+            self._checked = (settings, settings.validate(self._check_call))
         return self._checked[1]
+
+    def _check_call(self, kwargs: dict[str, object]) -> None:
+        check_call(self.fn, self.args, {**self._kept, **kwargs})
 
     def refresh_form(self) -> None:
         """Re-validate the form: field errors, the Launch button and the code shown."""
         settings = self.settings()
         self.view.show_device(settings.device)
         self._checked = None  # a change: check anew (the machine may have changed too)
-        errors = self._validated(settings).errors
+        checked = self._validated(settings)
+        errors = checked.errors
         self.view.show_errors(errors)
         self.view.set_running(self.running, can_launch=not errors and not self._closed)
         if errors:
             self.view.show_code("", "", "Fix the settings above to see the equivalent code.")
             return
-        magic, call, exact = self._code(settings)
-        notes = []
-        if self.code_name != self.name:
-            notes.append(f"fn stands for the function given to nbddp.panel ({self.name}).")
-        if not exact:
-            notes.append("args[i] and kwargs[...] stand for the objects given to nbddp.panel.")
-        note = " ".join(notes)
-        self.view.show_code(magic, call, note)
+        source = self._source(checked)
+        call = source.call()
+        self.view.show_title(f"nbddp · {_cut(call, _MAX_TITLE)}")
+        magic, launch = run_code(source, settings)
+        note = "" if source.complete else "Define the names the comments list, then run it."
+        self.view.show_code(magic, launch, note)
 
     # -- actions ----------------------------------------------------------------
 
@@ -160,10 +195,11 @@ class Panel:
                 self.view.show_errors(checked.errors)
                 raise ConfigError(_describe(checked.errors))
             config = checked.config
+            kwargs = self._call_kwargs(checked)
             self.view.start_run(config.job.world_size)
             feed = PanelFeed(self.view, tail=self.tail)
             with PANEL.speaking():
-                run = start_with_display(config, self.fn, self.args, self.kwargs, feed)
+                run = start_with_display(config, self.fn, self.args, kwargs, feed)
             self.run = run
             self.view.show_run_state(RunStatus.RUNNING)
             self.view.set_running(True, can_launch=False)
@@ -236,9 +272,28 @@ class Panel:
             )
 
     def _show_done(self, result: RunResult) -> None:
-        text = _safe_repr(result.values.get(0))
         self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
-        self.view.show_result(f"rank 0 returned {text}; logs in {result.log_dir}")
+        me = self._notebook_name()
+        self.view.show_value(
+            _safe_repr(result.values.get(0)),
+            [
+                f"full value: {me}.value · every rank's values and metrics: {me}.wait()",
+                f"each rank's output is in {result.log_dir}",
+            ],
+        )
+
+    def _notebook_name(self) -> str:
+        """How the notebook reaches this panel: its name there, ``Out[n]``, else
+        ``nbddp.panel(...)``'s result, said in words."""
+        for name, bound in list(self.namespace.items()):
+            if bound is self and name.isidentifier() and not name.startswith("_"):
+                return name
+        out = self.namespace.get("Out")
+        if isinstance(out, dict):
+            for number, bound in list(out.items()):
+                if bound is self:
+                    return f"Out[{number}]"
+        return "panel"
 
     def _show_failure(self, run: Run, exc: BaseException) -> None:
         status = run.status
@@ -273,13 +328,57 @@ class Panel:
         self.show()
 
 
+def gpu_words(gpus: VisibleGpus) -> str:
+    """What the panel says about the GPUs it found, in plain words."""
+    hidden_by = gpus.source if gpus.source.startswith("CUDA_VISIBLE_DEVICES=") else ""
+    if not gpus:
+        if hidden_by:
+            return f"No GPU visible to this notebook ({hidden_by}): runs use CPU processes (gloo)."
+        return "No GPU found on this machine: runs use CPU processes (gloo)."
+    count = f"{len(gpus)} GPU{'s' * (len(gpus) > 1)}"
+    return f"{count} visible to this notebook ({hidden_by})." if hidden_by else f"{count} found."
+
+
+def _kwargs_hint(fn: Callable[..., object]) -> str:
+    """The field's placeholder: the function's keyword parameters with their defaults."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    shown = [
+        f"{p.name}={text}"
+        for p in params
+        if p.default is not inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and (text := literal_source(p.default, 30)) is not None
+    ]
+    return f"e.g. {', '.join(shown[:4])}" if shown else "e.g. epochs=3, lr=0.1"
+
+
+def _notebook_namespace() -> Mapping[str, object]:
+    """The notebook's names: the kernel's user namespace, else ``__main__``'s."""
+    shell = kernel_shell()
+    if shell is not None:
+        return shell.user_ns  # type: ignore[no-any-return]
+    main = sys.modules.get("__main__")
+    return vars(main) if main is not None else {}
+
+
 def _safe_repr(value: object) -> str:
-    """``repr(value)`` cut to ``_MAX_VALUE_REPR`` characters; never raises."""
+    """``repr(value)`` cut to ``_MAX_VALUE_REPR`` characters and ``_MAX_VALUE_LINES``
+    lines; never raises."""
     try:
         text = repr(value)
     except Exception as exc:
         return f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
-    return text if len(text) <= _MAX_VALUE_REPR else text[:_MAX_VALUE_REPR] + "…"
+    lines = text.splitlines() or [""]
+    if len(lines) > _MAX_VALUE_LINES:
+        text = "\n".join([*lines[:_MAX_VALUE_LINES], "…"])
+    return _cut(text, _MAX_VALUE_REPR)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _describe(errors: Mapping[str, str]) -> str:

@@ -1,38 +1,43 @@
-"""The panel's settings form as plain data: validation and the equivalent code.
+"""The panel's settings form as plain data: validation and the options it launches.
 
 Contract: ``PanelSettings`` holds what the form's fields hold, as the user
-typed it (text fields stay text). ``validate()`` checks the form once: it
-parses the text fields (a port, seconds, ``NAME=VALUE`` lines), checks each
-field's option with the config's own check (``checks.check_option``), then
-builds the ``LaunchConfig``; a message maps to its field, or to ``launch``
-when only the combination is wrong. Its errors are empty exactly when it
-carries the config, which is the one the panel launches. The form's own
-checks are only about its device widgets (a GPU chosen, a sane process
-count). The code renderers turn valid settings into the ``%%ddp`` cell and
-the ``launch(...)`` call that run the same thing, so a configuration found by
-clicking becomes code. Nothing here imports ipywidgets, starts a process or
-touches CUDA.
+typed it (text fields stay text, numbers too: what was typed is never
+dropped). ``validate()`` checks the whole form once and reports every wrong
+field at once: it parses the text fields (a process count, a port, seconds,
+``NAME=VALUE`` lines, the function's ``epochs=3, lr=0.1``), checks each
+field's option with the config's own check (``checks.check_option``), checks
+the call with the keyword arguments, then builds the ``LaunchConfig`` from
+the fields that passed. A message maps to its field, or to ``launch`` when
+only the combination is wrong. Its errors are empty exactly when it carries
+the config, which is the one the panel launches. ``magic_cell`` and
+``launch_call`` write valid settings as ``%%ddp`` flags and ``launch``
+keywords (``code`` writes the call). Nothing here imports ipywidgets, starts
+a process or touches CUDA.
 """
 
 from __future__ import annotations
 
+import ast
+import keyword
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from nbddp.errors import ConfigError
 from nbddp.launcher.checks import check_option
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
-from nbddp.launcher.spelling import PANEL
+from nbddp.launcher.spelling import PANEL, OptionError
 
 DeviceChoice = Literal["gpu", "cpu"]
 MAX_PROCS = 256  # a typo guard: more CPU ranks than this is never what was meant
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_LITERAL_TYPES = (bool, int, float, str, bytes, type(None))
-_MAX_ARG_REPR = 60
+_WHOLE = re.compile(r"[0-9]+\Z")
+# The launch's own check judges these fields' values alone (env: the variables
+# nbddp sets, which depend on the launch): their errors go by their fields.
+_JUDGED_BY_LAUNCH = frozenset({"env"})
 
 FIELDS = (
     "device",
@@ -47,8 +52,11 @@ FIELDS = (
     "max_restarts",
     "env",
 )
-"""The form's fields, in display order (``errors()`` keys are among these, or ``launch``).
-``gpus``, ``procs`` and the fields after them are the launch options of their names."""
+"""The form's launch fields, in display order. ``gpus``, ``procs`` and the fields after
+them are the launch options of their names."""
+FORM = ("kwargs", *FIELDS)
+"""Every field, in display order: the function's keyword arguments, then the launch's
+(``errors()`` keys are among these, or ``launch``)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class Validated:
     """The fields that parsed, as launch options (only what differs from the defaults)."""
     config: LaunchConfig | None
     """The launch the form describes; None exactly when there are errors."""
+    kwargs: dict[str, object] = field(default_factory=dict)
+    """The function's keyword arguments from the form (empty when that field is wrong)."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,8 @@ class PanelSettings:
     device: DeviceChoice = "cpu"
     gpus: tuple[int, ...] = ()
     """Notebook GPU ordinals chosen (device ``gpu``)."""
-    procs: int = 2
-    """CPU processes (device ``cpu``)."""
+    procs: str = "2"
+    """CPU processes (device ``cpu``), as typed."""
     nodes: str = ""
     """Machines of the cluster, as typed; empty: this machine only."""
     cluster: str = ""
@@ -86,20 +96,24 @@ class PanelSettings:
     """Restarts after a failure, as typed; empty: none."""
     env: str = ""
     """Extra environment variables, one ``NAME=VALUE`` per line."""
+    kwargs: str = ""
+    """The function's keyword arguments, ``epochs=3, lr=0.1`` (``parse_kwargs``)."""
     visible_gpus: int = field(default=0, compare=False)
     """How many GPUs the notebook sees (detected without initialising CUDA)."""
 
     @classmethod
-    def initial(cls, visible_gpus: int, options: LaunchOptions | None = None) -> PanelSettings:
+    def initial(
+        cls, visible_gpus: int, options: LaunchOptions | None = None, kwargs: str = ""
+    ) -> PanelSettings:
         """Defaults for a machine with ``visible_gpus`` GPUs, overlaid with ``options``
-        (e.g. a ``%ddp_config`` session's defaults)."""
+        (e.g. a ``%ddp_config`` session's defaults), with ``kwargs`` as typed."""
         options = options or {}
         device, gpus, procs = _initial_devices(visible_gpus, options)
         port, timeout, env = options.get("port"), options.get("timeout"), options.get("env")
         return cls(
             device=device,
             gpus=gpus,
-            procs=procs,
+            procs=str(procs),
             nodes=str(options.get("nodes") or ""),
             cluster=str(options.get("cluster") or ""),
             start_method=options.get("start_method", cls.start_method),
@@ -108,31 +122,44 @@ class PanelSettings:
             timeout="" if timeout is None else f"{timeout:g}",
             max_restarts=str(options.get("max_restarts") or ""),
             env="\n".join(f"{k}={v}" for k, v in (env or {}).items()),
+            kwargs=kwargs,
             visible_gpus=visible_gpus,
         )
 
     # -- validation -------------------------------------------------------
 
-    def validate(self) -> Validated:
-        """Check the form once (see module contract)."""
+    def validate(self, call_check: Callable[[dict[str, object]], None] | None = None) -> Validated:
+        """Check the form once (see module contract); every wrong field at once.
+
+        ``call_check(kwargs)`` raises ``TypeError`` or ``ValueError`` when the function
+        cannot be called with the form's keyword arguments (``signature.check_call``).
+        """
         options, errors = self._parse()
+        kwargs = self._kwargs(errors, call_check)
         for name, value in options.items():
             try:
                 with PANEL.speaking():
                     check_option(name, value)
             except ConfigError as exc:
                 errors[name] = str(exc)
-        if errors:
-            order = [*FIELDS, "launch"]
-            return Validated(
-                dict(sorted(errors.items(), key=lambda e: order.index(e[0]))), options, None
-            )
+        config = _build(options, errors)
+        order = [*FORM, "launch"]
+        errors = dict(sorted(errors.items(), key=lambda e: order.index(e[0])))
+        return Validated(errors, options, config if not errors else None, kwargs)
+
+    def _kwargs(
+        self, errors: dict[str, str], call_check: Callable[[dict[str, object]], None] | None
+    ) -> dict[str, object]:
+        """The keyword arguments field, parsed and checked against the call."""
         try:
-            with PANEL.speaking():
-                config = LaunchConfig.build(**options)
-        except ConfigError as exc:
-            return Validated({"launch": str(exc)}, options, None)
-        return Validated({}, options, config)
+            kwargs = parse_kwargs(self.kwargs)
+            if call_check is not None:
+                with PANEL.speaking():
+                    call_check(kwargs)
+        except (TypeError, ValueError) as exc:
+            errors["kwargs"] = str(exc)
+            return {}
+        return kwargs
 
     def errors(self) -> dict[str, str]:
         """Field -> what is wrong with it; empty when the form describes a valid launch."""
@@ -164,14 +191,17 @@ class PanelSettings:
         """``gpus`` or ``procs``, or what the device widgets lack."""
         if self.device == "gpu":
             if not self.visible_gpus:
-                return {}, {"device": "no GPU is visible to this notebook; choose CPU"}
+                return {}, {"device": "no GPU is visible to this notebook; choose CPU processes"}
             if not self.gpus:
                 return {}, {"gpus": "choose at least one GPU"}
             every = tuple(range(self.visible_gpus))
             return {"gpus": len(self.gpus) if self.gpus == every else list(self.gpus)}, {}
-        if not 1 <= self.procs <= MAX_PROCS:
-            return {}, {"procs": f"a number of processes from 1 to {MAX_PROCS}"}
-        return {"procs": self.procs}, {}
+        # str(): a count given as a number reads as the same text.
+        typed = str(self.procs)
+        text = typed.strip()
+        if not _WHOLE.match(text) or not 1 <= int(text) <= MAX_PROCS:
+            return {}, {"procs": f"a whole number, e.g. 2 (from 1 to {MAX_PROCS}); got {typed!r}"}
+        return {"procs": int(text)}, {}
 
     # -- the same run as code ---------------------------------------------
 
@@ -190,13 +220,40 @@ class PanelSettings:
         return f"nbddp.launch({', '.join(parts)})"
 
 
+def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | None:
+    """The launch from the fields that parsed and passed their own checks.
+
+    Run even while other fields are wrong, so that a field only the whole launch
+    judges (``_JUDGED_BY_LAUNCH``) is flagged together with them. Any other error
+    of the launch is about a combination: it goes to ``launch``, and only when
+    every field is right (a combination with a wrong field left out means little).
+    """
+    valid = cast(LaunchOptions, {k: v for k, v in options.items() if k not in errors})
+    for _ in range(len(_JUDGED_BY_LAUNCH) + 1):
+        try:
+            with PANEL.speaking():
+                return LaunchConfig.build(**valid)
+        except OptionError as exc:
+            if exc.option not in _JUDGED_BY_LAUNCH or exc.option not in valid:
+                if not errors:
+                    errors["launch"] = str(exc)
+                return None
+            errors[exc.option] = str(exc)
+            del valid[exc.option]  # type: ignore[misc]
+        except ConfigError as exc:
+            if not errors:
+                errors["launch"] = str(exc)
+            return None
+    return None
+
+
 def _initial_devices(
     visible_gpus: int, options: LaunchOptions
-) -> tuple[DeviceChoice, tuple[int, ...], int]:
+) -> tuple[DeviceChoice, tuple[int, ...], str]:
     """(device, GPUs chosen, process count) for ``options``, else the machine's default."""
     procs, gpus = options.get("procs"), options.get("gpus")
     if procs is not None:
-        return "cpu", tuple(range(visible_gpus)), int(procs)
+        return "cpu", tuple(range(visible_gpus)), str(procs)
     if isinstance(gpus, int):
         return "gpu", tuple(range(gpus)), PanelSettings.procs
     if gpus is not None:
@@ -204,49 +261,67 @@ def _initial_devices(
     return ("gpu" if visible_gpus else "cpu"), tuple(range(visible_gpus)), PanelSettings.procs
 
 
-def call_code(args: Sequence[Any], kwargs: Mapping[str, object]) -> tuple[str, bool]:
-    """The arguments of a call as source (``"3, lr=0.1"``), and whether it is exact.
+def parse_kwargs(text: str) -> dict[str, object]:
+    """``epochs=3, lr=0.1`` (entries between commas or lines) as keyword arguments whose
+    values are Python literals (``ast.literal_eval``); empty entries are nothing.
 
-    Literals (numbers, strings, None, and lists/tuples/dicts of them) are
-    written as themselves; anything else by name (``args[1]``,
-    ``kwargs['model']``), and then the code is not exact: the user must
-    supply those objects.
+    Raises ``ValueError`` naming the entry that is wrong and why.
     """
-    exact = True
-    parts: list[str] = []
-    for i, value in enumerate(args):
-        text = _literal(value)
-        if text is None:
-            exact = False
-            text = f"args[{i}]"
-        parts.append(text)
-    for key, value in kwargs.items():
-        text = _literal(value)
-        if text is None:
-            exact = False
-            text = f"kwargs[{key!r}]"
-        parts.append(f"{key}={text}")
-    return ", ".join(parts), exact
+    kwargs: dict[str, object] = {}
+    entries = [entry.strip() for entry in _entries(text)]
+    for number, entry in enumerate((e for e in entries if e), 1):
+        name, sep, value = (part.strip() for part in entry.partition("="))
+        where = f"entry {number} ({entry})"
+        if not sep:
+            raise ValueError(f"{where}: write NAME=VALUE, e.g. epochs=3")
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise ValueError(f"{where}: {name!r} is not a Python argument name")
+        if not value:
+            raise ValueError(f"{where}: no value after =; e.g. {name}=3")
+        if name in kwargs:
+            raise ValueError(f"{where}: {name} is given twice")
+        try:
+            kwargs[name] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError(
+                f"{where}: {value} is not a Python literal; write a number, a string in "
+                "quotes, True, False, None, or a list, tuple or dict of them (give other "
+                "objects to nbddp.panel itself)"
+            ) from None
+    return kwargs
 
 
-def _literal(value: Any) -> str | None:
-    """``repr(value)`` when it is a short literal that reads back as itself, else None."""
-    if not _is_literal(value):
-        return None
-    text = repr(value)
-    return text if len(text) <= _MAX_ARG_REPR else None
-
-
-def _is_literal(value: Any) -> bool:
-    if isinstance(value, float) and value != value:  # nan does not read back
-        return False
-    if type(value) in _LITERAL_TYPES:
-        return True
-    if type(value) in (list, tuple):
-        return all(_is_literal(v) for v in value)
-    if type(value) is dict:
-        return all(_is_literal(k) and _is_literal(v) for k, v in value.items())
-    return False
+def _entries(text: str) -> list[str]:
+    """``text`` split at the commas and line ends outside brackets and quotes."""
+    entries: list[str] = []
+    start = depth = i = 0
+    quote = ""
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\":
+                i += 2
+                continue
+            if text.startswith(quote, i):
+                i += len(quote)
+                quote = ""
+                continue
+        elif char in "'\"":
+            quote = char * 3 if text.startswith(char * 3, i) else char
+            i += len(quote)
+            continue
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif depth <= 0 and char in ",\n":
+            entries.append(text[start:i])
+            start = i + 1
+        i += 1
+    if quote or depth > 0:
+        raise ValueError(f"{text.strip()}: a bracket or quote is not closed")
+    entries.append(text[start:])
+    return entries
 
 
 def _text(text: str) -> str:

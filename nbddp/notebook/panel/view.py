@@ -2,7 +2,8 @@
 
 Contract: ``PanelView`` builds the ipywidgets tree (``root``) and nothing
 else: it reads the form into ``PanelSettings`` (``settings()``), shows
-per-field errors next to their fields (``show_errors``), and implements
+every field's error next to it, flags its box red and counts them on the
+Launch button (``show_errors``), and implements
 ``feed.PanelSink`` so a ``PanelFeed`` draws the ranks (a status table and
 one output tab per rank), the chart and notices into it. It never launches
 anything; ``panel.Panel`` wires the buttons. Every element a test or a user
@@ -28,10 +29,28 @@ from nbddp.notebook.panel.settings import PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"
+_NOTE = "color:var(--jp-ui-font-color2,#616161);font-size:12px"
+# The panel's own rules, scoped to it: a wrong field's box turns red (the message
+# beside it says why), and the chosen device reads as chosen, the other as a choice.
+_CSS = """<style>
+.nbddp-panel .nbddp-invalid input, .nbddp-panel .nbddp-invalid textarea {
+  border-color: #d62728 !important;
+  box-shadow: inset 0 0 0 1px #d62728;
+  background-color: rgba(214, 39, 40, 0.06);
+}
+.nbddp-panel .nbddp-field-device .widget-toggle-button.mod-active {
+  background-color: var(--jp-brand-color1, #1976d2);
+  color: #fff;
+}
+.nbddp-panel .nbddp-field-device { display: flex; align-items: center; flex-shrink: 0; }
+.nbddp-panel .nbddp-field-device > div { display: flex; flex-wrap: nowrap; }
+.nbddp-panel .nbddp-field-device > .widget-label { text-align: right; flex-shrink: 0; }
+.nbddp-panel .nbddp-error span { white-space: normal; }
+</style>"""
 
 
 def _error_label(name: str) -> W.HTML:
-    label = W.HTML("")
+    label = W.HTML("", layout=W.Layout(max_width="600px"))
     label.add_class("nbddp-error")
     label.add_class(f"nbddp-error-{name}")
     return label
@@ -48,22 +67,38 @@ def _state_span(state: str, text: str, cls: str) -> str:
 class PanelView:
     """The panel's widget tree (see module contract)."""
 
-    def __init__(self, title: str, settings: PanelSettings, gpus_note: str) -> None:
+    def __init__(
+        self,
+        title: str,
+        settings: PanelSettings,
+        gpus_note: str,
+        kwargs_hint: str = "e.g. epochs=3, lr=0.1",
+    ) -> None:
         self._visible_gpus = settings.visible_gpus
         self._notice_lines: list[str] = []
         self._tab_titles: tuple[str, ...] = ()
-        form = self._build_form(title, settings, gpus_note)
-        self.root = W.VBox([form, *self._build_run_area()])
+        form = self._build_form(title, settings, gpus_note, kwargs_hint)
+        self.root = W.VBox([W.HTML(_CSS), form, *self._build_run_area()])
         self.root.add_class("nbddp-panel")
         self.show_device(settings.device)
 
     # -- building the tree -----------------------------------------------------
 
-    def _build_form(self, title: str, settings: PanelSettings, gpus_note: str) -> W.VBox:
+    def _build_form(
+        self, title: str, settings: PanelSettings, gpus_note: str, kwargs_hint: str
+    ) -> W.VBox:
         """The title, a row per field (the field and its error), the buttons."""
         style = {"description_width": "110px"}
         layout = W.Layout(width="330px")
-        self._build_device_fields(settings, style, layout)
+        self.kwargs = W.Text(
+            value=settings.kwargs,
+            placeholder=kwargs_hint,
+            description="Keyword args",
+            tooltip="The function's keyword arguments, as Python literals",
+            style=style,
+            layout=W.Layout(width="460px"),
+        )
+        self._build_device_fields(settings, gpus_note, style, layout)
         self._build_run_fields(settings, style, layout)
         self.fields: dict[str, W.Widget] = {
             "device": self.device,
@@ -78,32 +113,42 @@ class PanelView:
             "max_restarts": self.max_restarts,
             "env": self.env,
         }
-        self.errors = {name: _error_label(name) for name in [*self.fields, "launch"]}
+        self.inputs: dict[str, W.Widget] = {"kwargs": self.kwargs, **self.fields}
+        """Every field of the form (``settings.FORM``): the keyword arguments, then ``fields``."""
+        self.errors = {name: _error_label(name) for name in [*self.inputs, "launch"]}
         rows: dict[str, W.Widget] = {}
-        for name, widget in self.fields.items():
+        for name, widget in self.inputs.items():
             widget.add_class(f"nbddp-field-{name}")
-            rows[name] = W.HBox([widget, self.errors[name]])
+            note = [self.gpus_note] if name == "device" else []
+            rows[name] = W.HBox([widget, *note, self.errors[name]])
         self._gpu_row, self._procs_row = rows["gpus"], rows["procs"]
-        return W.VBox(
-            [
-                W.HTML(f"<b>{html.escape(title)}</b> <small>{html.escape(gpus_note)}</small>"),
-                *rows.values(),
-                self.errors["launch"],
-                self._build_buttons(),
-            ]
-        )
+        self.title = W.HTML("")
+        self.title.add_class("nbddp-title")
+        self.show_title(title)
+        return W.VBox([self.title, *rows.values(), self.errors["launch"], self._build_buttons()])
 
     def _build_device_fields(
-        self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
+        self, settings: PanelSettings, gpus_note: str, style: dict[str, str], layout: W.Layout
     ) -> None:
         """Where the ranks run: the device, the GPUs or the process count, and the nodes
         of a Ray cluster."""
-        device_options = [("CPU processes", "cpu")]
-        if settings.visible_gpus:
-            device_options.insert(0, ("GPUs", "gpu"))
-        self.device = W.ToggleButtons(
-            options=device_options, value=settings.device, description="Device", style=style
+        # Both choices always: a lone toggle reads as disabled. Without a GPU, choosing
+        # GPUs says why it cannot be (the device's error), and the note says it anyway.
+        gpu_tip = (
+            "A process per chosen GPU (nccl)"
+            if settings.visible_gpus
+            else "No GPU found: runs use CPU processes"
         )
+        self.device = W.ToggleButtons(
+            options=[("GPUs", "gpu"), ("CPU processes", "cpu")],
+            value=settings.device,
+            description="Devices",
+            tooltips=[gpu_tip, "CPU processes (gloo); GPUs are hidden from them"],
+            style={**style, "button_width": "120px"},
+            layout=W.Layout(width="auto"),
+        )
+        self.gpus_note = W.HTML(f'<span style="{_NOTE}">{html.escape(gpus_note)}</span>')
+        self.gpus_note.add_class("nbddp-gpus-note")
         self.gpus = W.SelectMultiple(
             options=[(f"GPU {i}", i) for i in range(settings.visible_gpus)],
             value=settings.gpus,
@@ -112,8 +157,14 @@ class PanelView:
             style=style,
             layout=layout,
         )
-        self.procs = W.IntText(
-            value=settings.procs, description="Processes", style=style, layout=layout
+        # Text, not IntText: a number input drops letters without a word; here they
+        # stay visible and the field says what it takes.
+        self.procs = W.Text(
+            value=settings.procs,
+            placeholder="e.g. 2",
+            description="Processes",
+            style=style,
+            layout=layout,
         )
         self.nodes = W.Text(
             value=settings.nodes,
@@ -181,7 +232,12 @@ class PanelView:
 
     def _build_buttons(self) -> W.HBox:
         """Launch, Stop, and the run's state beside them."""
-        self.launch_button = W.Button(description="Launch", button_style="success", icon="play")
+        self.launch_button = W.Button(
+            description="Launch",
+            button_style="success",
+            icon="play",
+            layout=W.Layout(width="auto", min_width="148px"),
+        )
         self.launch_button.add_class("nbddp-launch")
         self.stop_button = W.Button(
             description="Stop", button_style="danger", icon="stop", disabled=True
@@ -215,7 +271,7 @@ class PanelView:
         return PanelSettings(
             device=self.device.value,
             gpus=tuple(self.gpus.value),
-            procs=int(self.procs.value),
+            procs=self.procs.value,
             nodes=self.nodes.value,
             cluster=self.cluster.value,
             start_method=self.start_method.value,
@@ -224,37 +280,64 @@ class PanelView:
             timeout=self.timeout.value,
             max_restarts=self.max_restarts.value,
             env=self.env.value,
+            kwargs=self.kwargs.value,
             visible_gpus=self._visible_gpus,
         )
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever any field changes."""
-        for widget in self.fields.values():
+        for widget in self.inputs.values():
             widget.observe(lambda _change: callback(), names="value")
 
     def show_device(self, device: str) -> None:
-        """Show the GPU list or the process count, whichever the device needs."""
-        self._gpu_row.layout.display = None if device == "gpu" else "none"
+        """Show the GPU list or the process count, whichever the device needs (no
+        empty GPU list: without GPUs the device's error says why)."""
+        has_gpus = device == "gpu" and self._visible_gpus > 0
+        self._gpu_row.layout.display = None if has_gpus else "none"
         self._procs_row.layout.display = None if device == "cpu" else "none"
 
+    def show_title(self, title: str) -> None:
+        """The panel's heading (the call it launches)."""
+        self.title.value = f"<b>{html.escape(title)}</b>"
+
     def show_errors(self, errors: dict[str, str]) -> None:
-        """Each field's message next to it (empty where it is valid)."""
+        """Every field's message next to it and its box flagged (cleared where it is
+        valid), and on the Launch button how many fields need fixing."""
         for name, label in self.errors.items():
             message = errors.get(name, "")
             label.value = (
                 f'<span style="{_ERROR_STYLE}">{html.escape(message)}</span>' if message else ""
             )
+        # The device's error says why GPUs cannot be: the note beside it would repeat it.
+        self.gpus_note.layout.display = "none" if "device" in errors else None
+        for name, widget in self.inputs.items():
+            if name in errors:
+                widget.add_class("nbddp-invalid")
+            else:
+                widget.remove_class("nbddp-invalid")
+        wrong = sum(name != "launch" for name in errors)
+        if wrong:
+            self.launch_button.description = f"Fix {wrong} field{'s' * (wrong > 1)} to launch"
+        elif errors:
+            self.launch_button.description = "Fix the settings to launch"
+        else:
+            self.launch_button.description = "Launch"
 
     def show_code(self, magic: str, call: str, note: str) -> None:
         """The ``%%ddp`` cell and the ``launch`` call for the current settings."""
-        parts = [
-            f'<pre class="nbddp-code-magic" style="{_PRE};user-select:all">'
-            f"{html.escape(magic)}</pre>",
-            f'<pre class="nbddp-code-launch" style="{_PRE};user-select:all">'
-            f"{html.escape(call)}</pre>",
-        ]
+        parts = []
+        if magic:
+            # One click selects a whole block (user-select: all), ready to copy.
+            parts += [
+                f'<div style="{_NOTE}">as a %%ddp cell (after %load_ext nbddp):</div>',
+                f'<pre class="nbddp-code-magic" style="{_PRE};user-select:all">'
+                f"{html.escape(magic)}</pre>",
+                f'<div style="{_NOTE};margin-top:6px">or as a call:</div>',
+                f'<pre class="nbddp-code-launch" style="{_PRE};user-select:all">'
+                f"{html.escape(call)}</pre>",
+            ]
         if note:
-            parts.append(f"<small>{html.escape(note)}</small>")
+            parts.append(f'<div style="{_NOTE};margin-top:6px">{html.escape(note)}</div>')
         self.code.value = "".join(parts)
 
     def set_running(self, running: bool, can_launch: bool) -> None:
@@ -282,6 +365,18 @@ class PanelView:
         self._tab_titles = tuple(f"rank {r}" for r in range(world_size))
         self.tabs.titles = self._tab_titles
         self.tabs.layout.display = None
+
+    def show_value(self, shown: str, hints: list[str]) -> None:
+        """Rank 0's value: ``shown`` (a short repr; a block if it has several lines),
+        then ``hints`` (how to get all of it, where the logs are), a line each."""
+        if "\n" in shown:
+            value = f'<pre class="nbddp-value" style="{_PRE}">{html.escape(shown)}</pre>'
+        else:
+            value = f'<code class="nbddp-value">{html.escape(shown)}</code>'
+        self.result.value = f"<div>rank 0 returned {value}</div>" + "".join(
+            f'<div class="nbddp-value-hint" style="{_NOTE}">{html.escape(hint)}</div>'
+            for hint in hints
+        )
 
     def show_result(self, text: str, detail: str = "") -> None:
         """The run's outcome: a summary line, and the failing rank's traceback if any."""
@@ -314,7 +409,12 @@ class PanelView:
             if view.hidden:
                 log = view.log.name if view.log is not None else "its log"
                 lines.insert(0, f"… {view.hidden:,} earlier lines are in {log}")
-            value = f'<pre style="{_PRE}">{html.escape(chr(10).join(lines))}</pre>'
+            if lines:
+                value = f'<pre style="{_PRE}">{html.escape(chr(10).join(lines))}</pre>'
+            else:  # an empty box reads as broken
+                value = (
+                    f'<div style="{_NOTE};padding:2px 6px">no output from rank {view.rank}</div>'
+                )
             if out.value != value:
                 out.value = value
 

@@ -1,0 +1,246 @@
+"""The panel's "Same run as code": source that makes the panel's call when pasted.
+
+Contract: ``call_source(fn, args, kwargs, namespace)`` writes each part of
+``fn(*args, **kwargs)`` as source for a cell of the notebook whose names are
+``namespace``: a value whose ``repr`` reads back as itself
+(``ast.literal_eval``, same types all the way down) is written as that
+literal when short; else by the notebook name bound to that very object
+(found by identity; ``_``-names such as IPython's output history are
+skipped); else as a longer literal. The function is written by its notebook
+name, as an attribute of a module the notebook holds, or imported from its
+module. What none of these can write becomes a placeholder name (its
+parameter's, never one the notebook binds to something else) and a comment
+line above the code says to define it first, so pasted code never runs with
+a wrong value. ``run_code`` turns that and the form's settings into the
+``%%ddp`` cell and the ``nbddp.launch(...)`` call, with only the options
+that differ from their defaults.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import keyword
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+from nbddp.launcher.options import OPTIONS
+from nbddp.notebook.panel.settings import PanelSettings
+
+SHORT_LITERAL = 60  # characters: a literal up to this long beats a notebook name
+LONG_LITERAL = 1000  # characters: a longer literal is written only if no name holds it
+# launch() reads these keywords itself: the function gets them through a partial.
+_LAUNCH_KEYWORDS = frozenset({*OPTIONS, "block"})
+
+
+@dataclass(frozen=True)
+class CallSource:
+    """``fn(*args, **kwargs)`` as source (see module contract)."""
+
+    fn: str
+    """The function: ``train``, ``mylib.train``."""
+    args: tuple[str, ...]
+    kwargs: tuple[tuple[str, str], ...]
+    """(keyword, source of its value), in the call's order."""
+    setup: tuple[str, ...] = ()
+    """Lines the call needs first: imports, and a comment per placeholder."""
+    placeholders: int = 0
+    """How many names stand for objects the code could not write."""
+
+    @property
+    def complete(self) -> bool:
+        """True when the code runs as pasted (no placeholder to define first)."""
+        return self.placeholders == 0
+
+    def call(self) -> str:
+        """``train(3, data, lr=0.1)``."""
+        return f"{self.fn}({_joined(self.args, self.kwargs)})"
+
+
+def run_code(source: CallSource, settings: PanelSettings) -> tuple[str, str]:
+    """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call that make ``source``'s call
+    with valid ``settings``."""
+    setup = list(source.setup)
+    magic = settings.magic_cell("\n".join([*setup, source.call()]))
+    # A keyword launch() would take as its own option reaches fn through a partial.
+    bound = tuple((k, v) for k, v in source.kwargs if k in _LAUNCH_KEYWORDS)
+    passed = tuple((k, v) for k, v in source.kwargs if k not in _LAUNCH_KEYWORDS)
+    fn = source.fn
+    if bound:
+        setup.insert(0, "import functools")
+        fn = f"functools.partial({fn}, {_joined((), bound)})"
+    launch = settings.launch_call(fn, _joined(source.args, passed))
+    return magic, "\n".join([*setup, launch])
+
+
+def call_source(
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    namespace: Mapping[str, object],
+) -> CallSource:
+    """``fn(*args, **kwargs)`` as source for the notebook ``namespace`` (see module contract)."""
+    writer = _Writer(namespace)
+    fn_text = writer.function(fn)
+    params = _parameter_names(fn, len(args))
+    arg_texts = tuple(writer.value(value, params[i]) for i, value in enumerate(args))
+    kw_texts = tuple((key, writer.value(value, key)) for key, value in kwargs.items())
+    return CallSource(fn_text, arg_texts, kw_texts, tuple(writer.setup), writer.placeholders)
+
+
+def literal_source(value: object, limit: int = LONG_LITERAL) -> str | None:
+    """``repr(value)`` if it is at most ``limit`` characters and reads back as ``value``
+    (``ast.literal_eval``, the same types all the way down), else None."""
+    # Why measure first: the form is re-checked on every keystroke, and the repr
+    # of a million-element list costs more than a keystroke may.
+    if not _fits(value, limit):
+        return None
+    try:
+        text = repr(value)
+    except Exception:
+        return None
+    if len(text) > limit:
+        return None
+    try:
+        back = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return text if _same(back, value) else None
+
+
+def _fits(value: object, budget: int) -> bool:
+    """False when ``value``'s repr is sure to exceed ``budget`` characters: its strings,
+    or its built-in containers' items, are too many (each item takes a character)."""
+    stack, left = [value], budget
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str | bytes):
+            left -= len(item)
+        elif isinstance(item, list | tuple | set | frozenset):
+            left -= len(item)
+            if left >= 0:
+                stack.extend(item)
+        elif isinstance(item, dict):
+            left -= 2 * len(item)
+            if left >= 0:
+                stack.extend(item.keys())
+                stack.extend(item.values())
+        if left < 0:
+            return False
+    return True
+
+
+def _same(back: object, value: object) -> bool:
+    """``back`` equals ``value`` with the same types (an int subclass is no int)."""
+    if type(back) is not type(value):
+        return False
+    if isinstance(back, list | tuple) and isinstance(value, list | tuple):
+        return len(back) == len(value) and all(map(_same, back, value))
+    if isinstance(back, dict) and isinstance(value, dict):
+        return len(back) == len(value) and all(
+            _same(bk, vk) and _same(bv, vv)
+            for (bk, bv), (vk, vv) in zip(back.items(), value.items(), strict=True)
+        )
+    try:
+        return bool(back == value)
+    except Exception:
+        return False
+
+
+class _Writer:
+    """Writes values for one call, collecting the lines they need first."""
+
+    def __init__(self, namespace: Mapping[str, object]) -> None:
+        self.namespace = namespace
+        self.setup: list[str] = []
+        self.placeholders = 0
+        self._taken: set[str] = set()  # placeholder names used in this call
+
+    def value(self, value: object, param: str) -> str:
+        short = literal_source(value, SHORT_LITERAL)
+        if short is not None:
+            return short
+        name = self._bound_name(value)
+        if name is not None:
+            return name
+        long = literal_source(value)
+        if long is not None:
+            return long
+        return self._placeholder(param, _a(type(value).__name__))
+
+    def function(self, fn: Callable[..., object]) -> str:
+        own = getattr(fn, "__name__", None)
+        own = own if isinstance(own, str) and _is_name(own) else None
+        if own is not None and self.namespace.get(own) is fn:
+            return own
+        name = self._bound_name(fn)
+        if name is not None:
+            return name
+        if own is not None:
+            for module_name, module in self.namespace.items():
+                held = isinstance(module, ModuleType) and getattr(module, own, None) is fn
+                if held and _is_name(module_name):
+                    return f"{module_name}.{own}"
+            path = getattr(fn, "__module__", None)
+            module = sys.modules.get(path) if isinstance(path, str) else None
+            if path != "__main__" and getattr(module, own, None) is fn:
+                self.setup.append(f"from {path} import {own}")
+                return own
+        shown = f"a function ({own or getattr(fn, '__name__', type(fn).__name__)})"
+        return self._placeholder(own or "fn", shown)
+
+    def _bound_name(self, value: object) -> str | None:
+        for name, bound in self.namespace.items():
+            if bound is value and _is_name(name) and not name.startswith("_"):
+                return name
+        return None
+
+    def _placeholder(self, wanted: str, what: str) -> str:
+        """A name no notebook variable and no other placeholder uses, and its comment."""
+        name, n = wanted, 0
+        while name in self.namespace or name in self._taken:
+            n += 1
+            name = f"{wanted}_{n}"
+        self._taken.add(name)
+        self.placeholders += 1
+        self.setup.append(
+            f"# define {name} first: nbddp.panel was given {what} that no notebook name holds"
+        )
+        return name
+
+
+def _parameter_names(fn: Callable[..., object], count: int) -> list[str]:
+    """A name for each of ``count`` positional arguments: its parameter's, else ``argN``."""
+    names = [f"arg{i}" for i in range(count)]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return names
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    i = 0
+    for param in params:
+        if i >= count:
+            break
+        if param.kind in positional:
+            names[i] = param.name
+            i += 1
+        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+            for j in range(i, count):
+                names[j] = f"{param.name}_{j - i}"
+            break
+    return names
+
+
+def _is_name(text: str) -> bool:
+    return text.isidentifier() and not keyword.iskeyword(text)
+
+
+def _a(noun: str) -> str:
+    article = "an" if noun[:1].lower() in "aeiou" else "a"
+    return f"{article} {noun}"
+
+
+def _joined(args: tuple[str, ...], kwargs: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join([*args, *(f"{key}={text}" for key, text in kwargs)])
