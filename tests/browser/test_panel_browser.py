@@ -9,6 +9,9 @@ Screenshots land in ``artifacts_dir()`` (printed at the end of the run).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
@@ -67,6 +70,25 @@ def shot(page: Page, name: str) -> None:
     print(f"screenshot: {path}")
 
 
+@contextmanager
+def shot_on_failure(page: Page, name: str) -> Iterator[None]:
+    """Screenshot the page as it is when the block fails (then re-raise)."""
+    try:
+        yield
+    except BaseException:
+        shot(page, name)
+        raise
+
+
+def retype(field: Any, text: str) -> None:
+    """Replace a field's text as a person would: select all, type, move on."""
+    field.click()
+    field.press("Control+a")
+    field.press("Backspace")
+    field.press_sequentially(text)
+    field.press("Tab")
+
+
 def ranks_running() -> list[psutil.Process]:
     return [p for p in ours() if p.name().startswith("nbddp-rank")]
 
@@ -74,6 +96,7 @@ def ranks_running() -> list[psutil.Process]:
 @pytest.fixture
 def page(chromium: Any) -> Any:
     context = chromium.new_context(viewport={"width": 1280, "height": 1500})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = context.new_page()
     yield page
     context.close()
@@ -171,3 +194,143 @@ print("finished", rank)
         bars = [line for line in text.splitlines() if line.startswith(f"rank {rank}: ")]
         assert len(bars) == 1 and "40/40" in bars[0], bars
     shot(page, "ddp-cell.png")
+
+
+def test_every_invalid_field_is_flagged_at_once(page: Page, lab_server: Lab) -> None:
+    open_and_run(page, lab_server, "panel_invalid.ipynb", [TRAIN, "nbddp.panel(train, 30, 0.02)"])
+    panel = page.locator(".nbddp-panel")
+    expect(panel).to_have_count(1, timeout=60 * MS)
+    launch = panel.locator("button.nbddp-launch")
+    with shot_on_failure(page, "panel-validation.png"):
+        # Letters in a number field, a port that is none, a variable nbddp sets
+        # itself (only the whole launch's check sees that), and a function
+        # argument that is not a Python literal: all at once.
+        retype(panel.locator(".nbddp-field-procs input"), "two")
+        retype(panel.locator(".nbddp-field-port input"), "http")
+        retype(panel.locator(".nbddp-field-env textarea"), "MASTER_PORT=29500")
+        retype(panel.locator(".nbddp-field-kwargs input"), "epochs=fast")
+        expect(launch).to_have_text("Fix 4 fields to launch")
+        expect(launch).to_be_disabled()
+        said = {
+            "procs": "a whole number, e.g. 2",
+            "port": "a port number",
+            "env": "nbddp sets MASTER_PORT itself",
+            "kwargs": "entry 1 (epochs=fast)",
+        }
+        for name, text in said.items():
+            expect(panel.locator(f".nbddp-error-{name}")).to_contain_text(text)
+            expect(panel.locator(f".nbddp-field-{name}")).to_have_class(re.compile("nbddp-invalid"))
+        # Each field is flagged where a person looks: its own box turns red.
+        box = panel.locator(".nbddp-field-procs input")
+        assert box.evaluate("e => getComputedStyle(e).borderTopColor") == "rgb(214, 39, 40)"
+        # The device choice: its label beside both buttons, on one line.
+        device = panel.locator(".nbddp-field-device")
+        label, gpus = device.locator(".widget-label"), device.get_by_role("button", name="GPUs")
+        assert abs(label.bounding_box()["y"] - gpus.bounding_box()["y"]) < 10
+        expect(panel.locator(".nbddp-gpus-note")).to_have_text(
+            "No GPU found on this machine: runs use CPU processes (gloo)."
+        )
+        shot(page, "panel-validation.png")
+
+    retype(panel.locator(".nbddp-field-procs input"), "2")
+    retype(panel.locator(".nbddp-field-port input"), "")
+    retype(panel.locator(".nbddp-field-env textarea"), "")
+    retype(panel.locator(".nbddp-field-kwargs input"), "")
+    expect(launch).to_have_text("Launch")
+    expect(launch).to_be_enabled()
+    expect(panel.locator(".nbddp-invalid")).to_have_count(0)
+
+    # GPUs on a machine without one: a live choice that says why it cannot be.
+    device = panel.locator(".nbddp-field-device")
+    with shot_on_failure(page, "panel-no-gpu.png"):
+        device.get_by_role("button", name="GPUs").click()
+        expect(panel.locator(".nbddp-error-device")).to_have_text(
+            "no GPU is visible to this notebook; choose CPU processes"
+        )
+        expect(launch).to_have_text("Fix 1 field to launch")
+        shot(page, "panel-no-gpu.png")
+    device.get_by_role("button", name="CPU processes").click()
+    expect(launch).to_have_text("Launch")
+
+
+CODE_NOTEBOOK = [
+    """\
+import os
+import nbddp
+
+
+class Weights:
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __repr__(self):
+        return f"<Weights of {len(self.values)}>"
+
+
+def train(steps, weights, *, lr=0.1, tag="plain"):
+    world = os.environ["WORLD_SIZE"]
+    return f"{tag}: steps={steps} weights={sum(weights.values)} lr={lr} world={world}"
+
+
+w = Weights([1, 2, 3])
+""",
+    "p = nbddp.panel(train, 3, w)",
+]
+
+
+def test_same_run_as_code_runs_as_pasted_in_a_new_cell(page: Page, lab_server: Lab) -> None:
+    open_and_run(page, lab_server, "panel_code.ipynb", CODE_NOTEBOOK)
+    panel = page.locator(".nbddp-panel")
+    expect(panel).to_have_count(1, timeout=60 * MS)
+    panel.get_by_text("Same run as code").click()
+    code = panel.locator(".nbddp-code-launch")
+    with shot_on_failure(page, "panel-code.png"):
+        # The notebook's own names and literals, never args[i].
+        expect(code).to_have_text("nbddp.launch(train, 3, w, procs=2)")
+        retype(panel.locator(".nbddp-field-procs input"), "3")
+        retype(panel.locator(".nbddp-field-timeout input"), "120")
+        retype(panel.locator(".nbddp-field-kwargs input"), "lr=0.5, tag='pasted'")
+        expect(code).to_have_text(
+            "nbddp.launch(train, 3, w, lr=0.5, tag='pasted', procs=3, timeout=120.0)"
+        )
+        panel.locator("button.nbddp-launch").click()
+        expect(panel.locator('.nbddp-run-state[data-state="done"]')).to_be_visible(timeout=90 * MS)
+        value = "'pasted: steps=3 weights=6 lr=0.5 world=3'"
+        expect(panel.locator(".nbddp-result")).to_contain_text(f"rank 0 returned {value}")
+        expect(panel.locator(".nbddp-result")).to_contain_text("full value: p.value")
+        shot(page, "panel-code.png")
+
+    # Copy the code as a person would (one click selects it all) into a new cell.
+    code.click()
+    page.keyboard.press("Control+c")
+    page.evaluate(
+        """() => {
+            const notebook = window.jupyterapp.shell.currentWidget.content;
+            notebook.activeCellIndex = notebook.widgets.length - 1;
+            return window.jupyterapp.commands.execute('notebook:insert-cell-below');
+        }"""
+    )
+    new_cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+    new_cell.locator(".cm-content").click()
+    page.keyboard.press("Control+v")
+    expect(new_cell.locator(".cm-content")).to_have_text(code.inner_text())
+    run_cell(page, 2)
+    out = new_cell.locator(".jp-OutputArea")
+    with shot_on_failure(page, "panel-code-pasted.png"):
+        expect(out).to_contain_text(value, timeout=90 * MS)
+        expect(out).to_contain_text("rank 2 · done")  # the pasted call ran three ranks too
+        # The same function, arguments and value: the kernel compares them itself.
+        page.evaluate(
+            """() => {
+                const notebook = window.jupyterapp.shell.currentWidget.content;
+                notebook.activeCellIndex = 2;
+                return window.jupyterapp.commands.execute('notebook:insert-cell-below');
+            }"""
+        )
+        check = page.locator(".jp-Notebook .jp-Cell").nth(3)
+        check.locator(".cm-content").click()
+        page.keyboard.type("print('same value:', _ == p.value)")
+        run_cell(page, 3)
+        expect(check.locator(".jp-OutputArea")).to_contain_text("same value: True", timeout=30 * MS)
+        check.locator(".jp-OutputArea").scroll_into_view_if_needed()
+        shot(page, "panel-code-pasted.png")
