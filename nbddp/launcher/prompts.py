@@ -4,7 +4,8 @@ Contract: ``ask_user(prompt, password)`` asks whoever runs the notebook for
 one line, where ``input()`` would (Jupyter's stdin request in a kernel, the
 terminal in a script); None when nobody can answer (end of input, a
 frontend without stdin), which the rank reads as end of input.
-``prompt_for(rank, prompt)`` names the rank in the prompt.
+``prompt_for(rank, prompt)`` names the rank in the prompt; ``ask_rank`` is
+both, the default ``Asker`` of a run.
 
 ``WaitClock`` keeps which ranks wait at a prompt and for how long: the
 job's timeout leaves that time out (``owed``), as a debugger's pause is not
@@ -22,6 +23,15 @@ def prompt_for(rank: int, prompt: str) -> str:
     """``(Pdb) [rank 1] ``: the rank's prompt, naming it."""
     head = prompt.rstrip()
     return f"{head} [rank {rank}] " if head else f"[rank {rank}] "
+
+
+Asker = Callable[[int, str, bool], "str | None"]
+"""(rank, the rank's prompt, password) -> the user's line, None for end of input."""
+
+
+def ask_rank(rank: int, prompt: str, password: bool) -> str | None:
+    """Ask where ``input()`` asks, the prompt naming ``rank``."""
+    return ask_user(prompt_for(rank, prompt), password)
 
 
 def ask_user(prompt: str, password: bool = False) -> str | None:

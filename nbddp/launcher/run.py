@@ -27,10 +27,11 @@ ranks running.
 
 Prompts: a rank waiting for the user (``input()``, ``breakpoint()``, a
 post-mortem) is asked for in the waiting thread between batches, one at a
-time in the order the ranks asked (``prompts.ask_user``, the prompt naming
-the rank), and its line sent back (``RunSource.answer``); a
-``KeyboardInterrupt`` at the prompt is an interrupt like any other. While
-the ranks are being stopped, prompts are answered with end of input.
+time in the order the ranks asked, by ``asker`` (default: where ``input()``
+asks, the prompt naming the rank; the panel sets its own), and its line is
+sent back (``RunSource.answer``); a ``KeyboardInterrupt`` at the prompt is
+an interrupt like any other. While the ranks are being stopped, prompts
+are answered with end of input.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from nbddp.launcher.display import Display
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import rank_log
-from nbddp.launcher.prompts import ask_user, prompt_for
+from nbddp.launcher.prompts import Asker, ask_rank
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
@@ -62,6 +63,8 @@ STOP_WAIT = 30.0  # seconds to wait for ranks to go after a stop, beyond kill_gr
 POLL = 0.5  # longest queue wait: KeyboardInterrupt and deadlines are checked between waits
 BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may draw
 BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
+PROMPT_DRAWS = 3  # refreshes before a prompt, each at most PROMPT_DRAW_WAIT seconds apart
+PROMPT_DRAW_WAIT = 0.25
 
 
 class RunSource(Protocol):
@@ -123,6 +126,8 @@ class Run:
         self._refresh_at: float | None = None  # when the display next wants a refresh
         self._done = False  # the job's last event (``Done``) was taken from its queue
         self._asked: collections.deque[ev.InputAsked] = collections.deque()
+        self.asker: Asker = ask_rank
+        """Asks the user for a waiting rank's line (see module contract)."""
         self._prompting = True  # False while the ranks are being stopped
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))
@@ -269,8 +274,21 @@ class Run:
             asked = self._asked.popleft()
             text = None
             if self._prompting:
-                text = ask_user(prompt_for(asked.rank, asked.prompt), asked.password)
+                self._draw_before_prompt()
+                text = self.asker(asked.rank, asked.prompt, asked.password)
             self.job.answer(asked.rank, asked.number, text)
+
+    def _draw_before_prompt(self) -> None:
+        """Let the display draw what is pending (the rank's state, what pdb printed)
+        before the prompt holds this thread: within its rate limit, so a short wait."""
+        display = self.display
+        if display is None:
+            return
+        for _ in range(PROMPT_DRAWS):
+            delay = display.refresh()
+            if delay is None or delay > PROMPT_DRAW_WAIT:
+                return
+            self.job.wait(delay)
 
     def _dispatch_batch(self, event: RunEvent) -> bool | None:
         """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).

@@ -247,3 +247,41 @@ def test_the_value_of_a_run_still_going_says_to_wait() -> None:
         panel.wait(60)
     with pytest.raises(nbddp.RankError, match="stopped"):  # the run's own failure
         panel.value  # noqa: B018
+
+
+def ask_on_rank_one() -> str:
+    import os
+
+    if os.environ["RANK"] == "1":
+        return f"rank 1 got {input('batch size? ')}"
+    return "rank 0 did not ask"
+
+
+def test_a_rank_waiting_for_input_shows_its_prompt_and_the_answer_reaches_it() -> None:
+    panel = Panel(ask_on_rank_one, ())
+    panel.view.procs.value = "2"
+    panel.view.launch_button.click()
+    until(lambda: panel.view.prompt_box.layout.display is None)
+    assert "batch size? [rank 1]" in panel.view.prompt_label.value
+    until(lambda: 'data-state="waiting for input"' in panel.view.ranks.value)
+    panel.view.prompt_input.value = "64"
+    panel.view.prompt_send.click()
+    result = panel.wait(60)
+    assert result.values == {0: "rank 0 did not ask", 1: "rank 1 got 64"}
+    assert panel.view.prompt_box.layout.display == "none"
+
+
+def test_stop_while_a_rank_waits_for_input_ends_the_run() -> None:
+    panel = Panel(ask_on_rank_one, ())
+    panel.view.procs.value = "2"
+    panel.view.launch_button.click()
+    until(lambda: panel.view.prompt_box.layout.display is None)
+    pids = list(panel.run.pids.values()) if panel.run is not None else []
+    panel.view.stop_button.click()
+    with pytest.raises(Exception):  # noqa: B017 - the run's own failure (stopped)
+        panel.wait(60)
+    assert shown_state(panel) == "stopped"
+    assert panel.view.prompt_box.layout.display == "none"
+    import psutil
+
+    assert wait_procs_gone([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10) == []

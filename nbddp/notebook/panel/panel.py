@@ -10,7 +10,9 @@ stays reachable as ``panel.run``, rank 0's value as ``panel.value`` (the panel
 shows a short repr and says so, by the notebook's name for the panel). Stop
 (the button, or ``stop()``) stops every rank; the panel then shows
 ``stopped``. Launch is disabled while the form is invalid or a run goes on;
-launching again after a run ends starts a fresh run.
+launching again after a run ends starts a fresh run. A rank waiting for
+input (``input()``, pdb) shows its prompt with a field and Send, one rank at
+a time; Stop or ``close()`` answers it with end of input.
 
 The call is ``fn(*args, **kwargs)`` with the form's keyword arguments over
 ``kwargs``: those that can be written as literals start in that field, the
@@ -41,6 +43,7 @@ from nbddp.launcher.devices import VisibleGpus, visible_gpus
 from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions
+from nbddp.launcher.prompts import prompt_for
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import PANEL
@@ -95,6 +98,9 @@ class Panel:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._answered: threading.Event | None = None  # set when a rank's prompt is answered
+        self._answer_text: str | None = None
+        self._stopping = False  # Stop was asked for the current run: no prompt waits
         self._shown_in: object = None  # the execution count of the cell that showed it
         self._checked: tuple[PanelSettings, Validated] | None = None  # the form, validated
         self.view.on_change(self.refresh_form)
@@ -201,6 +207,8 @@ class Panel:
             with PANEL.speaking():
                 run = start_with_display(config, self.fn, self.args, kwargs, feed)
             self.run = run
+            self._stopping = False
+            run.asker = self._ask
             self.view.show_run_state(RunStatus.RUNNING)
             self.view.set_running(True, can_launch=False)
             self._thread = threading.Thread(
@@ -211,6 +219,9 @@ class Panel:
 
     def stop(self) -> None:
         """Stop the run (every rank gets SIGTERM, then SIGKILL); returns at once."""
+        with self._lock:
+            self._stopping = True
+        self._answer(None)  # a rank at a prompt reads end of input
         run = self.run
         if run is not None and not run.ended():
             self.view.show_run_state("stopping", "stopping…")
@@ -252,6 +263,25 @@ class Panel:
         except Exception as exc:
             self.view.show_run_state("error", "not launched")
             self.view.show_result(f"{type(exc).__name__}: {exc}")
+
+    def _ask(self, rank: int, prompt: str, password: bool) -> str | None:
+        """A rank's prompt, in the panel (``Run.asker``; the pump thread waits here)."""
+        answered = threading.Event()
+        with self._lock:
+            if self._stopping:
+                return None
+            self._answered, self._answer_text = answered, None
+        self.view.ask(prompt_for(rank, prompt), password, self._answer)
+        answered.wait()
+        self.view.end_prompt()
+        return self._answer_text
+
+    def _answer(self, text: str | None) -> None:
+        with self._lock:
+            answered, self._answered = self._answered, None
+            self._answer_text = text
+        if answered is not None:
+            answered.set()
 
     def _pump(self, run: Run) -> None:
         try:

@@ -262,7 +262,30 @@ class PanelView:
         self.code = W.HTML("")
         self.code.add_class("nbddp-code")
         code_box = W.Accordion(children=[self.code], titles=("Same run as code",))
-        return [self.notices, self.ranks, self.tabs, self.chart, self.result, code_box]
+        return [
+            self._build_prompt(),
+            self.notices,
+            self.ranks,
+            self.tabs,
+            self.chart,
+            self.result,
+            code_box,
+        ]
+
+    def _build_prompt(self) -> W.HBox:
+        """A rank's prompt (``input()``, pdb): its words, a field, Send; hidden until asked."""
+        self.prompt_label = W.HTML("")
+        self.prompt_label.add_class("nbddp-prompt-label")
+        self.prompt_input = W.Text(placeholder="the rank's input, then Send")
+        self.prompt_input.add_class("nbddp-prompt-input")
+        self.prompt_send = W.Button(description="Send", button_style="primary", icon="reply")
+        self.prompt_send.add_class("nbddp-prompt-send")
+        self.prompt_send.on_click(lambda _: self._send_prompt())
+        self._answered: Callable[[str], None] | None = None
+        self.prompt_box = W.HBox([self.prompt_label, self.prompt_input, self.prompt_send])
+        self.prompt_box.add_class("nbddp-prompt")
+        self.prompt_box.layout.display = "none"
+        return self.prompt_box
 
     # -- the form ------------------------------------------------------------
 
@@ -344,6 +367,31 @@ class PanelView:
         """Enable Stop while a run goes on, Launch when none does and the form is valid."""
         self.stop_button.disabled = not running
         self.launch_button.disabled = running or not can_launch
+
+    def ask(self, prompt: str, password: bool, answered: Callable[[str], None]) -> None:
+        """Show a rank's ``prompt`` (it names the rank); Send gives ``answered`` the line."""
+        self.prompt_label.value = (
+            f'<span style="font-family:monospace;white-space:pre">{html.escape(prompt)}</span>'
+        )
+        self.prompt_input.value = ""
+        # A password is typed into the same field: the rank asked for it, and its
+        # answer leaves the panel at once.
+        self.prompt_input.placeholder = "the rank's input, then Send" + (
+            " (a password: shown as typed)" if password else ""
+        )
+        self._answered = answered
+        self.prompt_box.layout.display = None
+
+    def end_prompt(self) -> None:
+        """No rank waits any more: hide the prompt."""
+        self._answered = None
+        self.prompt_box.layout.display = "none"
+
+    def _send_prompt(self) -> None:
+        answered, self._answered = self._answered, None
+        if answered is not None:
+            self.prompt_box.layout.display = "none"
+            answered(self.prompt_input.value)
 
     def show_run_state(self, state: str, text: str | None = None) -> None:
         """The run's overall state beside the buttons (``data-state`` carries it)."""
