@@ -1,18 +1,23 @@
-"""Compact live charts of ``nbddp.log`` metrics, as inline SVG inside HTML.
+"""Live charts of ``nbddp.log`` metrics, as HTML with inline SVG: one panel per metric.
 
 Contract: ``MetricHistory.add(row)`` takes the rows ``nbddp.log`` sends
 (``rank``, ``step``, ``time`` and the values) and keeps, per metric and
 rank, a series of (x, y) points: x is the step, or the rank's row count
 when no step was given. Each series is bounded: past ``max_points`` it is
 thinned by half (every other point, then every fourth new one, ...), and
-the latest point is always kept, so memory and SVG size stay constant
-however long training runs. (The full history is ``Run.metrics``.)
+the latest point is always kept, so memory stays constant however long
+training runs. (The full history is ``Run.metrics``.)
 
-``chart_html(history)`` draws one small panel per metric (the first
-``MAX_CHARTED`` metrics), one line per rank, and a legend with each rank's
-latest value. It is plain HTML and
-SVG: JupyterLab, classic Notebook and VS Code show it without a frontend
-extension. ``metric_svg`` draws one panel and is a well-formed SVG document.
+``chart_html(history, options)`` draws a grid of panels (``plot.metric_svg``),
+one per metric (the first ``MAX_CHARTED``), each with its own axes and
+scale, then a legend: each rank's latest values, which a pointer on them
+picks out in every panel. Ranks are drawn as a line each up to
+``ChartOptions.max_lines`` ranks, past that as their mean over a min-max
+band, a rank's own line shown while the pointer is on its legend row. Its
+size is bounded by the number of metrics and ranks (``MAX_LEGEND_RANKS``),
+never by the number of steps. It is plain HTML, SVG and CSS: JupyterLab,
+Notebook and VS Code show it without a frontend extension, and so does the
+panel's HTML widget.
 
 Rows are data from another process: any value in them is drawn or left out,
 never raised on. A value or step no float can hold (``10**400``), NaN and
@@ -27,39 +32,74 @@ import html
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from nbddp.display.axes import fmt
+from nbddp.display.plot import (
+    MAX_RANK_LINES,
+    PALETTE,
+    PX_PER_POINT,
+    WIDTH,
+    Mode,
+    Point,
+    color,
+    metric_svg,
+    short,
+)
 from nbddp.wire.protocol import MetricRow
 
-PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
+__all__ = [
+    "MAX_CHARTED",
+    "MAX_LEGEND_RANKS",
+    "MAX_SUMMARY",
+    "PALETTE",
+    "ChartOptions",
+    "MetricHistory",
+    "chart_html",
+    "chart_text",
+    "color",
+    "fmt",
+    "format_value",
+    "metric_summary",
+    "metric_svg",
+]
+
 RESERVED = frozenset(("rank", "step", "time"))
 MAX_CHARTED = 16
 """Metrics that get a chart panel (the first seen); the rest are only in ``Run.metrics``."""
 MAX_SUMMARY = 300
 """Longest one-line summary of a row (a rank's header, the legend, the text display)."""
-_MAX_NAME = 40  # characters of a metric's name shown in a panel's title
+MAX_LEGEND_RANKS = 16
+"""Ranks listed in the chart's legend; the others' latest values are in their own blocks."""
+SHOWN_POINTS = 8000
+"""Points of the visible lines of a whole chart, past which they are drawn coarser."""
+HIDDEN_POINTS = 4000
+"""The same for the per-rank lines a band hides until asked for."""
+RankStyle = Literal["auto", "lines", "band"]
 
-Point = tuple[float, float]
 
+@dataclass(frozen=True)
+class ChartOptions:
+    """How ``chart_html`` draws the ranks."""
 
-def color(rank: int) -> str:
-    """The line colour of ``rank``."""
-    return PALETTE[rank % len(PALETTE)]
+    ranks: RankStyle = "auto"
+    """``"lines"``: a line per rank (up to ``MAX_RANK_LINES`` ranks, past that the band);
+    ``"band"``: the ranks' mean over their min-max band, a rank's own line on demand;
+    ``"auto"``: lines up to ``max_lines`` ranks, else the band."""
+    max_lines: int = 4
+    """With ``ranks="auto"``, the most ranks drawn as a line each."""
 
+    def __post_init__(self) -> None:
+        if self.ranks not in ("auto", "lines", "band"):
+            raise ValueError(f"ChartOptions(ranks={self.ranks!r}): use 'auto', 'lines' or 'band'")
+        if self.max_lines < 1:
+            raise ValueError(f"ChartOptions(max_lines={self.max_lines}): use 1 or more")
 
-def fmt(value: float) -> str:
-    """A metric value in at most four significant digits."""
-    return f"{value:.4g}"
+    def mode(self, ranks: int) -> Mode:
+        """How ``ranks`` ranks are drawn."""
+        if self.ranks == "band" or ranks > MAX_RANK_LINES:
+            return "band"
+        return "lines" if self.ranks == "lines" or ranks <= self.max_lines else "band"
 
 
 @dataclass
@@ -95,6 +135,8 @@ class MetricHistory:
         self._rows: dict[int, int] = {}
         self.last: dict[int, MetricRow] = {}
         """Each rank's latest row."""
+        self.stepped = False
+        """Some row gave its step (else x is each rank's row count)."""
 
     def add(self, row: MetricRow) -> None:
         """Record one metric row."""
@@ -104,12 +146,14 @@ class MetricHistory:
         """Record metric rows, in order (as ``add`` of each; ranks log a row per step,
         so this loop is kept free of calls per value)."""
         series, counts, last, max_points = self._series, self._rows, self.last, self.max_points
+        stepped = self.stepped
         for row in rows:
             rank = int(row.get("rank") or 0)
             last[rank] = row
             count = counts.get(rank, 0)
             counts[rank] = count + 1
             step = row.get("step")
+            stepped = stepped or step is not None
             x = float(count) if step is None else _finite(step)
             if x is None:
                 continue  # a step no chart can place: the row is only in Run.metrics
@@ -128,6 +172,7 @@ class MetricHistory:
                 if line is None:
                     line = per_rank[rank] = _Series()
                 line.add((x, y), max_points)
+        self.stepped = stepped
 
     def names(self) -> list[str]:
         """Metric names, in first-seen order."""
@@ -137,72 +182,88 @@ class MetricHistory:
         """Rank -> points of ``name`` to draw."""
         return {r: s.drawn() for r, s in sorted(self._series.get(name, {}).items())}
 
+    def ranks(self) -> list[int]:
+        """The ranks with a point in some series."""
+        return sorted({rank for per_rank in self._series.values() for rank in per_rank})
+
     def __bool__(self) -> bool:
         return bool(self._series)
 
 
-def metric_svg(
-    name: str, series: dict[int, list[Point]], width: int = 240, height: int = 72
-) -> str:
-    """One panel: ``name``'s lines per rank, with the y range labelled."""
-    points = [p for pts in series.values() for p in pts]
-    pad_l, pad_r, pad_t, pad_b = 4, 4, 14, 4
-    plot_w, plot_h = width - pad_l - pad_r, height - pad_t - pad_b
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
-        f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" '
-        'fill="none" stroke="#888" stroke-opacity="0.5" stroke-width="1"/>',
-        f'<text x="{pad_l}" y="10" fill="currentColor">{html.escape(_short(name))}</text>',
-    ]
-    if points:
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-        parts.append(
-            f'<text x="{width - pad_r}" y="10" text-anchor="end" fill="#888">'
-            f"{fmt(y0)} … {fmt(y1)}</text>"
-        )
-
-        # Halves first: the span of -1e308 .. 1e308 is no float, half of it is.
-        def sx(x: float) -> float:
-            span = x1 / 2 - x0 / 2
-            return pad_l + (plot_w / 2 if span == 0 else (x / 2 - x0 / 2) / span * plot_w)
-
-        def sy(y: float) -> float:
-            span = y1 / 2 - y0 / 2
-            return pad_t + (plot_h / 2 if span == 0 else (y1 / 2 - y / 2) / span * plot_h)
-
-        for rank, pts in series.items():
-            if len(pts) == 1:
-                x, y = pts[0]
-                parts.append(
-                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="{color(rank)}"/>'
-                )
-            elif pts:
-                coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-                parts.append(
-                    f'<polyline points="{coords}" fill="none" stroke="{color(rank)}" '
-                    'stroke-width="1.5"/>'
-                )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def chart_html(history: MetricHistory) -> str:
-    """Every metric's panel side by side, then a legend of the ranks' latest values."""
+def chart_html(history: MetricHistory, options: ChartOptions | None = None) -> str:
+    """Every metric's panel in a grid, then the legend (see module contract)."""
+    options = options or ChartOptions()
+    mode = options.mode(len(history.ranks()))
+    x_label = "step" if history.stepped else "row"
+    charted = {name: history.series(name) for name in history.names()}
+    # Lines drawn in all panels: a line per rank, or a band's three (edges and mean)
+    # plus its hidden per-rank lines. Past the budgets, lines get coarser.
+    if mode == "band":
+        shown = 3 * len(charted)
+        hidden = sum(min(len(s), MAX_RANK_LINES) for s in charted.values())
+    else:
+        shown, hidden = sum(map(len, charted.values())), 0
+    px, hidden_px = _px_per_point(shown, SHOWN_POINTS), _px_per_point(hidden, HIDDEN_POINTS)
     panels = "".join(
-        f'<div style="margin:0 8px 4px 0">{metric_svg(name, history.series(name))}</div>'
-        for name in history.names()
-    )
-    legend = " ".join(
-        f'<span style="color:{color(rank)}">&#9632; rank {rank}: '
-        f"{html.escape(metric_summary(row))}</span>"
-        for rank, row in sorted(history.last.items())
+        f"<div>{metric_svg(name, series, mode, x_label, px, hidden_px)}</div>"
+        for name, series in charted.items()
     )
     return (
-        '<div class="nbddp-metrics" style="font-family:monospace;font-size:11px">'
-        f'<div style="display:flex;flex-wrap:wrap">{panels}</div><div>{legend}</div></div>'
+        '<div class="nbddp-metrics" style="font-family:var(--jp-ui-font-family,sans-serif);'
+        f'font-size:12px">{_style(history)}'
+        f'<div style="display:flex;flex-wrap:wrap;gap:6px 20px">{panels}</div>'
+        f"{_legend(history, mode)}</div>"
     )
+
+
+def _px_per_point(lines: int, budget: int) -> int:
+    """Pixels per drawn point so that ``lines`` lines across a panel stay within
+    ``budget`` points (a multiple of ``PX_PER_POINT``, at least it)."""
+    columns = lines * (WIDTH // PX_PER_POINT)
+    return PX_PER_POINT * max(1, math.ceil(columns / budget))
+
+
+def _legend(history: MetricHistory, mode: Mode) -> str:
+    """Each rank's latest values (the first ``MAX_LEGEND_RANKS`` ranks), in its colour."""
+    ranks = sorted(history.last)
+    keys = "".join(
+        f'<div class="nbddp-key" data-rank="{rank}"><span style="color:{color(rank)}">'
+        f"&#9632;</span> rank {rank}: {html.escape(metric_summary(history.last[rank]))}</div>"
+        for rank in ranks[:MAX_LEGEND_RANKS]
+    )
+    more = len(ranks) - MAX_LEGEND_RANKS
+    if more > 0:
+        keys += f"<div>… and {more} more ranks (each rank's block shows its latest values)</div>"
+    hint = "point at a rank to pick out its line"
+    if mode == "band" and history:
+        hint = (
+            "━ mean of the ranks, "
+            '<span style="opacity:0.3">&#9608;</span> from their minimum to their maximum; '
+            "point at a rank to draw its own line"
+        )
+    return (
+        '<div class="nbddp-legend" style="margin-top:2px">'
+        f'<div style="opacity:0.7">{hint if history else ""}</div>'
+        '<div style="display:grid;grid-template-columns:repeat(auto-fill,minmax(28em,1fr));'
+        f'font-family:var(--jp-code-font-family,monospace)">{keys}</div></div>'
+    )
+
+
+def _style(history: MetricHistory) -> str:
+    """CSS for picking a rank out: its legend row under the pointer shows its line in
+    every panel (band mode's are hidden until then) and fades the others."""
+    rules = [
+        ".nbddp-key{padding:0 4px;border-radius:3px}",
+        ".nbddp-key:hover{background:rgba(127,127,127,0.2)}",
+        ".nbddp-metrics:has(.nbddp-key:hover) .nbddp-rank-line,"
+        ".nbddp-metrics:has(.nbddp-key:hover) .nbddp-mean-line{opacity:0.25}",
+    ]
+    for rank in sorted(history.last)[:MAX_LEGEND_RANKS]:
+        rules.append(
+            f'.nbddp-metrics:has(.nbddp-key[data-rank="{rank}"]:hover) '
+            f'.nbddp-rank-line[data-ranks~="{rank}"]{{display:inline;opacity:1}}'
+        )
+    return f"<style>{''.join(rules)}</style>"
 
 
 def chart_text(history: MetricHistory) -> str:
@@ -260,4 +321,4 @@ def _finite(value: object) -> float | None:
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= _MAX_NAME else text[: _MAX_NAME - 1] + "…"
+    return short(text)
