@@ -211,7 +211,7 @@ def chart_html(history: MetricHistory, options: ChartOptions | None = None) -> s
     return (
         '<div class="nbddp-metrics" style="font-family:var(--jp-ui-font-family,sans-serif);'
         f'font-size:12px">{_style(history)}'
-        f'<div style="display:flex;flex-wrap:wrap;gap:6px 20px">{panels}</div>'
+        f'<div style="display:flex;flex-wrap:wrap;gap:6px 14px">{panels}</div>'
         f"{_legend(history, mode)}</div>"
     )
 

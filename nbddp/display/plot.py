@@ -44,8 +44,9 @@ PALETTE = (
     "#bcbd22",
     "#17becf",
 )
-WIDTH, HEIGHT = 300, 176
-"""A panel's size in pixels: three side by side fit a notebook's output area."""
+WIDTH, HEIGHT = 260, 176
+"""A panel's size in pixels: three side by side fit a notebook's output area (about 830
+pixels in JupyterLab on a 1280 pixel wide screen with its file browser open)."""
 PX_PER_POINT = 2
 """Horizontal pixels per drawn point of a line."""
 MAX_RANK_LINES = 16
@@ -53,8 +54,8 @@ MAX_RANK_LINES = 16
 MAX_NAME = 40
 """Characters of a metric's name kept in a panel (the rest is cut with …)."""
 
-_TOP, _BOTTOM, _RIGHT = 36, 22, 10  # the plot area's margins, in pixels
-_CHAR = 6.6  # pixels per character of an 11px label (digits are the widest)
+_TOP, _BOTTOM, _RIGHT = 36, 24, 10  # the plot area's margins, in pixels
+_CHAR = 7.0  # pixels per character of an 11px label, at most (DejaVu Sans digits: 7)
 _MUTED = 'fill="currentColor" fill-opacity="0.7"'
 
 
@@ -97,7 +98,8 @@ def metric_svg(
     y_axis = Axis.fit([y for _, y in points], scale, count=y_count, exact=False)
     y_ticks, y_step = y_axis.ticks(y_count)
     y_labels = tick_labels(y_ticks, y_step)
-    left = max(36, round(8 + _CHAR * max(map(len, y_labels))))
+    # Room for the value labels, and under them for the step axis' name.
+    left = round(max(8 + _CHAR * max(map(len, y_labels)), 12 + _CHAR * len(x_label)))
     plot_w = width - left - _RIGHT
     x_axis = Axis.fit([x for x, _ in points], "linear", count=_x_count(plot_w), exact=True)
     frame = _Frame(left, plot_w, plot_h, x_axis, y_axis)
@@ -126,7 +128,7 @@ def _note(scale: str, groups: list[list[int]], band: bool) -> str:
     ranks = sum(map(len, groups))
     notes = ["log scale"] if scale == "log" else []
     if len(groups) == 1 and ranks > 1:
-        notes.append(f"all {ranks} ranks equal")
+        notes.append("both ranks equal" if ranks == 2 else f"all {ranks} ranks equal")
     elif band:
         notes.append(f"mean and range of {ranks} ranks")
     else:
@@ -261,11 +263,11 @@ def _axes(
             anchor = "start"
         grid.append(f"M{x:.1f} {_TOP}V{bottom}")
         parts.append(
-            f'<text class="nbddp-tick" x="{x:.1f}" y="{bottom + 15}" text-anchor="{anchor}" '
+            f'<text class="nbddp-tick" x="{x:.1f}" y="{bottom + 17}" text-anchor="{anchor}" '
             f"{_MUTED}>{label}</text>"
         )
     parts.append(
-        f'<text class="nbddp-axis-name" x="2" y="{bottom + 15}" {_MUTED}>'
+        f'<text class="nbddp-axis-name" x="2" y="{bottom + 17}" {_MUTED}>'
         f"{html.escape(x_label)}</text>"
     )
     return [
