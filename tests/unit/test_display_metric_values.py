@@ -8,6 +8,8 @@ leaves what it cannot place out of the chart, and bounds what it draws.
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
 from typing import Any
 
 from nbddp.display import chart
@@ -60,8 +62,14 @@ def test_the_chart_leaves_out_what_it_cannot_place() -> None:
     assert history.series("x") == {}
     assert history.series("nan") == {}
     page = chart_html(history)
-    assert "nan" not in page.split("<svg", 1)[1].split("</svg>")[0]
     assert len(page) < 20_000
+    # Every panel is well-formed and places every point: no NaN or infinite coordinate.
+    for svg in re.findall(r"<svg.*?</svg>", page, re.DOTALL):
+        root = ET.fromstring(svg)
+        for element in root.iter():
+            for name in ("x", "y", "cx", "cy", "points", "d"):
+                value = element.attrib.get(name, "")
+                assert not re.search(r"nan|inf", value, re.IGNORECASE), (name, value)
 
 
 def test_the_chart_draws_a_bounded_number_of_metrics() -> None:
