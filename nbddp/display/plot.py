@@ -108,7 +108,8 @@ def metric_svg(
     band = mode == "band" and len(groups) > 1
     parts = [head, _title(name, _latest(series, band), _note(scale, groups, band), width)]
     parts += _axes(frame, y_ticks, y_labels, x_label, width)
-    columns = {rank: frame.columns(series[rank]) for rank in series}
+    drawn = list(series) if band else [group[0] for group in groups]
+    columns = {rank: frame.columns(series[rank]) for rank in drawn}
     if band:
         parts += _band(frame, series, columns, px_per_point // PX_PER_POINT)
         for rank in list(series)[:MAX_RANK_LINES]:
