@@ -49,6 +49,10 @@ def install(channel: Channel) -> None:
     _ASKING = _Asking(channel, queue.SimpleQueue(), os.getpid())
     builtins.input = ask_input
     sys.stdin = NotebookStdin()
+    # ray.init() points PYTHONBREAKPOINT at Ray's debugger, which works only in
+    # Ray's own processes; a rank that inherited it uses pdb, which asks here.
+    if os.environ.get("PYTHONBREAKPOINT", "").startswith("ray."):
+        del os.environ["PYTHONBREAKPOINT"]
 
 
 def answer(body: object) -> None:

@@ -33,10 +33,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, stdin: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, stdin: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "greet.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), **env_vars}
     return subprocess.run(
         [sys.executable, str(script)],
         input=stdin,
@@ -60,3 +60,17 @@ def test_prompts_are_asked_on_the_terminal_and_answered_from_its_stdin(tmp_path:
     # Both ranks then read end of input: the script's stdin has nothing more.
     assert "[rank 0] end of input on 0" in out and "[rank 1] end of input on 1" in out, out
     assert "value 0" in out, out
+
+
+def test_breakpoint_prompts_after_ray_init_set_its_hook(tmp_path: Path) -> None:
+    # ray.init() sets PYTHONBREAKPOINT in the driver's environment to a hook that
+    # works only in Ray's own processes; ranks inherit it.
+    done = _run(tmp_path, "ada\nc\n", PYTHONBREAKPOINT="ray.util.rpdb._driver_set_trace")
+    assert done.returncode == 0, done.stderr
+    assert "(Pdb) [rank 1] " in done.stdout, done.stdout
+
+
+def test_a_breakpoint_hook_the_user_chose_is_kept(tmp_path: Path) -> None:
+    done = _run(tmp_path, "ada\n", PYTHONBREAKPOINT="0")
+    assert done.returncode == 0, done.stderr
+    assert "(Pdb)" not in done.stdout, done.stdout
