@@ -255,7 +255,7 @@ class ClusterJob:
                 final = replace(shipped.outcome, value=value, error=error)
                 self._ranks[rank].final = replace(final, started_at=self._ranks[rank].started_at)
                 if error is not None:
-                    self._log(rank, error.traceback)  # as the relay keeps it locally
+                    self._log(rank, error.logged)  # as the relay keeps it locally
             node.ended = True
 
     def _land(self, rank: int, shipped: ShippedError | None) -> ErrorInfo | None:

@@ -234,7 +234,7 @@ class Job:
             record.error = body
             # The worker does not print its traceback (it is raised here once);
             # the rank's log keeps it after everything the rank wrote.
-            self._relay.log_at_end(rank, body.traceback)
+            self._relay.log_at_end(rank, body.logged)
             self._fail(Failure(rank, "raised", error=body), local_time(body.raised_at))
         elif kind == "exit":
             record.exit_request = int(body)

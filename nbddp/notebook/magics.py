@@ -30,7 +30,7 @@ from IPython.core.magic import line_magic as _line_magic
 from nbddp.errors import CellError, ConfigError
 from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options, merge_options
 from nbddp.launcher.spelling import FLAGS, close_options
-from nbddp.notebook.runner import CellRunner
+from nbddp.notebook.runner import CellRunner, notebook_cell
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -206,11 +206,13 @@ class DdpMagics(Magics):
         args = parse(self.ddp, line, "%%ddp")
         shell = self.shell
         assert shell is not None
+        naming = notebook_cell(shell)
         with _as_usage_error():
             out, last = self.runner.run_cell(
                 cell,
                 header=f"%%ddp {line}".rstrip(),
-                filename=f"<ddp cell [{shell.execution_count}]>",
+                filename=naming.filename,
+                shown=naming.shown,
                 given=launch_options(args),
                 out=[name for names in args.out or () for name in names],
                 init=not args.no_init,

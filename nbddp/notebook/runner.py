@@ -10,7 +10,11 @@ rank 0's ``--out`` values and trailing expression. A failed run raises an
 exception that IPython shows as a failed cell with the root-cause rank's
 traceback once (``_render_traceback_``, made by ``launcher.failures``), not
 the local nbddp frames that re-raised it; an interrupt stops every rank and
-raises ``KeyboardInterrupt``.
+raises ``KeyboardInterrupt``, shown as one line saying so.
+
+``notebook_cell(shell)`` names the cell that runs ``%%ddp``: its code's
+filename (``<ddp cell [6]>``) and the name IPython's tracebacks give that
+cell (``Cell In[6]``), by IPython's own record of the cell running it.
 
 Nothing here imports IPython: ``magics`` parses arguments and hands over.
 """
@@ -18,8 +22,11 @@ Nothing here imports IPython: ``magics`` parses arguments and hands over.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import traceback
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import cloudpickle
@@ -35,6 +42,38 @@ from nbddp.notebook.program import build_program
 from nbddp.notebook.session import PER_CELL, Session
 from nbddp.rank.cell import CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
+from nbddp.wire.sources import cell_name
+
+
+@dataclass(frozen=True)
+class CellName:
+    """What a ``%%ddp`` cell's code is called."""
+
+    filename: str
+    """Its filename (``<ddp cell [6]>``), the key of its lines in ``linecache``."""
+    shown: str | None
+    """What tracebacks call it, as IPython calls the cell (``Cell In[6]``); None: not
+    known (the magic was not run from a cell)."""
+
+
+_CELL_NUMBER = re.compile(r"\[(\d+)\]")
+
+
+def notebook_cell(shell: Any) -> CellName:
+    """The name of the cell of ``shell`` that is running ``%%ddp`` (see module contract).
+
+    Why not ``shell.execution_count``: IPython 9 counts the running cell before it
+    runs, earlier versions after (one off, one not); the cell's own code, found on
+    the stack, is the one IPython numbered, whatever the version.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        shown = cell_name(frame.f_code.co_filename, shell)
+        number = _CELL_NUMBER.search(shown) if shown is not None else None
+        if number is not None:
+            return CellName(f"<ddp cell [{number.group(1)}]>", shown)
+        frame = frame.f_back
+    return CellName(f"<ddp cell [{shell.execution_count}]>", None)
 
 
 def build_config(options: LaunchOptions, *, init: bool) -> LaunchConfig:
@@ -94,11 +133,13 @@ class CellRunner:
         init: bool,
         user_ns: Mapping[str, object],
         hidden: Iterable[str] = (),
+        shown: str | None = None,
     ) -> tuple[dict[str, object], Any]:
         """Run the cell on every rank; (``--out`` values, last value) from rank 0.
 
-        While a session runs, in its ranks (``session_cell_config`` says which
-        options a cell may still give)."""
+        ``shown``: what tracebacks call the cell (``CellName``). While a session
+        runs, in its ranks (``session_cell_config`` says which options a cell may
+        still give)."""
         session = self.session
         if session is not None:
             config = self.session_cell_config(session, given, init=init)
@@ -110,10 +151,14 @@ class CellRunner:
                 source, header=header, filename=filename, user_ns=user_ns, hidden=hidden, out=out
             )
         except SyntaxError as exc:
-            # Shown as Python shows it (file, line, caret), without the
+            # Shown as IPython shows one (cell, line, caret), without the
             # local frames IPython would list for a SyntaxError raised here.
-            shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
-            raise rendered(CellError(shown), shown.split("\n")) from None
+            text = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
+            if shown is not None:
+                text = text.replace(f'File "{filename}", line ', f"{shown}, line ", 1)
+            raise rendered(CellError(text), text.split("\n")) from None
+        if shown is not None:
+            program = dataclasses.replace(program, shown=shown)
         try:
             if session is not None:
                 run = session.run_program(program, config)

@@ -14,15 +14,16 @@ the other ranks return None, so nothing comes back that nobody reads.
 
 The cell's source is registered in ``linecache`` under the program's
 filename (``<ddp cell [N]>``), in the rank and in the notebook, with the
-``%%ddp`` line as line 1: tracebacks show the lines the notebook shows.
-IPython syntax inside the cell (``!cmd``, ``%magic``) is not translated.
+``%%ddp`` line as line 1, and with the name IPython gives the cell
+(``Cell In[N]``, ``wire.sources``): tracebacks show the lines and the cell
+name the notebook shows. IPython syntax inside the cell (``!cmd``,
+``%magic``) is not translated.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import linecache
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,15 +31,16 @@ from typing import Any
 from nbddp.errors import CellError
 from nbddp.rank import context
 from nbddp.rank import session as rank_session
+from nbddp.wire import sources
 from nbddp.wire.descriptors import Packed
+from nbddp.wire.sources import Source
 from nbddp.wire.values import pack, unpack
 
 
-def register_source(filename: str, text: str) -> None:
-    """Make ``text`` the source of ``filename`` for tracebacks (``linecache``)."""
-    lines = text.splitlines(keepends=True)
-    # mtime None: ``linecache.checkcache`` leaves the entry alone.
-    linecache.cache[filename] = (len(text), None, lines, filename)
+def register_source(filename: str, text: str, shown: str | None = None) -> None:
+    """Make ``text`` the source of ``filename`` for tracebacks (``linecache``), its
+    frames named ``shown`` (``Cell In[6]``) when given."""
+    sources.register([Source.of_text(filename, text, shown)])
 
 
 def compile_cell(
@@ -128,11 +130,14 @@ class CellProgram:
     lasting: frozenset[str] = frozenset()
     """In a session: the sent names that functions the ranks keep read, left in the
     namespace after the cell (``nbddp.rank.namespace``)."""
+    shown: str | None = None
+    """The name tracebacks give the cell, as IPython names it (``Cell In[3]``); None:
+    ``filename``."""
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank (see module contract)."""
         place = context.require()
-        register_source(self.filename, self.header + "\n" + self.source)
+        register_source(self.filename, self.header + "\n" + self.source, self.shown)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
         given = {
             "rank": place.rank,

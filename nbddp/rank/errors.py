@@ -1,12 +1,16 @@
 """A rank's exception, in the form that crosses to the notebook.
 
 Contract: ``error_info(exc)`` describes what the user's code raised as a
-``protocol.ErrorInfo``: its type name, message and traceback text (without
-nbddp's own outer frames: the user's code comes first), the time it reached
-nbddp, and the exception itself packed as a return value is when it
-rebuilds as its own type. ``unsendable(what, value, exc)`` is the error for
-a value that cannot be pickled back. ``is_ours(filename)``: whether code
-lies in nbddp's package. The notebook's own exceptions are ``nbddp.errors``.
+``protocol.ErrorInfo``: its type name, message and two traceback texts, the
+time it reached nbddp, and the exception itself packed as a return value is
+when it rebuilds as its own type. The traceback the notebook shows has none
+of nbddp's own frames (the worker's, the cell program's: anywhere in it and
+in every chained exception), so it reads like the user's own code's; the one
+the rank's log keeps has them all. In both, frames of notebook cells are named
+as IPython names them (``Cell In[6], line 7``: ``wire.sources``).
+``unsendable(what, value, exc)`` is the error for a value that cannot be
+pickled back. ``is_ours(filename)``: whether code lies in nbddp's package.
+The notebook's own exceptions are ``nbddp.errors``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import time
 import traceback
 
-from nbddp.wire import values
+from nbddp.wire import sources, values
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.protocol import ErrorInfo
 
@@ -24,26 +28,42 @@ NBDDP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def is_ours(filename: str) -> bool:
-    """Whether ``filename`` is one of nbddp's own files."""
-    return os.path.abspath(filename).startswith(NBDDP_DIR)
+    """Whether ``filename`` is one of nbddp's own files (``<...>`` names never are)."""
+    return not filename.startswith("<") and os.path.abspath(filename).startswith(NBDDP_DIR)
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
     """Describe ``exc`` so that the notebook can re-raise it (see module contract)."""
     raised_at = time.time()
-    tb = exc.__traceback__
-    while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    full = sources.named("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    shown = sources.named("".join(users_traceback(exc).format()))
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     try:
         message = str(exc)
     except Exception as failure:
         # Such an exception cannot be shown in the notebook either: it travels as text.
-        return ErrorInfo(
-            name, f"<its str() raised {type(failure).__name__}>", text, None, raised_at
+        message, packed = f"<its str() raised {type(failure).__name__}>", None
+    else:
+        packed = _rebuildable(exc)
+    return ErrorInfo(name, message, shown, packed, raised_at, full if full != shown else None)
+
+
+def users_traceback(exc: BaseException) -> traceback.TracebackException:
+    """``exc``'s traceback without nbddp's own frames, in it and in every exception
+    chained to it (cause, context, members of a group)."""
+    top = traceback.TracebackException.from_exception(exc)
+    pending, seen = [top], set()
+    while pending:
+        te = pending.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        te.stack = traceback.StackSummary.from_list(
+            [frame for frame in te.stack if not is_ours(frame.filename)]
         )
-    return ErrorInfo(name, message, text, _rebuildable(exc), raised_at)
+        chained = [te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())]
+        pending.extend(c for c in chained if c is not None)
+    return top
 
 
 def _rebuildable(exc: BaseException) -> Packed | None:

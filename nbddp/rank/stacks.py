@@ -5,7 +5,8 @@ of this process: the main thread first, then the user's other threads, each
 with the frames that only launched the user's code (nbddp's worker, the
 forkserver that forked it, ``threading``'s bootstrap) left out; threads that
 run nothing but nbddp's own code (the link watcher, the metric flusher) are
-named on one line at the end. It is called on the rank's link-watcher
+named on one line at the end. Frames of notebook cells are named as IPython
+names them (``Cell In[6], line 7``: ``wire.sources``). It is called on the rank's link-watcher
 thread when the notebook asks, so it works while the main thread waits in
 C code that released the GIL (a collective, a sleep, a lock); a thread that
 holds the GIL keeps it from running at all, which is why the notebook falls
@@ -26,6 +27,7 @@ import traceback
 from types import FrameType
 
 from nbddp.rank.errors import NBDDP_DIR
+from nbddp.wire import sources
 
 _LAUNCH_FILES = ("runpy.py", "<frozen runpy>", "threading.py", "<string>")
 
@@ -65,7 +67,7 @@ def format_stacks(rank: int) -> str:
             own.append(name)
             continue
         lines.append(f"Thread {name!r}:\n")
-        lines.extend(traceback.format_list(stack))
+        lines.extend(sources.named(frame) for frame in traceback.format_list(stack))
     if own:
         lines.append(f"(nbddp's own threads, not shown: {', '.join(sorted(own))})\n")
     return "".join(lines)

@@ -12,6 +12,12 @@ pickled, ``PayloadError`` names the object, the path by which it was
 reached (``train -> closure 'conn' (sqlite3.Connection)``) and what to do;
 this happens before any process starts.
 
+Functions written in the notebook keep their source lines in the ranks: the
+``linecache`` entries of the notebook files whose code travels by value (an
+IPython cell's) go with the call, with the name IPython gives each cell
+(``wire.sources``), and ``load_call`` registers them in the rank before the
+call, so its tracebacks show ``Cell In[6], line 7`` and the line itself.
+
 Large CPU tensors are not copied into the bytes: they travel as shared
 memory (see ``shm``), returned beside the bytes as file descriptors.
 multiprocessing objects (queues, pipes, locks, events, ``Value``/``Array``)
@@ -29,13 +35,14 @@ import io
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from nbddp.errors import PayloadError
 from nbddp.wire import mpobjects, shm
 from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.protocol import CallRef
+from nbddp.wire.sources import Source, notebook_sources, register
 from nbddp.wire.values import type_name
 
 LARGE_PAYLOAD_BYTES = 256 << 20
@@ -48,11 +55,35 @@ Kwargs = dict[str, object]
 
 @dataclass(frozen=True)
 class Call:
-    """What a rank calls: ``fn(*args, **kwargs)``."""
+    """What a rank calls: ``fn(*args, **kwargs)``, and the notebook sources of its code."""
 
     fn: Fn
     args: Args
     kwargs: Kwargs
+    sources: tuple[Source, ...] = ()
+    """The notebook files the pickled code was written in (``wire.sources``)."""
+
+    def __reduce__(self) -> tuple[type[Call], tuple[object, ...]]:
+        # The sources last: while the call is pickled, they are collected from the
+        # code pickled before them (``_SourcesFound``).
+        return Call, (self.fn, self.args, self.kwargs, self.sources)
+
+
+class _SourcesFound:
+    """Stands for a call's sources while it is pickled; pickles as the sources of the
+    notebook files whose functions were pickled before it."""
+
+    def __init__(self) -> None:
+        self.filenames: list[str] = []
+
+    def reduce(self, obj: object) -> mpobjects.Reduced | None:
+        """The payload's extra reducer (``shm.dumps``): notes each function's file,
+        and pickles this placeholder as the sources found; the rest as ``mpobjects``."""
+        if isinstance(obj, types.FunctionType):
+            self.filenames.append(obj.__code__.co_filename)
+        elif obj is self:
+            return tuple, (notebook_sources(self.filenames),)
+        return mpobjects.reduce(obj)
 
 
 @dataclass(frozen=True)
@@ -90,9 +121,11 @@ class Payload:
             raise PayloadError(
                 f"the function to launch must be callable, got {type(fn).__name__} {fn!r:.60}"
             )
+        found = _SourcesFound()
+        call = Call(fn, tuple(args), dict(kwargs), cast(tuple[Source, ...], found))
         try:
             with mpobjects.sending(forked) as sent:
-                data, fds, owned = shm.dumps(Call(fn, tuple(args), dict(kwargs)), mpobjects.reduce)
+                data, fds, owned = shm.dumps(call, found.reduce)
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
         # Reversed: the k-th multiprocessing descriptor is fds[-1 - k] (see mpobjects).
@@ -101,7 +134,8 @@ class Payload:
 
 def load_call(ref: CallRef) -> Call:
     """Rebuild the call in a rank from what it received (``Payload.ref``), mapping its
-    shared memory; the received descriptors are closed (the mappings keep their own)."""
+    shared memory, and register its notebook sources; the received descriptors are
+    closed (the mappings keep their own)."""
     try:
         memfd, *fds = ref.fds.fds
         data = read_all(memfd, ref.size)
@@ -111,6 +145,7 @@ def load_call(ref: CallRef) -> Call:
         ref.fds.close()
     if not isinstance(call, Call):
         raise TypeError(f"payload holds {type(call).__name__}, not a Call")
+    register(call.sources)
     return call
 
 

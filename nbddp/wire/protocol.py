@@ -124,6 +124,14 @@ class ErrorInfo:
     raised_at: float | None = None
     """``time.time()`` in the rank when the exception reached nbddp's worker: which
     rank failed first, whatever order the notebook reads their messages in."""
+    full_traceback: str | None = None
+    """The traceback as the rank's log keeps it, nbddp's own frames too (``traceback``
+    leaves them out); None: the same as ``traceback``."""
+
+    @property
+    def logged(self) -> str:
+        """The traceback the rank's log keeps."""
+        return self.full_traceback or self.traceback
 
 
 @dataclass(frozen=True)

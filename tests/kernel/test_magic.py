@@ -139,7 +139,7 @@ def test_an_error_fails_the_cell_with_the_ranks_traceback_once(kernel: Kernel) -
     assert error is not None
     assert (error["ename"], error["evalue"]) == ("ValueError", "bad value on rank 1")
     shown = "\n".join(error["traceback"])
-    assert re.search(r'File "<ddp cell \[\d+\]>", line 4, in <module>', shown)
+    assert re.search(r"Cell In\[\d+\], line 4, in <module>", shown)
     assert "raise ValueError(f'bad value on rank {rank}')" in shown
     assert "raised on rank 1 of 2" in shown
     everything = result.text()
@@ -182,7 +182,7 @@ def test_a_syntax_error_shows_the_cells_line(kernel: Kernel) -> None:
     result = failed(kernel, "%%ddp --procs 2\nx = 1\ny = = 2\n")
     assert result.error is not None
     shown = "\n".join(result.error["traceback"])
-    assert re.search(r'File "<ddp cell \[\d+\]>", line 3', shown)
+    assert re.search(r"Cell In\[\d+\], line 3", shown)
     assert "y = = 2" in shown and "SyntaxError: invalid syntax" in shown
     assert "interactiveshell.py" not in shown
 

@@ -1,5 +1,7 @@
 """A rank's exception is always described, even one that resists it: its type name and
-traceback text always cross, the exception itself only when it rebuilds as itself."""
+traceback text always cross, the exception itself only when it rebuilds as itself.
+The traceback shown has no frame of nbddp's and names cells as IPython does; the one
+the rank's log keeps has every frame."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
+import nbddp
 from nbddp.errors import RemoteError
 from nbddp.launcher.events import Failure, RankOutcome, RankState
 from nbddp.launcher.failures import rank_error, release
+from nbddp.notebook.program import build_program
+from nbddp.rank import context
+from nbddp.rank.calls import WithRank
 from nbddp.rank.worker import error_info
 from nbddp.wire import values
 from nbddp.wire.descriptors import Descriptors
-from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.protocol import ErrorInfo, Placement
 from tests.multiproc.failing import RebuildsAsInt, StrRaises
 
 
@@ -68,3 +74,44 @@ def test_releasing_a_runs_outcomes_closes_their_exceptions_shared_memory() -> No
     for fd in dups:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+CELL = """\
+def inner(rank):
+    raise ValueError(f"mine on rank {rank}")
+try:
+    WithRank(inner)()
+except ValueError as exc:
+    raise KeyError("again") from exc
+"""
+
+
+def test_nbddp_frames_are_left_out_of_what_is_shown_and_kept_in_the_log() -> None:
+    # A %%ddp cell (run by nbddp's cell program) calls its own function through one
+    # of nbddp's wrappers, and raises again from what that raised: nbddp's frames are
+    # outside the cell, between its frames, and in the chained exception.
+    program = build_program(
+        CELL, header="%%ddp", filename="<ddp cell [12]>", user_ns={"WithRank": WithRank}
+    )
+    context.install(Placement(0, 0, 2, 2, "cpu", None))
+    try:
+        with pytest.raises(KeyError) as raised:
+            replace(program, shown="Cell In[12]")()
+    finally:
+        context.install(None)
+    info = error_info(raised.value)
+    package = os.path.dirname(nbddp.__file__)
+    assert package not in info.traceback
+    assert info.traceback.count("Traceback (most recent call last):") == 2
+    for head, line in [
+        ("Cell In[12], line 3, in inner", 'raise ValueError(f"mine on rank {rank}")'),
+        ("Cell In[12], line 5, in <module>", "WithRank(inner)()"),
+        ("Cell In[12], line 7, in <module>", 'raise KeyError("again") from exc'),
+    ]:
+        assert f"  {head}\n    {line}\n" in info.traceback
+    assert "The above exception was the direct cause" in info.traceback
+    # The log keeps every frame: the cell program's and the wrapper's too.
+    full = info.logged
+    assert os.path.join(package, "rank", "cell.py") in full
+    assert os.path.join(package, "rank", "calls.py") in full
+    assert "  Cell In[12], line 5, in <module>\n" in full
