@@ -25,6 +25,7 @@ from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.display import Display
+from nbddp.launcher.failures import interrupted
 from nbddp.launcher.job import Job
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
@@ -36,7 +37,7 @@ from nbddp.launcher.options import (
 )
 from nbddp.launcher.raycluster import RayCluster, configured
 from nbddp.launcher.restarts import Restarting
-from nbddp.launcher.run import Run
+from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import Spelling, spoken
 from nbddp.rank.calls import WithRank
@@ -98,8 +99,23 @@ def start_run(
     args: Args,
     kwargs: Kwargs,
 ) -> Run:
-    """Serialise the call, start the job and return its handle (the shared core)."""
-    return start_with_display(config, fn, args, kwargs, make_display(config.view))
+    """Serialise the call, start the job and return its handle (the shared core).
+
+    An interrupt while the ranks start (``Job.start`` stops those it had started) is
+    raised as one line saying so (``failures.interrupted``)."""
+    try:
+        return start_with_display(config, fn, args, kwargs, make_display(config.view))
+    except KeyboardInterrupt:
+        raise interrupted(None) from None
+
+
+def waited(run: Run) -> RunResult:
+    """``run.wait()``; an interrupt, which stops every rank before it is raised, is
+    raised as one line saying so, not a traceback through nbddp's frames."""
+    try:
+        return run.wait()
+    except KeyboardInterrupt:
+        raise interrupted(run.log_dir) from None
 
 
 def start_with_display(
@@ -163,7 +179,7 @@ class Launcher:
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's value."""
         config = LaunchConfig.build(**self.options)
-        result = start_run(config, fn, args, kwargs).wait()
+        result = waited(start_run(config, fn, args, kwargs))
         return cast(R, result.values.get(0))
 
 
@@ -236,7 +252,7 @@ def launch(
     run = start_run(config, fn, args, kwargs)
     if not block:
         return run
-    return cast(R, run.wait().values.get(0))
+    return cast(R, waited(run).values.get(0))
 
 
 def notebook_launcher(
@@ -296,7 +312,7 @@ def notebook_launcher(
             nodes=num_nodes,
             cluster=cluster,
         )
-        return start_run(config, function, tuple(args), {}).wait().values.get(0)
+        return waited(start_run(config, function, tuple(args), {})).values.get(0)
 
 
 def spawn(
@@ -328,5 +344,5 @@ def spawn(
         run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:
         return run
-    run.wait()
+    waited(run)
     return None

@@ -8,10 +8,11 @@ with its original type whenever it can be unpickled in the notebook; the
 classes here are the fallback and the carriers of rank information.
 
 Rendering: an nbddp error given lines with ``show_as`` shows in IPython as
-exactly those lines (``_render_traceback_``), not as local frames; one
-without them has no ``_render_traceback_`` at all, so IPython formats it as
-usual (``nbddp.launch`` in a kernel) and the magics can tell a rank's
-already-rendered error from their own option errors.
+exactly those lines (``_render_traceback_``), then any note added to it
+afterwards, not as local frames; one without them has no
+``_render_traceback_`` at all, so IPython formats it as usual (an option
+error) and the magics can tell a rank's already-rendered error from their
+own option errors. ``ShownLines(exc, lines)`` is that rule for any exception.
 """
 
 from __future__ import annotations
@@ -19,14 +20,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 
+class ShownLines:
+    """What IPython shows for an exception (its ``_render_traceback_``): ``lines``,
+    then the notes added to the exception after them (what became of a session).
+
+    Holds the exception's list of notes, not the exception: no reference cycle."""
+
+    def __init__(self, exc: BaseException, lines: Iterable[str]) -> None:
+        self.lines = tuple(lines)
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # what ``add_note`` appends to from now on
+        self.notes = notes
+        self.known = len(notes)
+
+    def __call__(self) -> list[str]:
+        return [*self.lines, *(str(note) for note in self.notes[self.known :])]
+
+
 class NbddpError(Exception):
     """Base class of every error nbddp itself raises."""
 
-    _shown: tuple[str, ...] | None = None
+    _shown: ShownLines | None = None
 
     def show_as(self, lines: Iterable[str]) -> None:
-        """Have IPython show ``lines`` for this error instead of its local traceback."""
-        self._shown = tuple(lines)
+        """Have IPython show ``lines`` for this error instead of its local traceback
+        (then the notes added to it afterwards)."""
+        self._shown = ShownLines(self, lines)
 
     @property
     def _render_traceback_(self) -> Callable[[], list[str]]:
@@ -37,10 +58,7 @@ class NbddpError(Exception):
         """
         if self._shown is None:
             raise AttributeError("_render_traceback_")
-        return self._shown_lines
-
-    def _shown_lines(self) -> list[str]:
-        return list(self._shown or ())
+        return self._shown
 
 
 class ConfigError(NbddpError, ValueError):

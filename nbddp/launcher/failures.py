@@ -2,29 +2,34 @@
 
 Contract: ``root_cause(failures, grace)`` names the failure that ended a
 run among those the job saw. ``run_error(cause, status, outcomes, log_dir,
-timeout)`` is the
-exception a finished run raises (None if it succeeded), built from the
-job's typed values only: for a rank that raised, its own exception with its
-original type when it can be rebuilt here (once: its large tensors are
-mapped from the shared memory they came in, whose descriptors the rebuilt
-exception takes; ``release(outcomes)`` closes those of the errors never rebuilt),
-else ``RemoteError``; for a rank
-that exited or died, ``RankExitedError`` (a signal named by name); for a
-run past its timeout, ``LaunchTimeout``; for a stopped run, ``RankError``.
-What Python shows is carried by the exception: the rank's traceback as its
-``__cause__`` and a note naming the rank and its log.
+timeout)`` is the exception a finished run raises (None if it succeeded),
+built from the job's typed values only: for a rank that raised, its own
+exception with its original type when it can be rebuilt here (once: its
+large tensors are mapped from the shared memory they came in, whose
+descriptors the rebuilt exception takes; ``release(outcomes)`` closes those
+of the errors never rebuilt), else ``RemoteError``; for a rank that exited
+or died, ``RankExitedError`` (a signal named by name); for a run past its
+timeout, ``LaunchTimeout``; for a stopped run, ``RankError``. What Python
+shows is carried by the exception: the rank's traceback as its
+``__cause__`` and a note naming the rank and its log. What IPython shows is
+carried too (``presentable``), so ``nbddp.launch`` and ``%%ddp`` fail alike in a
+notebook: the rank's own traceback and no frame of nbddp's.
 
-``presentable(exc, cause, outcomes, log_dir)`` is the same failure as
-IPython should show it in a failed cell (the ``%%ddp`` back end): the
-rank's own traceback lines once, then "(raised on rank R of N; also
-failed: ...; full output in .../rankR.log)", through ``_render_traceback_``;
+``presentable(exc, cause, outcomes, log_dir)`` is that failure as IPython
+shows it, through ``_render_traceback_``: the rank's own traceback once
+(formatted in the rank: the cells' lines, named ``Cell In[6]`` as IPython
+names them, none of nbddp's frames), then "raised on rank R of N", a line
+for the other ranks that failed or were stopped, and "full output in
+.../rankR.log" (a path ends its line, so that it copies as it is);
 ``rendered(exc, lines)`` attaches such lines to any exception (nbddp's own
-classes keep them themselves). ``summary(exc, cause)`` is the failure as the
-panel shows it: a headline and the rank's traceback.
+classes keep them themselves); ``interrupted(log_dir)`` is the
+``KeyboardInterrupt`` of a run whose ranks an interrupt stopped, shown as
+one line saying so. ``summary(exc, cause)`` is the failure as the panel
+shows it: a headline and the rank's traceback.
 
-Non-goal: ``nbddp.launch`` in a kernel keeps IPython's usual formatting
-(the rank's traceback as the cause, then the local frames): only the
-``%%ddp`` back end asks for ``presentable``.
+A rank that failed only because another did is said to, in the words of
+``launcher.collateral`` ("rank 0: stopped in a collective after rank 1 failed
+(gloo: connection closed by peer)"); the rank's log keeps the backend's own text.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from nbddp.errors import (
     RankExitedError,
     RemoteError,
     RemoteTraceback,
+    ShownLines,
 )
+from nbddp.launcher.collateral import broken_link, collateral, plain
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.protocol import ErrorInfo
@@ -62,6 +69,10 @@ def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failu
     rank whose collective broke because another rank raised comes second even when
     the notebook reads its message first.
 
+    Among raised failures, one whose error is a connection broken by a peer
+    (``broken_link``) comes after any other in the window: it is what the other
+    rank's failure did to this one.
+
     Why: a rank that crashes breaks the others' collectives, and their
     "connection reset" errors can reach the notebook in the same instant
     as the news of the crash; a raised error never makes another rank die.
@@ -71,7 +82,9 @@ def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failu
     ordered = sorted(failures, key=lambda entry: entry[0])  # stable: ties keep arrival order
     first = ordered[0][0]
     window = [f for when, f in ordered if when - first <= grace]
-    return next((f for f in window if f.kind != "raised"), window[0])
+    ended = next((f for f in window if f.kind != "raised"), None)
+    own = next((f for f in window if broken_link(f.error) is None), None)
+    return ended or own or window[0]
 
 
 def local_time(wall: float | None) -> float | None:
@@ -103,19 +116,25 @@ def run_error(
     log_dir: Path,
     timeout: float | None,
 ) -> BaseException | None:
-    """The exception a finished run raises, or None if it succeeded (see module contract)."""
+    """The exception a finished run raises, or None if it succeeded (see module
+    contract); made to show in IPython as ``presentable`` says, keeping its type."""
+    error: BaseException | None = None
     if cause is not None:
-        return rank_error(cause, outcomes[cause.rank].exit_code, log_dir)
-    if status is RunStatus.TIMEOUT:
+        error = rank_error(cause, outcomes[cause.rank].exit_code, log_dir)
+    elif status is RunStatus.TIMEOUT:
         stuck = [o for o in outcomes if o.value is None]
-        return LaunchTimeout(
+        error = LaunchTimeout(
             f"the run exceeded its timeout of {timeout or 0:g}s and was stopped "
             f"with {_ranks([o.rank for o in stuck])} still running; {_where_stacks(stuck, log_dir)}"
         )
-    stopped = status in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED)
-    if stopped and any(o.value is None for o in outcomes):
-        return RankError(f"the run was {status}", rank=-1)
-    return None
+    elif status in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED) and any(
+        o.value is None for o in outcomes
+    ):
+        error = RankError(f"the run was {status}", rank=-1)
+    if error is None or isinstance(error, NOT_RENDERED):
+        return error  # IPython shows those its own way
+    shown = presentable(error, cause, outcomes, log_dir)
+    return shown if shown is error else error  # never another type than the rank's
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -137,7 +156,7 @@ def _where_stacks(stuck: Sequence[RankOutcome], log_dir: Path) -> str:
         )
     if missing:
         parts.append(f"no stacks could be taken from {_ranks(missing)} (it had not started)")
-    return "; ".join(parts) + f" (logs in {log_dir})"
+    return "; ".join(parts) + f"; logs in {log_dir}"
 
 
 def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseException:
@@ -166,7 +185,7 @@ def rank_error(cause: Failure, exit_code: int | None, log_dir: Path) -> BaseExce
         )
     exc.__cause__ = RemoteTraceback(f"\n{_traceback_text(rank, info)}")
     if hasattr(exc, "add_note"):  # Python 3.11+
-        exc.add_note(f"(raised on rank {rank}; full output in {log})")
+        exc.add_note(f"raised on rank {rank}; full output in {log}")
     return exc
 
 
@@ -191,43 +210,55 @@ def presentable(
 ) -> BaseException:
     """``exc`` (a run's failure) made to show in IPython as the failing rank's traceback, once.
 
-    The lines are the rank's own traceback (formatted in the rank, so they
-    show the cell's lines), then which rank it was, which other ranks failed,
-    and where the full log is, then ``after`` (what became of a session).
-    Exceptions IPython would not render this way (syntax errors, exception
-    groups) are replaced by a ``RemoteError``.
+    The lines are the rank's own traceback (formatted in the rank: the cells'
+    lines, no frame of nbddp's), then which rank it was, what became of each
+    other rank that failed or was stopped, and where the full log is, then
+    ``after`` (what became of a session). Exceptions IPython would not render
+    this way (syntax errors, exception groups) are replaced by a ``RemoteError``.
     """
     info = cause.error if cause is not None else None
     if cause is None or info is None:
-        return rendered(exc, [f"{type(exc).__name__}: {exc}", *after] if after else None)
+        lines = [f"{type(exc).__name__}: {exc}"]
+        if cause is not None:  # a rank that exited or died: what became of the others
+            lines.extend(other_failures(outcomes, cause))
+        return rendered(exc, [*lines, *after] if len(lines) > 1 or after else None)
     rank, log = cause.rank, rank_log(log_dir, cause.rank)
-    others = other_failures(outcomes, rank, info)
-    also = f"; also failed: {', '.join(others)}" if others else ""
     lines = info.traceback.rstrip("\n").split("\n")
     if isinstance(exc, RankExitedError):  # a session cell's sys.exit (``rank_error``)
         lines.append(f"{type(exc).__name__}: {exc}")
-    lines.append(f"(raised on rank {rank} of {len(outcomes)}{also}; full output in {log})")
+    lines.append(f"raised on rank {rank} of {len(outcomes)}")
+    lines.extend(other_failures(outcomes, cause))
+    lines.append(f"full output in {log}")
     lines.extend(after)
     if isinstance(exc, NOT_RENDERED):
         exc = remote_error(rank, info, str(log))
     return rendered(exc, lines)
 
 
-def other_failures(outcomes: Sequence[RankOutcome], root: int, info: ErrorInfo) -> list[str]:
-    """The other failed ranks, each with its error unless it is the root cause's."""
-    found: list[str] = []
+def other_failures(outcomes: Sequence[RankOutcome], cause: Failure) -> list[str]:
+    """A line for each group of other ranks that failed or were stopped, saying what
+    became of them: ``rank 0: stopped in a collective after rank 1 failed (gloo:
+    connection closed by peer)``, ``ranks 2, 3: the same error``."""
+    said: dict[str, list[int]] = {}
     for outcome in outcomes:
-        if outcome.rank == root or outcome.state is not RankState.FAILED:
+        if outcome.rank == cause.rank:
             continue
-        error = outcome.error
-        if error is None:
-            found.append(f"rank {outcome.rank} ({describe_exit(outcome.exit_code)})")
-        elif (error.type_name, error.message) == (info.type_name, info.message):
-            found.append(f"rank {outcome.rank} (the same error)")
-        else:
-            name = error.type_name.rpartition(".")[2]
-            found.append(f"rank {outcome.rank} ({name}: {error.message})")
-    return found
+        what = collateral(outcome, cause) or _own_failure(outcome, cause)
+        if what is not None:
+            said.setdefault(what, []).append(outcome.rank)
+    return [f"{_ranks(ranks)}: {what}" for what, ranks in said.items()]
+
+
+def _own_failure(outcome: RankOutcome, cause: Failure) -> str | None:
+    """What a rank that failed on its own account came to; None if it did not fail."""
+    if outcome.state is not RankState.FAILED:
+        return None
+    error, info = outcome.error, cause.error
+    if error is None:
+        return describe_exit(outcome.exit_code)
+    if info is not None and (error.type_name, error.message) == (info.type_name, info.message):
+        return "the same error"
+    return f"{error.type_name.rpartition('.')[2]}: {plain(error.message)}"
 
 
 def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseException:
@@ -243,13 +274,27 @@ def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseExce
         exc.show_as(shown)
         return exc
     try:
-        setattr(exc, "_render_traceback_", _Lines(shown))  # noqa: B010  # not a typed attribute
+        setattr(exc, "_render_traceback_", ShownLines(exc, shown))  # noqa: B010  # untyped
     except AttributeError:  # an exception type without instance attributes
         info = ErrorInfo(type(exc).__qualname__, str(exc), "\n".join(shown), None)
         fallback = remote_error(-1, info, None)
         fallback.show_as(shown)
         return fallback
     return exc
+
+
+def interrupted_line(log_dir: Path | None) -> str:
+    """The one line an interrupted run shows: every rank was stopped (``log_dir``:
+    where their output is; None: the run was still starting, and no rank is left)."""
+    if log_dir is None:
+        return "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
+    return f"KeyboardInterrupt: every rank was stopped; their output is in {log_dir}"
+
+
+def interrupted(log_dir: Path | None) -> BaseException:
+    """The ``KeyboardInterrupt`` to raise once an interrupt has stopped every rank of a
+    run: it shows in IPython as ``interrupted_line(log_dir)``, without frames."""
+    return rendered(KeyboardInterrupt(), [interrupted_line(log_dir)])
 
 
 def summary(exc: BaseException, cause: Failure | None) -> tuple[str, str]:
@@ -259,16 +304,6 @@ def summary(exc: BaseException, cause: Failure | None) -> tuple[str, str]:
     info = cause.error if cause is not None else None
     detail = _traceback_text(cause.rank, info) if cause is not None and info else ""
     return headline, detail.strip()
-
-
-class _Lines:
-    """A ``_render_traceback_`` for an exception type nbddp does not own: returns its lines."""
-
-    def __init__(self, lines: tuple[str, ...]) -> None:
-        self.lines = lines
-
-    def __call__(self) -> list[str]:
-        return list(self.lines)
 
 
 def _rebuilt(info: ErrorInfo) -> BaseException | None:

@@ -168,8 +168,7 @@ class CellRunner:
             raise rendered(PayloadError(_explain_names(program.names) or str(exc))) from None
         except KeyboardInterrupt:
             # Job.start stops the ranks it had started before re-raising.
-            message = "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
-            raise rendered(KeyboardInterrupt(), [message]) from None
+            raise failures.interrupted(None) from None
         self.last_run = run
         return _finish(run, session)
 
@@ -213,8 +212,7 @@ class CellRunner:
         try:
             session.start()
         except KeyboardInterrupt:
-            message = "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
-            raise rendered(KeyboardInterrupt(), [message]) from None
+            raise failures.interrupted(None) from None
         except Exception as exc:
             notes = getattr(exc, "__notes__", ())
             raise rendered(exc, [f"{type(exc).__name__}: {exc}", *notes]) from None
@@ -310,7 +308,7 @@ def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object]
 
 def _interrupted(run: Run, session: Session | None) -> str:
     if session is None:
-        return f"KeyboardInterrupt: every rank was stopped; their output is in {run.log_dir}"
+        return failures.interrupted_line(run.log_dir)
     if session.alive:
         return f"KeyboardInterrupt: the cell was interrupted on every rank {session.state_note()}"
     return f"KeyboardInterrupt: {session.lost_message()}"

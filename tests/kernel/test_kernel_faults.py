@@ -1,5 +1,7 @@
 """When the notebook goes away mid-run (interrupt, restart, SIGKILL), every worker and
-every worker's child is gone within 5 seconds, and after an interrupt the kernel works."""
+every worker's child is gone within 5 seconds, and after an interrupt the kernel works.
+What a failure or an interrupt shows reads like the notebook's own code's: the cell
+named as IPython names it, its lines, no frame of nbddp's, one line for an interrupt."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.kernel.kernel import Kernel
+from tests.kernel.kernel import CellResult, Kernel
 from tests.procs import wait_procs_gone
 
 HANG = """
@@ -61,6 +63,11 @@ def test_interrupt_stops_every_rank_and_the_kernel_goes_on(kernel: Kernel) -> No
     cell = kernel.collect(msg_id)
     assert cell.status == "error"
     assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    # One line saying what happened, not a traceback through nbddp's frames.
+    (line,) = cell.error["traceback"]
+    assert re.fullmatch(
+        r"KeyboardInterrupt: every rank was stopped; their output is in /\S+/run-\S+", line
+    ), line
     assert wait_procs_gone(tree, timeout=5.0) == []
     again = kernel.execute("nbddp.launch(lambda: 'fine', procs=2, output='none')")
     assert again.status == "ok" and "'fine'" in again.text()
@@ -129,6 +136,8 @@ def test_an_interrupt_while_the_forkserver_starts_leaves_nothing_in_the_kernel(
         kernel.interrupt()
         cell = kernel.collect(msg_id)
         assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+        (line,) = cell.error["traceback"]
+        assert line.startswith("KeyboardInterrupt: interrupted while the ranks were starting")
         # Two cells later: a launch works, and once nbddp shuts its forkserver down
         # the kernel holds exactly the threads and fds it held before.
         again = kernel.execute("nbddp.launch(escape_fns.noop, procs=2, output='none')")
@@ -146,3 +155,69 @@ def _is_forkserver(pid: int) -> bool:
         return "nbddp.forkserver.server" in " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
+
+
+TRAIN = """\
+import torch
+import torch.distributed as dist
+
+def train(steps):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank 1")
+    t = torch.ones(1)
+    for _ in range(steps):
+        dist.all_reduce(t)
+    return t.item()
+"""
+NBDDP_FRAMES = re.compile(r"nbddp/(rank|launcher|entry|notebook|wire)|entry\.py|run\.py|_pump")
+
+
+def shown_error(cell: CellResult) -> str:
+    """The failed cell's traceback as the notebook shows it, without colour codes."""
+    assert cell.status == "error" and cell.error is not None, cell.text()
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
+
+
+def test_a_launched_notebook_function_fails_with_its_cells_name_and_line(kernel: Kernel) -> None:
+    defined = kernel.execute(TRAIN)
+    assert defined.status == "ok", defined.text()
+    number = defined.reply["execution_count"]
+    shown = shown_error(
+        kernel.execute("import nbddp\nnbddp.launch(train, 10_000, procs=2, output='none')")
+    )
+    raised = 'raise ValueError("bad batch on rank 1")'
+    assert f"  Cell In[{number}], line 7, in train\n    {raised}" in shown
+    assert shown.count("Traceback (most recent call last)") == 1
+    assert not NBDDP_FRAMES.search(shown), shown
+    assert re.search(r"^rank 0: stopped (in a collective )?after rank 1 failed", shown, re.M)
+    assert re.search(r"^full output in /\S+/rank1\.log$", shown, re.M)
+
+
+def test_a_failing_ddp_cell_names_its_own_cell_and_says_why_the_other_rank_stopped(
+    kernel: Kernel,
+) -> None:
+    assert kernel.execute("%load_ext nbddp").status == "ok"
+    cell = kernel.execute(
+        "%%ddp --procs 2\n"
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "t = torch.ones(1)\n"
+        "if rank == 1:\n"
+        "    raise ValueError('boom on rank 1')\n"
+        "for _ in range(10_000):\n"
+        "    dist.all_reduce(t)\n"
+    )
+    shown = shown_error(cell)
+    number = cell.reply["execution_count"]  # the prompt the notebook shows: In [number]
+    raised = "raise ValueError('boom on rank 1')"
+    assert f"  Cell In[{number}], line 6, in <module>\n    {raised}" in shown
+    assert not NBDDP_FRAMES.search(shown), shown
+    (other,) = [line for line in shown.split("\n") if line.startswith("rank 0:")]
+    # The backend's own text (its source path, its sign-off, its emoji) stays in the log.
+    assert re.fullmatch(
+        r"rank 0: stopped (in a collective )?after rank 1 failed"
+        r"( \(gloo: connection (closed|reset) by peer\))?",
+        other,
+    ), other
+    assert "pair.cc" not in shown and "GLHF" not in shown and shown.isascii()

@@ -1,5 +1,6 @@
 """Failure paths lose nothing and become the right error: the launch environment,
-rows and results from a rank's forked children, exceptions that resist being described.
+rows and results from a rank's forked children, exceptions that resist being described,
+a notebook function's error shown with its cell's lines and what became of the others.
 
 Each test also gets the leftover-process check (tests/conftest.py); those that fail
 a launch check that it leaks no fd, thread or process in the notebook.
@@ -7,7 +8,10 @@ a launch check that it leaks no fd, thread or process in the notebook.
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +201,49 @@ def _ended(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return True
     return psutil.wait_procs([proc], timeout=10)[1] == []
+
+
+CELL_FILE = "/tmp/ipykernel_0/2718281828.py"
+CELL = """\
+import torch
+import torch.distributed as dist
+
+def train(steps):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank 1")
+    t = torch.ones(1)
+    for _ in range(steps):
+        dist.all_reduce(t)
+    return t.item()
+"""
+
+
+class _Compiler:
+    """IPython's compiler as far as naming its cells goes: ``CELL_FILE`` is cell 4."""
+
+    def format_code_name(self, name: str) -> tuple[str, str] | None:
+        return ("Cell", "In[4]") if name == CELL_FILE else None
+
+
+def test_a_notebook_function_failing_on_one_rank_shows_its_cell_and_why_the_other_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As IPython leaves a cell: its lines in linecache only, its name known to the shell.
+    shell = type("Shell", (), {"compile": _Compiler()})()
+    monkeypatch.setitem(sys.modules, "IPython", type("IPython", (), {"get_ipython": lambda: shell}))
+    monkeypatch.setitem(
+        linecache.cache, CELL_FILE, (len(CELL), None, CELL.splitlines(keepends=True), CELL_FILE)
+    )
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(CELL, CELL_FILE, "exec"), namespace)
+    with pytest.raises(ValueError, match="bad batch on rank 1") as raised:
+        nbddp.launch(namespace["train"], 10_000, procs=2, output="none")
+    shown = "\n".join(raised.value._render_traceback_())  # type: ignore[attr-defined]
+    assert '  Cell In[4], line 7, in train\n    raise ValueError("bad batch on rank 1")' in shown
+    assert os.path.dirname(nbddp.__file__) not in shown  # nbddp's frames stay in the log
+    assert re.search(r"^rank 0: stopped (in a collective )?after rank 1 failed", shown, re.M)
+    log = shown.rsplit("full output in ", 1)[1]
+    assert log.endswith("rank1.log") and "\n" not in log  # the path ends the lines
+    logged = Path(log).read_text()
+    assert "nbddp/rank/worker.py" in logged and "Cell In[4], line 7, in train" in logged

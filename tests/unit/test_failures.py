@@ -10,7 +10,7 @@ import pytest
 
 import nbddp
 from nbddp.errors import RemoteTraceback
-from nbddp.launcher import failures
+from nbddp.launcher import collateral, failures
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.wire import values
 from nbddp.wire.descriptors import Descriptors, Packed
@@ -56,11 +56,34 @@ def test_a_rebuilt_exception_carries_the_ranks_traceback_and_a_note(tmp_path: Pa
     assert type(exc) is ValueError and str(exc) == "bad"
     assert isinstance(exc.__cause__, RemoteTraceback)
     assert str(exc.__cause__) == f"\n--- traceback from rank 1 ---\n{TB}"
-    assert exc.__notes__ == [f"(raised on rank 1; full output in {tmp_path / 'rank1.log'})"]
+    assert exc.__notes__ == [f"raised on rank 1; full output in {tmp_path / 'rank1.log'}"]
     # What Python prints: the rank's traceback, then the exception with its note.
     printed = "".join(traceback.format_exception(exc))
-    assert printed.index('File "<ddp cell [3]>"') < printed.index("(raised on rank 1;")
-    assert not hasattr(exc, "_render_traceback_")  # launch() keeps IPython's usual formatting
+    assert printed.index('File "<ddp cell [3]>"') < printed.index("raised on rank 1;")
+
+
+def test_launch_fails_in_ipython_as_the_ranks_traceback_keeping_its_type(tmp_path: Path) -> None:
+    # nbddp.launch raises what run_error builds: IPython shows the rank's traceback
+    # and where its log is, not the notebook frames (nbddp's) that re-raised it.
+    cause = Failure(1, "raised", info(ValueError("bad")))
+    outcomes = [outcome(0, RankState.STOPPED, -15), outcome(1, RankState.FAILED, 1, cause.error)]
+    exc = failures.run_error(cause, RunStatus.FAILED, outcomes, tmp_path, None)
+    assert type(exc) is ValueError
+    assert exc._render_traceback_() == [  # type: ignore[union-attr]
+        *TB.rstrip("\n").split("\n"),
+        "raised on rank 1 of 2",
+        "rank 0: stopped after rank 1 failed",
+        f"full output in {tmp_path / 'rank1.log'}",
+    ]
+
+
+@pytest.mark.parametrize("status", [RunStatus.TIMEOUT, RunStatus.STOPPED])
+def test_a_run_that_failed_without_a_ranks_error_shows_one_line(
+    tmp_path: Path, status: RunStatus
+) -> None:
+    exc = failures.run_error(None, status, [outcome(0, RankState.STOPPED, -15)], tmp_path, 1.0)
+    assert exc is not None
+    assert exc._render_traceback_() == [f"{type(exc).__name__}: {exc}"]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("exc", [None, Packed(b"not a pickle", "mymod.Custom", Descriptors())])
@@ -124,15 +147,122 @@ def test_ipython_shows_the_ranks_traceback_then_where_and_what_else_failed(
     cause = Failure(1, "raised", root)
     exc = failures.run_error(cause, RunStatus.FAILED, outcomes, tmp_path, None)
     assert exc is not None
-    shown = failures.presentable(exc, cause, outcomes, tmp_path)
+    shown = failures.presentable(exc, cause, outcomes, tmp_path, ["(the session keeps its state)"])
     assert shown is exc
     lines = shown._render_traceback_()
     assert lines == [
         *TB.rstrip("\n").split("\n"),
-        "(raised on rank 1 of 5; also failed: rank 0 (the same error), "
-        "rank 2 (signal SIGKILL (Killed)), rank 3 (DistBackendError: reset); "
-        f"full output in {tmp_path / 'rank1.log'})",
+        "raised on rank 1 of 5",
+        "rank 0: the same error",
+        "rank 2: signal SIGKILL (Killed)",
+        "rank 3: DistBackendError: reset",
+        "rank 4: stopped after rank 1 failed",
+        # The path ends its line: it copies as it is.
+        f"full output in {tmp_path / 'rank1.log'}",
+        "(the session keeps its state)",
     ]
+
+
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:37096. This is typically caused by a remote worker crashing. Check the "
+    "logs of the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f"
+)
+GLOO_RESET = (
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:15278: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in "
+    "the application. Check the logs of the remote worker before reporting an error. GLHF! "
+    "\U0001f3d6\ufe0f"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "link"),
+    [
+        (
+            ErrorInfo("builtins.RuntimeError", GLOO_CLOSED, "", None),
+            "gloo: connection closed by peer",
+        ),
+        (
+            ErrorInfo("torch.distributed.DistBackendError", GLOO_RESET, "", None),
+            "gloo: connection reset by peer",
+        ),
+        (
+            ErrorInfo(
+                "torch.distributed.DistBackendError",
+                "NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was "
+                "a network error, NCCL version 2.21.5\nncclRemoteError: A call failed",
+                "",
+                None,
+            ),
+            "nccl: a remote process exited",
+        ),
+        (
+            ErrorInfo(
+                "torch.distributed.DistNetworkError", "failed to recv, got 0 bytes", "", None
+            ),
+            "torch: the store closed the connection",
+        ),
+        # A user's own connection errors, and other errors, are their own.
+        (
+            ErrorInfo(
+                "builtins.ConnectionResetError", "[Errno 104] Connection reset by peer", "", None
+            ),
+            None,
+        ),
+        (ErrorInfo("builtins.RuntimeError", "gloo: a tensor of the wrong size", "", None), None),
+        (None, None),
+    ],
+)
+def test_a_process_group_broken_by_a_peer_is_summarised_in_one_plain_line(
+    error: ErrorInfo | None, link: str | None
+) -> None:
+    assert collateral.broken_link(error) == link
+
+
+def test_a_rank_that_failed_because_another_did_is_said_to(tmp_path: Path) -> None:
+    root = ErrorInfo("builtins.ValueError", "boom", TB, None)
+    cause = Failure(1, "raised", root)
+    broken = ErrorInfo("builtins.RuntimeError", GLOO_CLOSED, "...", None)
+    interrupted = ErrorInfo("builtins.KeyboardInterrupt", "", "...", None)
+    own = ErrorInfo("builtins.KeyError", "'w'", "...", None)
+    outcomes = [
+        outcome(0, RankState.FAILED, 1, broken),
+        outcome(1, RankState.FAILED, 1, root),
+        outcome(2, RankState.STOPPED, -15),
+        outcome(3, RankState.FAILED, 1, interrupted),
+        outcome(4, RankState.FAILED, 1, own),
+        outcome(5, RankState.DONE, 0),
+    ]
+    said = [collateral.collateral(o, cause) for o in outcomes]
+    assert said == [
+        "stopped in a collective after rank 1 failed (gloo: connection closed by peer)",
+        None,  # the root cause itself
+        "stopped after rank 1 failed",
+        "stopped after rank 1 failed",
+        None,  # an error of its own
+        None,  # it returned
+    ]
+    assert collateral.collateral(outcomes[0], None) is None  # nothing failed before it
+    assert failures.other_failures(outcomes, cause) == [
+        "rank 0: stopped in a collective after rank 1 failed (gloo: connection closed by peer)",
+        "ranks 2, 3: stopped after rank 1 failed",
+        "rank 4: KeyError: 'w'",
+    ]
+
+
+def test_a_backends_message_becomes_one_plain_line() -> None:
+    assert collateral.plain(GLOO_CLOSED) == "Connection closed by peer [127.0.0.1]:37096."
+    assert collateral.plain("first line\nsecond line") == "first line"
+    assert collateral.plain("x" * 500, limit=20) == "x" * 17 + "..."
+
+
+def test_a_broken_link_is_not_the_root_cause_when_a_rank_raised_its_own_error() -> None:
+    # Rank 0's collective broke first by its clock; rank 1's own error is the cause.
+    broken = Failure(0, "raised", ErrorInfo("builtins.RuntimeError", GLOO_RESET, "", None))
+    own = Failure(1, "raised", info())
+    assert failures.root_cause([(10.00, broken), (10.01, own)], grace=3.0) == own
+    assert failures.root_cause([(10.00, broken), (14.0, own)], grace=3.0) == broken
 
 
 def test_a_syntax_error_from_a_rank_is_shown_as_a_remote_error(tmp_path: Path) -> None:
@@ -142,7 +272,10 @@ def test_a_syntax_error_from_a_rank_is_shown_as_a_remote_error(tmp_path: Path) -
     shown = failures.presentable(SyntaxError("invalid syntax"), cause, outcomes, tmp_path)
     assert isinstance(shown, nbddp.RemoteError)
     assert str(shown) == "rank 0 raised builtins.SyntaxError: invalid syntax"
-    assert shown._render_traceback_()[-1].startswith("(raised on rank 0 of 1; full output in")
+    assert shown._render_traceback_()[-2:] == [
+        "raised on rank 0 of 1",
+        f"full output in {tmp_path / 'rank0.log'}",
+    ]
 
 
 def test_a_failure_without_a_rank_error_shows_as_one_line(tmp_path: Path) -> None:
@@ -159,6 +292,34 @@ def test_nbddp_errors_render_only_once_given_lines() -> None:
     assert "_render_traceback_" not in vars(type(exc))  # owned by NbddpError, not patched
 
 
+def test_an_interrupted_run_says_in_one_line_that_every_rank_was_stopped(tmp_path: Path) -> None:
+    exc = failures.interrupted(tmp_path)
+    assert isinstance(exc, KeyboardInterrupt)
+    assert exc._render_traceback_() == [  # type: ignore[attr-defined]
+        f"KeyboardInterrupt: every rank was stopped; their output is in {tmp_path}"
+    ]
+    starting = failures.interrupted(None)._render_traceback_()  # type: ignore[attr-defined]
+    assert starting == [
+        "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
+    ]
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad"), nbddp.RankError("bad", rank=1)])
+def test_a_note_added_after_the_lines_were_made_is_shown_after_them(exc: Exception) -> None:
+    # As a session adds what became of it to the error a run raised.
+    exc.add_note("raised on rank 1")
+    shown = failures.rendered(exc, ["the rank's traceback", "raised on rank 1"])
+    exc.add_note("(every rank returned to idle: the session keeps its state)")
+    assert shown._render_traceback_() == [  # type: ignore[attr-defined]
+        "the rank's traceback",
+        "raised on rank 1",
+        "(every rank returned to idle: the session keeps its state)",
+    ]
+    fresh = failures.rendered(KeyError("k"), ["KeyError: 'k'"])
+    fresh.add_note("later")
+    assert fresh._render_traceback_() == ["KeyError: 'k'", "later"]  # type: ignore[attr-defined]
+
+
 def test_other_exceptions_get_a_rendering_callable() -> None:
     exc = failures.rendered(KeyboardInterrupt(), ["KeyboardInterrupt: every rank was stopped"])
     assert isinstance(exc, KeyboardInterrupt)
@@ -173,9 +334,7 @@ def test_the_panel_summary_has_the_headline_notes_and_the_ranks_traceback(
     cause = Failure(1, "raised", info(ValueError("bad")))
     exc = failures.rank_error(cause, 1, tmp_path)
     headline, detail = failures.summary(exc, cause)
-    assert (
-        headline == f"ValueError: bad\n(raised on rank 1; full output in {tmp_path / 'rank1.log'})"
-    )
+    assert headline == f"ValueError: bad\nraised on rank 1; full output in {tmp_path / 'rank1.log'}"
     assert detail == f"--- traceback from rank 1 ---\n{TB.strip()}"
     assert failures.summary(nbddp.LaunchTimeout("late"), None) == ("LaunchTimeout: late", "")
 
@@ -202,7 +361,7 @@ def test_a_timeout_says_where_each_ranks_stacks_are_or_why_there_are_none(
     assert "the stacks of rank 0 are in the output and at the end of its log" in text
     assert "rank 1 did not answer (a thread held the GIL); a C-level dump was asked for" in text
     assert "no stacks could be taken from rank 2" in text
-    assert text.endswith(f"(logs in {tmp_path})")
+    assert text.endswith(f"; logs in {tmp_path}")  # the path ends it: it copies as it is
 
 
 def test_the_rank_that_raised_first_is_the_root_cause_whatever_order_its_news_arrives_in() -> None:
