@@ -19,11 +19,14 @@ them; between batches the display's ``refresh()`` draws at its own rate and
 says when it next needs a call, and the queue wait ends then. So however
 fast ranks write, drawing stays bounded, and nothing queued before
 ``wait`` (``block=False``) is skipped. ``close()`` draws the final state
-once every rank's output is complete. Metric rows reach ``Run.metrics``
-whatever the display does. The entry points give a display that never
-raises (``display.guard``); should anything escape the pump all the same,
-every rank is stopped before it is raised: a broken ``wait`` never leaves
-ranks running.
+once every rank's output is complete: before it, a rank that failed only
+because another did (``collateral``: its collective broke) is shown as
+stopped, not failed like the rank that raised, and after an interrupt,
+whose stop runs without the display, each rank is shown as it ended.
+Metric rows reach ``Run.metrics`` whatever the display does. The entry
+points give a display that never raises (``display.guard``); should
+anything escape the pump all the same, every rank is stopped before it is
+raised: a broken ``wait`` never leaves ranks running.
 
 Prompts: a rank waiting for the user (``input()``, ``breakpoint()``, a
 post-mortem) is asked for in the waiting thread between batches, one at a
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nbddp.launcher import events as ev
+from nbddp.launcher.collateral import collateral
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.display import Display
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
@@ -313,6 +317,7 @@ class Run:
         display = self.display
         if isinstance(event, ev.Done):
             if display is not None:
+                self._show_collateral(display)
                 display.close()
             self._done = True
             return True
@@ -332,6 +337,26 @@ class Run:
         elif isinstance(event, ev.InputAsked):
             self._asked.append(event)
         return False
+
+    def _show_collateral(self, display: Display) -> None:
+        """Show as stopped each rank that failed only because the root cause's did."""
+        cause = self.job.root_cause
+        if cause is None:
+            return
+        for outcome in self.job.outcomes():
+            if outcome.state is RankState.FAILED and collateral(outcome, cause) is not None:
+                display.state(outcome.rank, RankState.STOPPED)
+
+    def _show_ending(self, display: Display) -> None:
+        """After a stop run without the display: each rank as it ended, then ``close``.
+        Best effort: what it raises is logged, so the stop's own outcome is raised."""
+        try:
+            for outcome in self.job.outcomes():
+                display.state(outcome.rank, outcome.state)
+            self._show_collateral(display)
+            display.close()
+        except Exception:
+            log.exception("nbddp: the display of run %s could not show its end", self.run_id)
 
     def _refresh(self) -> None:
         display = self.display
@@ -368,6 +393,8 @@ class Run:
         finally:
             self.display = display
             self._prompting = True
+        if display is not None and self._done:
+            self._show_ending(display)
 
     def _build_result(self) -> RunResult:
         job = self.job
