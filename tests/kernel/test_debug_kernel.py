@@ -112,6 +112,29 @@ def test_launch_with_debug_opens_pdb_on_the_failing_rank(notebook: Kernel) -> No
     assert re.search(r"^\[rank 1\] 5$", result.rank_output, re.M), result.rank_output
 
 
+def test_pdb_in_a_launched_rank_lists_the_notebook_lines_and_the_error_hides_nbddp(
+    notebook: Kernel,
+) -> None:
+    ok(
+        notebook,
+        "import nbddp\n"
+        "def step(batch):\n"
+        "    import torch.distributed as dist\n"
+        "    if dist.get_rank() == 1:\n"
+        "        raise RuntimeError(f'bad batch {batch}')\n",
+    )
+    code = "nbddp.launch(step, 3, procs=2, init_process_group=True, debug=True)"
+    result, prompts = notebook.execute_answering(code, answering("l", "c"))
+    assert result.status == "error" and result.error is not None, shown(result)
+    assert prompts[0] == "(Pdb) [rank 1] ", prompts
+    # pdb lists the function's own lines: they came with the call.
+    assert "raise RuntimeError(f'bad batch {batch}')" in result.rank_output, result.rank_output
+    # The error the cell shows after pdb: the function's cell and line, none of nbddp's frames.
+    error = "\n".join(result.error["traceback"])
+    assert re.search(r"Cell In\[\d+\], line 5, in step", error), error
+    assert "nbddp/" not in error, error
+
+
 def test_debug_needs_a_run_that_blocks(notebook: Kernel) -> None:
     result = notebook.execute("nbddp.launch(train, 5, procs=2, debug=True, block=False)")
     assert result.status == "error" and result.error is not None
