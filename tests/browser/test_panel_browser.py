@@ -172,7 +172,7 @@ def test_stop_ends_the_run_and_rerunning_the_cell_leaves_no_process(
 
 
 def test_ddp_cell_shows_rank_blocks_and_a_live_chart(page: Page, lab_server: Lab) -> None:
-    # The %%ddp display (issue 4) as JupyterLab renders it: one block per
+    # The %%ddp display as JupyterLab renders it: one block per
     # rank with its tqdm bar drawn in place, and the metrics chart.
     cell = """\
 %%ddp --procs 2

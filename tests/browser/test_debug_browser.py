@@ -1,0 +1,64 @@
+"""A rank's debugger prompt in a real JupyterLab (headless Chromium, Playwright).
+
+A ``%%ddp`` cell stops rank 1 at ``breakpoint()``: JupyterLab's input box
+appears in the cell naming the rank, the user types pdb commands into it,
+the answers show in rank 1's block, and ``c`` lets the run finish. The test
+waits on the page's content, never on time; screenshots land in
+``artifacts_dir()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.lab import Lab, write_notebook
+from tests.browser.test_panel_browser import KERNEL_IDLE, MS, ranks_running, shot
+from tests.procs import wait_procs_gone
+
+pytestmark = pytest.mark.timeout(300)
+
+CELL = """\
+%%ddp --procs 2
+x = 6 * (rank + 1)
+if rank == 1:
+    breakpoint()
+print("done", x)
+"""
+
+
+@pytest.fixture
+def page(chromium: Any) -> Any:
+    context = chromium.new_context(viewport={"width": 1280, "height": 1100})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def test_a_breakpoint_prompts_in_the_cell_and_the_run_completes(
+    page: Page, lab_server: Lab
+) -> None:
+    write_notebook(lab_server.root / "debug_cell.ipynb", ["%load_ext nbddp", CELL])
+    page.goto(lab_server.notebook_url("debug_cell.ipynb"))
+    page.wait_for_function(KERNEL_IDLE, timeout=90 * MS)
+    # Not awaited: running the cells resolves only once the prompt is answered.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    output = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea")
+    stdin = output.locator(".jp-Stdin-input")
+    expect(output.locator(".jp-Stdin-prompt")).to_contain_text("(Pdb) [rank 1]", timeout=90 * MS)
+    expect(output).to_contain_text("rank 1 · waiting for input")
+    shot(page, "debug-prompt.png")
+    stdin.fill("p x * 7")
+    stdin.press("Enter")
+    expect(output).to_contain_text("84", timeout=30 * MS)  # pdb's answer, from rank 1
+    expect(output.locator(".jp-Stdin-input")).to_have_count(1, timeout=30 * MS)
+    shot(page, "debug-answered.png")
+    output.locator(".jp-Stdin-input").fill("c")
+    output.locator(".jp-Stdin-input").press("Enter")
+    expect(output).to_contain_text("done 12", timeout=60 * MS)
+    expect(output).to_contain_text("rank 1 · done")
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    shot(page, "debug-done.png")
+    assert wait_procs_gone(ranks_running(), timeout=10.0) == []
