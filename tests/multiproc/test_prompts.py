@@ -74,3 +74,39 @@ def test_a_breakpoint_hook_the_user_chose_is_kept(tmp_path: Path) -> None:
     done = _run(tmp_path, "ada\n", PYTHONBREAKPOINT="0")
     assert done.returncode == 0, done.stderr
     assert "(Pdb)" not in done.stdout, done.stdout
+
+
+def test_spawn_and_notebook_launcher_ranks_ask_too(tmp_path: Path) -> None:
+    script = tmp_path / "dropin.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            import nbddp
+
+            def by_index(i):
+                if i == 1:
+                    print("got", input("name? "))
+
+            def by_env():
+                if os.environ["RANK"] == "0":
+                    print("got", input("again? "))
+
+            nbddp.spawn(by_index, nprocs=2)
+            nbddp.notebook_launcher(by_env, num_processes=2)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        input="ada\nbob\n",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "name? [rank 1] " in done.stdout and "[rank 1] got ada" in done.stdout, done.stdout
+    assert "again? [rank 0] " in done.stdout and "[rank 0] got bob" in done.stdout, done.stdout
