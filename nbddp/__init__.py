@@ -117,7 +117,7 @@ def panel(fn: "Callable[..., _Any]", *args: _Any, **kwargs: _Any) -> "Panel":
     and ``nbddp.log`` charts; Stop ends every rank. The returned ``Panel``
     has the latest run as ``.run``, and ``launch()``, ``stop()``, ``wait()``,
     ``code()`` and ``close()`` for the same from code. Needs ipywidgets
-    (``pip install ipywidgets``); shown only in a Jupyter kernel.
+    (``pip install "nbddp[panel]"``); shown only in a Jupyter kernel.
     """
     try:
         import ipywidgets  # noqa: F401
@@ -131,7 +131,8 @@ def panel(fn: "Callable[..., _Any]", *args: _Any, **kwargs: _Any) -> "Panel":
 
 
 def load_ipython_extension(ipython: _Any) -> None:
-    """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config`` and ``%ddp_status``."""
+    """``%load_ext nbddp``: register ``%%ddp``, ``%ddp_config``, ``%ddp_session``,
+    ``%ddp_status``, ``%ddp_debug`` and ``%ddp_panel``."""
     from nbddp.notebook.magics import load_ipython_extension as load
 
     load(ipython)

@@ -189,7 +189,13 @@ class ViewSpec:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """A validated launch (see module contract). Build it with ``LaunchConfig.build``."""
+    """A validated launch: ``LaunchConfig.build(**options)`` checks ``launch()``'s options
+    before any process starts (``ConfigError`` otherwise) and resolves the defaults.
+
+    ``job``: what starts the ranks (how many, devices, environment, start method,
+    rendezvous, timeouts); ``view``: what the display reads; ``nodes`` and
+    ``cluster``: the Ray cluster a run spans, if any (see module contract).
+    """
 
     job: JobSpec
     view: ViewSpec = ViewSpec()

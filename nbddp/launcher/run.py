@@ -117,7 +117,15 @@ def latest_run() -> Run | None:
 
 
 class Run:
-    """A launched run (see module contract)."""
+    """A launched run: ``launch(..., block=False)`` returns one, as ``spawn(join=False)``.
+
+    ``wait()`` shows the output until every rank has finished, then returns a
+    ``RunResult`` or raises the root-cause failure (the earliest failing rank's
+    own exception when it can be rebuilt here, else ``RemoteError`` or
+    ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank. ``stop()``,
+    ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and
+    ``output(rank)`` work while it runs (see module contract).
+    """
 
     def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
         global _LATEST

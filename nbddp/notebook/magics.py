@@ -295,13 +295,13 @@ class DdpMagics(Magics):
         with _as_usage_error():
             self.runner.debug_session(args.rank)
 
-    @magic_arguments("%ddp_session start")
+    @magic_arguments("ddp_session start")  # the help writes the leading %
     @_launch_arguments
     def _session_start(self, line: str) -> None:
         """Start a session's ranks with these launch options (over %ddp_config's)."""
 
     @line_magic
-    @magic_arguments("%ddp_panel")
+    @magic_arguments("ddp_panel")  # the help writes the leading %
     @argument("function", help="the name of a function in the notebook, run as FUNCTION()")
     @_launch_arguments
     def ddp_panel(self, line: str) -> Any:

@@ -61,7 +61,16 @@ END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
 
 
 class Session:
-    """Ranks that keep their state (see module contract)."""
+    """Ranks that keep their state from call to call (``nbddp.session(...)`` makes one).
+
+    ``run(fn, *args)`` calls ``fn`` on every rank and returns rank 0's value;
+    ``exec(source, names)`` runs ``source`` as a ``%%ddp`` cell; ``restart()``
+    starts fresh ranks with the same options, ``stop()`` ends them, and
+    ``describe()`` shows each rank. A failed call keeps the state when every
+    rank returned to idle; otherwise its error says the session ended
+    (``alive`` is False). A context manager that stops on exit (see module
+    contract).
+    """
 
     def __init__(self, options: LaunchOptions, config: LaunchConfig | None = None) -> None:
         if options.get("max_restarts"):
@@ -90,7 +99,8 @@ class Session:
     # -- life ---------------------------------------------------------------
 
     def start(self) -> Session:
-        """Start the ranks; return once each is idle (see module contract)."""
+        """Start the ranks; return once each is idle with its process group
+        (a failure to start raises as a launch does, and leaves nothing)."""
         if self.alive:
             raise SessionError("the session is already running; stop() or restart() it")
         job = SessionJob(self.config.job, Payload.serialize(rank_session.serve, (), {}))

@@ -50,7 +50,14 @@ def _number(name: str, value: object) -> float | int:
 
 
 def log(step: int | None = None, **values: Any) -> None:
-    """Send a metric row to the notebook (see module contract)."""
+    """Send a metric row to the notebook: ``nbddp.log(step=step, loss=loss.item())``.
+
+    The row (``rank``, ``step``, ``time`` and the values) is kept in
+    ``Run.metrics`` and ``RunResult.metrics`` and drawn as a live chart.
+    Values must be numbers or 0-d tensors; a value named ``rank``, ``step``
+    or ``time`` raises. Outside a launch it returns at once and checks
+    nothing, so the same code runs unlaunched (see module contract).
+    """
     channel = rank_channel.installed()
     if channel is None:
         if _STARTED_BY_A_RANK:

@@ -132,6 +132,21 @@ def test_help_lists_the_options() -> None:
         assert option in doc
 
 
+@pytest.mark.parametrize(
+    ("method", "usage"),
+    [
+        (DdpMagics.ddp, "%%ddp "),
+        (DdpMagics.ddp_config, "%ddp_config "),
+        (DdpMagics._session_start, "%ddp_session start "),
+        (DdpMagics.ddp_panel, "%ddp_panel "),
+        (DdpMagics.ddp_debug, "%ddp_debug "),
+    ],
+)
+def test_help_names_the_magic_as_it_is_typed(method: Any, usage: str) -> None:
+    lines = method.parser.format_help().splitlines()
+    assert lines[2].strip().startswith(usage), lines[2]
+
+
 def test_merge_options() -> None:
     defaults: LaunchOptions = {"gpus": 2, "timeout": 600.0, "env": {"A": "1"}}
     merged = merge_options(defaults, {"procs": 1, "env": {"B": "2"}})
