@@ -1,7 +1,7 @@
 """A trivial cell's latency in real kernels: nbddp one-shot, nbddp session, nbdistributed.
 
     .venv/bin/python tests/bench/cell.py [--reps 10] [--rounds 3] [--warmup 2] [--pause 0.5]
-        [--procs 2] [--only WORD ...] [--venv DIR]
+        [--procs 2] [--only WORD ...] [--venv DIR] [--json PATH]
 
 The cell (on ``--procs`` CPU ranks, gloo), one line in the notebook::
 
@@ -45,8 +45,8 @@ ipykernel and jupyter_client versions as constraints, and checks that the venv i
 the project's torch. Its kernel runs on that venv's python with the venv's ``bin`` first on
 ``PATH`` (nbdistributed starts its workers as ``python worker.py``, found on ``PATH``).
 nbddp's kernels run on this interpreter with this checkout first on ``PYTHONPATH``. Run
-logs go to a temporary directory, removed at the end. Not a test: nothing here asserts a
-time.
+logs go to a temporary directory, removed at the end. ``--json`` also writes the table
+to a file (``benchjson``, for ``plot.py``). Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -565,6 +565,52 @@ def report(vs: list[Variant], args: Any) -> None:
             print(f"{v.name.split()[0]}: failed: {v.failed}")
 
 
+JSON_COLUMNS = (
+    "variant",
+    "set-up cells (ms)",
+    "first cell (ms)",
+    "median (ms)",
+    "p95 (ms)",
+    "best (ms)",
+    "n",
+    "times (ms)",
+)
+
+
+def json_row(name: str, setup: float | None, first: float | None, times: list[float]) -> list[Any]:
+    """``row`` as numbers (None for what does not apply), with every time."""
+    ms = [t * 1e3 for t in times]
+    return [
+        name,
+        None if setup is None else setup * 1e3,
+        None if first is None else first * 1e3,
+        statistics.median(ms),
+        p95(ms),
+        min(ms),
+        len(ms),
+        ms,
+    ]
+
+
+def write_json(path: str, vs: list[Variant], args: Any) -> None:
+    """The table as JSON (``benchjson``), with each variant's notes and failures."""
+    import benchjson
+
+    rows = []
+    for v in vs:
+        if v.times:
+            rows.append(json_row(v.name, v.setup_s, v.first_s, v.times))
+        if v.inner_times:
+            rows.append(json_row("launch() timed inside the kernel", None, None, v.inner_times))
+    title = (
+        f"a trivial cell, {args.procs} CPU ranks (gloo), all_reduce + print; {args.rounds} "
+        f"round(s) x {args.reps} cells per variant, {args.pause:g} s apart"
+    )
+    notes = [f"{v.name}: {note}" for v in vs for note in v.notes]
+    notes += [f"{v.name}: failed: {v.failed}" for v in vs if v.failed]
+    benchjson.write(path, "cell", [benchjson.table("cells", title, JSON_COLUMNS, rows)], notes)
+
+
 def chooser(words: list[str] | None) -> Callable[[str], bool]:
     """Whether a variant's name is one ``--only`` asked for (all without ``--only``)."""
     return lambda name: not words or any(word in name for word in words)
@@ -581,6 +627,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per cell")
     parser.add_argument("--only", nargs="+", help="variants whose names contain one of these")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV / "bench-cell-venv")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
     args.warmup = max(1, args.warmup)
     args.load = os.getloadavg()[0]
@@ -599,6 +646,8 @@ def main() -> None:
                     finish(v, args)
         shutil.rmtree(logs, ignore_errors=True)
     report(vs, args)
+    if args.json:
+        write_json(args.json, vs, args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Warm launch latency, nbddp side by side with the alternatives, in one run.
 
     .venv/bin/python tests/bench/launch.py [--reps 7] [--pause 1 0] [--rounds 1]
-        [--only NAME ...] [--procs 2] [--first-reps 3] [--think 3]
+        [--only NAME ...] [--procs 2] [--first-reps 3] [--think 3] [--json PATH]
 
 The task on each of ``--procs`` CPU ranks (2 by default): initialise a gloo process group, one
 all_reduce, return. Every launcher runs it in series of ``--reps`` launches
@@ -15,7 +15,8 @@ from the call to its return over all rounds, the spread of the rounds'
 medians, and each launcher's median as a ratio of nbddp's default
 (forkserver with its pool) and of accelerate's ``debug_launcher``, both
 measured in the same run. ``--only`` keeps the launchers whose names contain
-one of the words given. The series start once nbddp's forkserver has
+one of the words given; ``--json`` also writes the tables to a file
+(``benchjson``, for ``plot.py``). The series start once nbddp's forkserver has
 finished starting (``settle_forkserver``), as it has in a notebook by the
 first launch. First, ``--first-reps`` fresh interpreters (0: none)
 each import nbddp, wait ``--think`` seconds (the background prewarm's head
@@ -27,6 +28,7 @@ scripts. Not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -210,29 +212,83 @@ def series(
     return {key: times for key, times in out.items() if key[0] not in failed}
 
 
-def table(results: dict[tuple[str, float], list[list[float]]], pause: float) -> None:
-    """Print the rows of one pause: medians over all rounds, spread of the rounds' medians."""
-    rows = []
+def rows_of(
+    results: dict[tuple[str, float], list[list[float]]], pause: float
+) -> list[list[object]]:
+    """One pause's rows: launcher, median, best, the rounds' lowest and highest median,
+    and the median as a ratio of nbddp's default and of accelerate's (seconds)."""
+    stats = []
     for (name, row_pause), rounds in results.items():
         if row_pause != pause:
             continue
         flat = [t for times in rounds for t in times]
         per_round = [statistics.median(times) for times in rounds]
-        rows.append((name, statistics.median(flat), min(flat), min(per_round), max(per_round)))
+        stats.append((name, statistics.median(flat), min(flat), min(per_round), max(per_round)))
+    if not stats:
+        return []
+    base = stats[0][1]
+    anchor = next((med for name, med, *_ in stats if name.startswith("accelerate")), math.nan)
+    return [[*row, row[1] / base, row[1] / anchor] for row in stats]
+
+
+COLUMNS = (
+    "launcher",
+    "median (s)",
+    "best (s)",
+    "rounds' lowest median (s)",
+    "rounds' highest median (s)",
+    "median / nbddp",
+    "median / accelerate",
+)
+
+
+def table(rows: list[list[object]], pause: float) -> None:
+    """Print the rows of one pause (see ``rows_of``)."""
     if not rows:
         return
-    base = rows[0][1]
-    anchor = next((med for name, med, *_ in rows if name.startswith("accelerate")), float("nan"))
     print(f"\n{'back to back' if pause == 0 else f'{pause:g} s apart'}:")
     print(
         "| launcher | median (s) | best (s) | rounds' medians (s) "
         "| median / nbddp | median / accelerate |\n|---|---|---|---|---|---|"
     )
-    for name, med, best, lo, hi in rows:
+    for name, med, best, lo, hi, to_base, to_anchor in rows:
         print(
             f"| {name} | {med:.3f} | {best:.3f} | {lo:.3f}-{hi:.3f} "
-            f"| {med / base:.2f}x | {med / anchor:.2f}x |"
+            f"| {to_base:.2f}x | {to_anchor:.2f}x |"
         )
+
+
+def write_json(
+    path: str,
+    args: argparse.Namespace,
+    tables: dict[float, list[list[object]]],
+    first: dict[bool, list[float]],
+) -> None:
+    """The tables as JSON (``benchjson``): one per pause, and the first launches."""
+    import benchjson
+
+    out = [
+        benchjson.table(
+            f"pause {pause:g}",
+            "back to back" if pause == 0 else f"{pause:g} s apart",
+            COLUMNS,
+            rows,
+        )
+        for pause, rows in tables.items()
+    ]
+    out.append(
+        benchjson.table(
+            "first",
+            f"first launch {args.think:g} s after import nbddp, a fresh interpreter each",
+            ("how", "times (s)"),
+            [["interactive" if how else "script", times] for how, times in first.items()],
+        )
+    )
+    note = (
+        f"warm launch, {args.procs} CPU ranks, gloo init + all_reduce; {args.rounds} round(s) "
+        f"of {args.reps} reps per launcher and pause"
+    )
+    benchjson.write(path, "launch", out, [note])
 
 
 def main() -> None:
@@ -247,6 +303,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="ranks per launch")
     parser.add_argument("--first-reps", type=int, default=3, help="first launches after import")
     parser.add_argument("--think", type=float, default=3.0, help="seconds from import to launch")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     parser.add_argument("--first-child", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.first_child is not None:
@@ -265,8 +322,9 @@ def main() -> None:
         f"\nwarm launch, {args.procs} CPU ranks, gloo init + all_reduce; {args.rounds} round(s) of "
         f"{args.reps} reps per launcher and pause, {os.cpu_count()} cores"
     )
-    for pause in args.pause:
-        table(results, pause)
+    tables = {pause: rows_of(results, pause) for pause in args.pause}
+    for pause, rows in tables.items():
+        table(rows, pause)
     for interactive, times in first.items():
         if times:
             how = "interactive" if interactive else "script"
@@ -275,6 +333,8 @@ def main() -> None:
                 + ", ".join(f"{t:.3f}" for t in times)
                 + f" s; median {statistics.median(times):.3f} s"
             )
+    if args.json:
+        write_json(args.json, args, tables, first)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Launching with a large tensor in the payload: time and memory, side by side.
 
-    .venv/bin/python tests/bench/payload.py [--gib 1]
+    .venv/bin/python tests/bench/payload.py [--gib 1] [--json PATH]
 
 A float32 tensor of ``--gib`` GiB is captured in a closure; each of 2 CPU
 ranks reads all of it (sums it) and returns. For each launcher: wall time
@@ -10,7 +10,8 @@ launcher itself costs), and the peak memory of the notebook plus all
 its descendants, as the sum of their PSS (proportional set size: a page
 shared by N processes counts 1/N in each, so shared pages count once),
 sampled every 20 ms, minus the notebook's PSS before the tensor existed;
-shown as a multiple of the tensor's size. Not a test: nothing is asserted.
+shown as a multiple of the tensor's size. ``--json`` also writes the table to
+a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds before a hang")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
     nbddp.launch(lambda: None, procs=2, output="none")  # warm: forkserver, store support
     base = tree_pss()
@@ -168,6 +170,20 @@ def main() -> None:
         )
         begun = "?" if to_start is None else f"{to_start:.3f}"
         print(f"| {name} | {shown} | {begun} | {ratio:.2f}x |")
+    if args.json:
+        import benchjson
+
+        columns = (
+            "launcher",
+            "launch to return (s)",
+            "launch to every rank running (s)",
+            "peak memory / tensor size",
+        )
+        title = f"{args.gib:g} GiB float32 tensor in a closure, 2 CPU ranks each summing it"
+        note = f"None in launch to return: hung, killed after {args.deadline:g} s"
+        benchjson.write(
+            args.json, "payload", [benchjson.table("payload", title, columns, rows)], [note]
+        )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Run by hand (not collected by pytest)::
 
-    python tests/bench/relay.py [--lines 200000] [--steps 3000] [--repeats 3]
+    python tests/bench/relay.py [--lines 200000] [--steps 3000] [--repeats 3] [--json PATH]
 
 (a) Throughput: 2 ranks each print ``--lines`` short lines (and, separately,
 1 KiB lines) as fast as ``print`` goes. Measured from launch until
@@ -47,6 +47,10 @@ relayed; ``nbddp.log`` alone; relayed print + ``nbddp.log``), ``--blocks``
 rounds, and sums each variant's wall time and its training thread's CPU
 time. Whatever disturbs the machine then disturbs every variant alike;
 the ratio and the extra microseconds per step are reported per rank.
+
+``--json PATH`` also writes every table to a file (``benchjson``, for
+``plot.py``): ``paired <hidden>`` for (c), ``throughput`` for (a) and
+``training <hidden>`` for (b), figures as numbers.
 """
 
 from __future__ import annotations
@@ -223,9 +227,9 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], display: Display) -> t
     gc.collect()  # see the module docstring
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         start = time.perf_counter()
-        job = Job(config, Payload.serialize(fn, args, {}))
+        job = Job(config.job, Payload.serialize(fn, args, {}))
         job.start()
-        result = Run(job, display).wait()
+        result = Run(job, display, config).wait()
         elapsed = time.perf_counter() - start
     return elapsed, result
 
@@ -337,6 +341,16 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join([head, rule, *lines])
 
 
+def json_table(
+    name: str, title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]
+) -> dict[str, Any]:
+    """A printed table for ``benchjson``: its figures as numbers."""
+    import benchjson
+
+    cells = [[benchjson.number(cell) for cell in row] for row in rows]
+    return benchjson.table(name, title, header, cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=200_000, help="short lines per rank")
@@ -347,7 +361,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40, help="(c): rounds of the variants")
     parser.add_argument("--block-steps", type=int, default=50, help="(c): steps per block")
     parser.add_argument("--skip-ab", action="store_true", help="run (c) only")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
+    tables: list[dict[str, Any]] = []
     print(f"{os.cpu_count()} CPU cores, {RANKS} ranks, torch threads per rank: OMP default")
     print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     launch(print_lines, (10, 16), text_display())  # warm the forkserver
@@ -358,18 +374,26 @@ def main() -> None:
             f"\n(c) paired, in one launch: MLP 64-{hidden}-10, {args.blocks} rounds of "
             f"{args.block_steps} steps per variant and rank"
         )
-        print(table(header, paired_cost(args.blocks, args.block_steps, hidden)))
+        rows = paired_cost(args.blocks, args.block_steps, hidden)
+        print(table(header, rows))
+        title = f"(c) paired, in one launch: MLP 64-{hidden}-10"
+        tables.append(json_table(f"paired {hidden}", title, header, rows))
     print(
         "ratio: baseline (print to block-buffered /dev/null) wall / variant wall; wall, cpu:\n"
         "microseconds per step above the baseline (cpu: the rank's training thread)."
     )
     if args.skip_ab:
+        if args.json:
+            benchjson_write(args.json, tables)
         nbddp.shutdown()
         return
 
     print("\n(a) relay throughput, 2 ranks -> notebook side (medians)")
     header = ("lines", "display", "total", "wall s", "net s", "rank s", "lines/s", "MB/s")
-    print(table(header, throughput(args.lines, args.repeats)))
+    rows = throughput(args.lines, args.repeats)
+    print(table(header, rows))
+    title = "(a) relay throughput, 2 ranks -> notebook side (medians)"
+    tables.append(json_table("throughput", title, header, rows))
     print("net s: wall minus the baseline launch; rank s: time the slowest rank spent printing")
 
     header = (
@@ -390,7 +414,10 @@ def main() -> None:
             f"\n(b) training loop: MLP 64-{hidden}-10, batch 64, {RANKS} ranks x {steps} steps, "
             "measured inside each rank"
         )
-        print(table(header, train_cost(steps, hidden, args.repeats)))
+        rows = train_cost(steps, hidden, args.repeats)
+        print(table(header, rows))
+        title = f"(b) training loop: MLP 64-{hidden}-10, {RANKS} ranks x {steps} steps"
+        tables.append(json_table(f"training {hidden}", title, header, rows))
     print(
         "steps/s: wall clock inside the rank (mean of ranks), best and median of the runs;\n"
         "ms/step: from the best run; rank cpu us/step: the rank process's CPU per step\n"
@@ -401,7 +428,19 @@ def main() -> None:
         "disturbs least. Target: ratio >= 0.97 for 'print relayed + nbddp.log'."
     )
     print("load average (1, 5, 15 min) at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    if args.json:
+        benchjson_write(args.json, tables)
     nbddp.shutdown()
+
+
+def benchjson_write(path: str, tables: list[dict[str, Any]]) -> None:
+    import benchjson
+
+    note = (
+        "paired ratio: baseline (print to block-buffered /dev/null) wall / variant wall; "
+        "wall, cpu: microseconds per step above the baseline"
+    )
+    benchjson.write(path, "relay", tables, [note])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Bringing a rank's return value back to the notebook: time and memory, side by side.
 
-    .venv/bin/python tests/bench/results.py [--mib 100 1024]
+    .venv/bin/python tests/bench/results.py [--mib 100 1024] [--json PATH]
 
 For each size, rank 0 of 2 CPU ranks builds a value of that many MiB and
 returns it: a float32 tensor, and a ``state_dict``-like ``OrderedDict`` (64
@@ -12,7 +12,8 @@ Columns: the whole call (launch to value in hand); "return" is from the
 moment rank 0 had its value built (a timestamp it takes just before
 returning) until the notebook holds it, and the throughput that gives; the
 notebook's peak resident memory above what it held before, sampled every
-10 ms, as a multiple of the value's size. Not a test: nothing is asserted.
+10 ms, as a multiple of the value's size. ``--json`` also writes the table
+to a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=int, nargs="+", default=[100, 1024])
     parser.add_argument("--kinds", nargs="+", default=["tensor", "state_dict"])
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
     nbddp.launch(lambda: None, procs=2, output="none")  # warm: forkserver, store support
     stamps = tempfile.mkdtemp(prefix="nbddp-bench-")
@@ -170,7 +172,7 @@ def main() -> None:
             for name, fn in cases:
                 whole, ret, mem = measure(fn, stamps, mib)
                 rate = (mib << 20) / ret / 1e9
-                rows.append((f"{mib} MiB {kind}", name, whole, ret, rate, mem))
+                rows.append((f"{mib} MiB {kind}", name, whole, ret, rate, mem, mib, kind))
                 print(f"{mib} MiB {kind}, {name}: {whole:.2f}s", flush=True)
     with contextlib.suppress(OSError):
         for p in Path(stamps).iterdir():
@@ -181,8 +183,24 @@ def main() -> None:
         "| value | launcher | whole call (s) | return (s) | return GB/s "
         "| notebook peak RSS / size |\n|---|---|---|---|---|---|"
     )
-    for value, name, whole, ret, rate, mem in rows:
+    for value, name, whole, ret, rate, mem, *_ in rows:
         print(f"| {value} | {name} | {whole:.2f} | {ret:.3f} | {rate:.2f} | {mem:.2f}x |")
+    if args.json:
+        import benchjson
+
+        columns = (
+            "value",
+            "launcher",
+            "whole call (s)",
+            "return (s)",
+            "return GB/s",
+            "notebook peak RSS / size",
+            "MiB",
+            "kind",
+        )
+        table = benchjson.table("returns", "rank 0's return value, 2 CPU ranks", columns, rows)
+        note = f"nbddp.launch returning None (the launch itself): {launch_only:.3f} s"
+        benchjson.write(args.json, "results", [table], [note])
 
 
 if __name__ == "__main__":
