@@ -1,0 +1,100 @@
+"""The docs cover what the code has, and the README's links lead somewhere.
+
+The site itself is built by ``mkdocs build --strict`` in the test command
+(.ci/run), which fails on a broken link, a missing anchor or a reference
+that does not resolve. These checks hold the pages to the code: every public
+name has its reference entry, every magic its help, every error class its
+troubleshooting section, and every recorded bench its plot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import nbddp
+from nbddp import errors
+
+ROOT = Path(nbddp.__file__).parent.parent
+DOCS = ROOT / "docs"
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
+
+
+def pins(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        if m := PIN.match(line.split("#")[0].strip()):
+            found[m.group(1).lower()] = m.group(2)
+    return found
+
+
+def test_the_docs_requirements_are_pinned_as_ci_pins_them() -> None:
+    docs = pins(DOCS / "requirements.txt")
+    ci = pins(ROOT / ".ci" / "requirements.txt")
+    assert {"mkdocs", "mkdocs-material", "mkdocstrings-python"} <= set(docs)
+    differ = {name: (v, ci.get(name)) for name, v in docs.items() if ci.get(name) != v}
+    assert not differ, f"docs/requirements.txt and .ci/requirements.txt differ: {differ}"
+
+
+def test_the_api_reference_has_every_public_name() -> None:
+    page = (DOCS / "reference" / "api.md").read_text()
+    shown = set(re.findall(r"^::: nbddp\.(\w+)$", page, re.M))
+    assert set(nbddp.__all__) - shown == set(), "add them to docs/reference/api.md"
+
+
+def test_the_magics_page_has_every_magic() -> None:
+    from nbddp.notebook.magics import DdpMagics
+
+    page = (DOCS / "reference" / "magics.md").read_text()
+    shown = set(re.findall(r"<!-- nbddp:magic ([a-z_ ]+?) -->", page))
+    registered = set(DdpMagics.magics["line"]) | set(DdpMagics.magics["cell"])
+    assert registered - shown == set(), "add them to docs/reference/magics.md"
+
+
+def test_troubleshooting_has_a_section_for_every_error_class() -> None:
+    page = (DOCS / "troubleshooting.md").read_text()
+    anchors = set(re.findall(r"\{#([a-z0-9-]+)\}", page))
+    classes = {
+        cls.__name__
+        for cls in vars(errors).values()
+        if inspect.isclass(cls)
+        and issubclass(cls, BaseException)
+        and cls.__module__ == errors.__name__
+    }
+    missing = {name for name in classes if name.lower() not in anchors}
+    assert not missing, f"docs/troubleshooting.md has no section {{#name}} for {sorted(missing)}"
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local, "the README links to its docs pages"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README links to missing files: {missing}"
+
+
+def test_every_recorded_bench_has_its_plot() -> None:
+    recorded = sorted((DOCS / "bench").glob("*.json"))
+    assert recorded, "docs/bench holds the benches' figures"
+    for path in recorded:
+        data = json.loads(path.read_text())
+        assert data["bench"] == path.stem and data["machine"] and data["date"], path
+        assert (DOCS / "assets" / "bench" / f"{path.stem}.png").exists(), path
+
+
+def test_plot_draws_every_recorded_bench(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # .ci/requirements.txt installs it
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot", ROOT / "tests" / "bench" / "plot.py")
+    assert spec and spec.loader
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    for path in sorted((DOCS / "bench").glob("*.json")):
+        png = plot.plot(path, tmp_path)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
