@@ -154,7 +154,7 @@ def test_an_idle_session_wakes_for_nothing_of_nbddps(session: Session) -> None:
 
     Gloo's transport thread (``gloo_tcp_loop``) polls every 10 ms while a gloo
     process group exists: that is torch's cost, the same in any gloo run, and
-    what the README states. No other thread of a rank, nor the notebook's
+    what docs/sessions.md states. No other thread of a rank, nor the notebook's
     relay, may wake."""
     pids = [pid for pid, _ in session.run(fns.identity)]
     procs = [psutil.Process(pid) for pid in pids]
