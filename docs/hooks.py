@@ -189,8 +189,11 @@ def bench(name: str, src_uri: str) -> str:
         parts.append(f'??? note "{table.get("title") or table.get("name")}"')
         parts.extend("    " + line for line in markdown_table(table).splitlines())
         parts.append("")
-    for note in data.get("notes", []):
-        parts.append(f"- {note}")
+    notes = data.get("notes", [])
+    if notes:
+        parts.append('??? note "What the script noted during the run"')
+        parts.extend(f"    - {note}" for note in notes)
+        parts.append("")
     return "\n".join(parts) + "\n"
 
 
