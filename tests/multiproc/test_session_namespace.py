@@ -175,7 +175,10 @@ def test_an_idle_session_wakes_for_nothing_of_nbddps(session: Session) -> None:
         for key, n in woke.items()
         if key[2] != "gloo_tcp_loop" and (key[0] != os.getpid() or key[1] in relay)
     }
-    assert {key: n for key, n in ours.items() if n > 0} == {}
+    # A rank finishes its last cell's bookkeeping after its value reached the
+    # notebook, so a thread may wake once or twice at the window's start; a
+    # thread that polls, even once a second, would wake 60 times.
+    assert {key: n for key, n in ours.items() if n > 2} == {}
     assert max(used) < 1.0, used  # gloo's polling only: about 0.1 s a minute
 
 
