@@ -3,11 +3,14 @@ uses its rank selection): what each rank is doing, and what changed since the la
 
 Contract: ``RunModel`` takes the ``Display`` protocol's recording events
 (``attach``, ``output``, ``state``, ``metric``; a notice is shown by each
-renderer at once) and keeps them. Per rank a ``RankModel``: its
-``RankState``, when it started (the run's start) and ended, its elapsed
-time as text (``format_elapsed``), its ``Screen`` (None for a rank not
-shown live: its output is only in its log), its last metric row and that
-row in one line. For the run: the metric rows (``history``, a
+renderer at once) and keeps them, and how each rank ended once the run is
+over (``ended``, a ``RankEnd``: the refined state, what it adds, and when
+the rank ended). Per rank a ``RankModel``: its ``RankState`` and its words
+for a header (``words``: ``failed: ValueError``), when it started (the
+run's start) and ended (the elapsed time stops there; a restarted rank's
+goes on), its elapsed time as text (``format_elapsed``), its ``Screen``
+(None for a rank not shown live: its output is only in its log), its last
+metric row and that row in one line. For the run: the metric rows (``history``, a
 ``MetricHistory``; rows are taken in when it is read, so recording one is an
 append), the rate limiters a renderer draws by (``limiter``, and the
 slower ``chart_limiter``), and what changed since the last draw: each
@@ -30,7 +33,8 @@ from pathlib import Path
 from nbddp.display.chart import MetricHistory, metric_summary
 from nbddp.display.ratelimit import RateLimiter
 from nbddp.display.screen import Screen
-from nbddp.launcher.events import RankState
+from nbddp.display.style import state_words
+from nbddp.launcher.events import RankEnd, RankState
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.protocol import MetricRow
 
@@ -56,6 +60,7 @@ class RankModel:
     # Slots: one of these is touched per printed line.
     __slots__ = (
         "_drawn_elapsed",
+        "detail",
         "dirty",
         "ended_at",
         "metric",
@@ -70,7 +75,9 @@ class RankModel:
         self.screen = screen
         """Its recent output as a terminal shows it; None: not shown live."""
         self.state = RankState.STARTING
-        """Where it is: starting, running, then done, failed or stopped."""
+        """Where it is: starting, running, then how it ended (``RankState``)."""
+        self.detail = ""
+        """What its ended state alone does not say (``RankEnd.detail``)."""
         self.started_at = started_at
         self.ended_at: float | None = None
         """When it was first seen in an ended state."""
@@ -88,6 +95,10 @@ class RankModel:
     def elapsed_text(self, now: float) -> str:
         """``elapsed`` as shown (``format_elapsed``)."""
         return format_elapsed(self.elapsed(now))
+
+    def words(self) -> str:
+        """Its state as a header says it (``style.state_words``)."""
+        return state_words(self.state, self.detail)
 
     def summary(self) -> str:
         """The latest metric row in one line (``metric_summary``), or empty."""
@@ -156,12 +167,25 @@ class RunModel:
             entry.dirty = True
 
     def state(self, rank: int, state: str) -> None:
-        """Record the rank's new state (and when it first ended)."""
+        """Record the rank's new state (and when it first ended; a rank running
+        again, restarted, has not ended)."""
         entry = self.rank(rank)
         entry.state = new = _STATES[state]
-        if new in _ENDED and entry.ended_at is None:
+        if new not in _ENDED:
+            entry.ended_at = None
+            entry.detail = ""
+        elif entry.ended_at is None:
             entry.ended_at = self.clock()
         entry.dirty = True
+
+    def ended(self, end: RankEnd) -> None:
+        """Record how the rank ended, once its run is over: the refined state, its
+        detail, and when it ended (when ``end`` knows; else when first seen ended)."""
+        entry = self.rank(end.rank)
+        self.state(end.rank, end.state)
+        entry.detail = end.detail
+        if end.ended_at is not None:
+            entry.ended_at = end.ended_at
 
     def metric(self, rank: int, row: MetricRow) -> None:
         """Record a metric row: the rank's latest, and one more for the chart."""

@@ -1,24 +1,54 @@
-"""How states look: the colours the kernel display and the panel give rank and run states.
+"""How states look: the colours and words the kernel display and the panel give states.
 
-Contract: ``STATE_COLORS`` maps the ended ``RankState`` members to a CSS
-colour, ``RUN_COLORS`` does the same for every ended ``RunStatus``; a state
+Contract: ``STATE_COLORS`` maps every ``RankState`` that is drawn in a colour
+of its own to a CSS colour; ``RUN_COLORS`` does the same for every ended
+``RunStatus`` (and the rank states, for views that mix them). A state
 without an entry (starting, running) is drawn in the default colour. Keys
 are ``str`` enum members, so a state's plain name finds its colour too.
+``state_words(state, detail)`` is a state as a header says it. A state
+added to ``RankState`` needs a colour here only if it should stand out.
+
+The colours are chosen to tell apart, at a glance, the rank that failed
+(red, darker for a crash without an exception) from the ranks stopped
+because of it (grey: not their fault), and a stop someone asked for
+(orange) from one the run's timeout made (brown).
 """
 
 from __future__ import annotations
 
 from nbddp.launcher.events import RankState, RunStatus
 
-_GREEN, _RED, _ORANGE = "#2ca02c", "#d62728", "#ff7f0e"
+_GREEN, _RED, _DARK_RED = "#2ca02c", "#d62728", "#a50f15"
+_ORANGE, _BROWN, _GREY = "#e6550d", "#8c510a", "#7f7f7f"
 
 STATE_COLORS: dict[str, str] = {
     RankState.DONE: _GREEN,
     RankState.FAILED: _RED,
+    RankState.EXITED: _DARK_RED,
     RankState.STOPPED: _ORANGE,
+    RankState.INTERRUPTED: _ORANGE,
+    RankState.TIMED_OUT: _BROWN,
+    RankState.CANCELLED: _GREY,
 }
 RUN_COLORS: dict[str, str] = {
     **STATE_COLORS,
-    RunStatus.TIMEOUT: _RED,
+    RunStatus.TIMEOUT: _BROWN,
     RunStatus.INTERRUPTED: _ORANGE,
 }
+
+_WORDS: dict[str, str] = {
+    RankState.FAILED: "failed: {}",
+    RankState.EXITED: "exited with {}",
+    RankState.CANCELLED: "stopped: {}",
+}
+
+
+def state_words(state: str, detail: str = "") -> str:
+    """``state`` as a header says it: ``failed: ValueError``, ``exited with code 3``,
+    ``killed by SIGKILL``, ``stopped: rank 1 failed``; the state's name otherwise."""
+    form = _WORDS.get(state)
+    if form is None or not detail:
+        return str(state)
+    if state == RankState.EXITED and detail.startswith(("SIG", "signal")):
+        return f"killed by {detail}"
+    return form.format(detail)

@@ -10,11 +10,16 @@ another thread can keep it.
 
 States are ``RankState`` and ``RunStatus`` members. Both are ``str``
 enums: they compare equal to their names (``RankState.DONE == "done"``),
-print as them and cross processes as plain strings.
+print as them and cross processes as plain strings. The job reports a
+rank as starting, running, done, failed or stopped; once the run is over,
+``rank_end`` says how each rank ended in the terms a user reads (it raised,
+it exited or was killed, it was stopped on request, by an interrupt, by the
+timeout, or because another rank failed), as a ``RankEnd``.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -35,7 +40,13 @@ class _Word(str, Enum):
 
 
 class RankState(_Word):
-    """Where one rank is: starting, running, then done, failed or stopped."""
+    """Where one rank is: starting, running, then how it ended.
+
+    The job uses the first five; ``rank_end`` refines an ended rank into the
+    others once the run is over. A new live state (a rank waiting for input)
+    is one more member here, a colour in ``display.style`` and whatever
+    reports it; an ended one also goes into ``_ENDED``.
+    """
 
     STARTING = "starting"
     RUNNING = "running"
@@ -43,7 +54,17 @@ class RankState(_Word):
     """At a prompt (``input()``, a debugger): its answer comes from the notebook."""
     DONE = "done"
     FAILED = "failed"
+    """Failed by raising an exception (the job: by any failure)."""
     STOPPED = "stopped"
+    """Stopped on request (the job: stopped, for whatever reason)."""
+    EXITED = "exited"
+    """Failed without raising: a non-zero exit code, or killed by a signal."""
+    INTERRUPTED = "interrupted"
+    """Stopped by a ``KeyboardInterrupt`` in the notebook."""
+    TIMED_OUT = "timed out"
+    """Stopped because the run passed its ``timeout``."""
+    CANCELLED = "cancelled"
+    """Stopped because another rank failed (the rest of a run that failed fast)."""
 
     @property
     def ended(self) -> bool:
@@ -51,7 +72,17 @@ class RankState(_Word):
         return self in _ENDED
 
 
-_ENDED = frozenset((RankState.DONE, RankState.FAILED, RankState.STOPPED))
+_ENDED = frozenset(
+    (
+        RankState.DONE,
+        RankState.FAILED,
+        RankState.STOPPED,
+        RankState.EXITED,
+        RankState.INTERRUPTED,
+        RankState.TIMED_OUT,
+        RankState.CANCELLED,
+    )
+)
 
 
 class RunStatus(_Word):
@@ -175,3 +206,62 @@ def run_status(
     if failed and reason in (None, RunStatus.FAILED):
         return RunStatus.FAILED
     return reason or RunStatus.DONE
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's part in a finished run ended, as the user reads it (``rank_end``)."""
+
+    rank: int
+    state: RankState
+    """An ended state: done, failed, exited, stopped, interrupted, timed out, cancelled."""
+    detail: str = ""
+    """What the state alone does not say: the exception's type (``ValueError``), the
+    exit (``code 3``, ``SIGKILL``), or the rank whose failure stopped this one."""
+    ended_at: float | None = None
+    """``time.monotonic()`` when it ended, when known."""
+    cause: int | None = None
+    """For ``cancelled``: the rank that failed first."""
+
+
+_STOPPED_BY = {
+    RunStatus.INTERRUPTED: RankState.INTERRUPTED,
+    RunStatus.TIMEOUT: RankState.TIMED_OUT,
+    RunStatus.STOPPED: RankState.STOPPED,
+}
+
+
+def rank_end(outcome: RankOutcome, status: RunStatus, root: Failure | None) -> RankEnd:
+    """How ``outcome``'s rank ended, given how its run ended (``status``, an ended
+    ``RunStatus``) and the run's root-cause failure (``root``, if any).
+
+    A rank that failed raised (``failed``, with the exception's type) or did not
+    (``exited``, with its exit code or signal). A rank the job stopped, or that
+    was still going when the run ended, was stopped for the run's reason:
+    interrupted, timed out, stopped on request, or cancelled when another rank
+    failed (``cause``: that rank).
+    """
+    rank, state, ended_at = outcome.rank, outcome.state, outcome.ended_at
+    if state is RankState.DONE:
+        return RankEnd(rank, RankState.DONE, ended_at=ended_at)
+    if state is RankState.FAILED:
+        if outcome.error is not None:
+            # A header names the type as the traceback's last line does (not ``builtins.``).
+            short = outcome.error.type_name.removeprefix("builtins.")
+            return RankEnd(rank, RankState.FAILED, short, ended_at)
+        return RankEnd(rank, RankState.EXITED, exit_detail(outcome.exit_code), ended_at)
+    if root is not None and root.rank != rank and status is RunStatus.FAILED:
+        return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at, root.rank)
+    return RankEnd(rank, _STOPPED_BY.get(status, RankState.STOPPED), ended_at=ended_at)
+
+
+def exit_detail(code: int | None) -> str:
+    """An exit in a header's words: ``code 3``, ``SIGKILL``, or ``an unknown status``."""
+    if code is None:
+        return "an unknown status"
+    if code >= 0:
+        return f"code {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"

@@ -134,5 +134,6 @@ def test_format_elapsed() -> None:
 def test_state_colours_find_plain_names_too() -> None:
     assert STATE_COLORS[RankState.DONE] == STATE_COLORS["done"] == "#2ca02c"
     assert "running" not in STATE_COLORS and "starting" not in RUN_COLORS
-    assert RUN_COLORS[RunStatus.TIMEOUT] == RUN_COLORS["failed"] == "#d62728"
+    assert RUN_COLORS[RunStatus.TIMEOUT] == RUN_COLORS["timed out"]
+    assert RUN_COLORS["failed"] == "#d62728"
     assert RUN_COLORS["interrupted"] == RUN_COLORS[RankState.STOPPED]
