@@ -3,24 +3,37 @@
 Contract: ``Guarded(display, ranks)`` implements ``launcher.display.Display``
 by calling ``display``. When that raises (any ``Exception``; a
 ``KeyboardInterrupt`` goes through, and the run stops its ranks), the error
-is reported once on stderr and a ``TextDisplay`` of ``ranks`` takes over,
-starting with the call that failed, so nothing is skipped; if the text
-display fails too, the rest of the run is shown by nothing (every rank's
-log keeps all its output either way). ``inner`` is the display in use now,
-None once both have failed.
+is reported once and the display is replaced, starting with the call that
+failed, so nothing is skipped: by a ``TextDisplay`` of ``ranks`` in the
+caller's stdout; or, once ``pin()`` said the run is drawn from a background
+thread (whose stdout would land in whatever cell runs then), by nothing.
+A display that can ``retire`` (the kernel display) keeps drawing its
+blocks' headers, true to the end (``state``, ``ended``, ``close`` still
+reach it), with a note saying where the output is now; if that fails too
+it is dropped. If the text display fails as well, the rest of the run is
+shown by nothing (every rank's log keeps all its output either way).
+``inner`` is the display in use now, None once none is left.
+
+The optional calls a run's entry points and ``Run`` make (``starting``,
+``not_started``, ``pin``, ``ended``) reach the display when it has them;
+``ended`` falls back to ``state`` with the refined state.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from nbddp.display.text import TextDisplay
 from nbddp.launcher.display import Display
+from nbddp.launcher.events import RankEnd
 from nbddp.wire.protocol import MetricRow
 
 MAX_ERROR_TEXT = 200  # characters of an error's message in its one-line report
+
+log = logging.getLogger(__name__)
 
 
 class Guarded:
@@ -32,6 +45,8 @@ class Guarded:
         self._log_dir = Path()
         self._world_size = 0
         self._fell_back = False
+        self._pinned = False
+        self._retired: Any = None  # the failed display, drawing its headers only
 
     def attach(self, log_dir: Path, world_size: int) -> None:
         """As the display's; remembered for the text display that may take over."""
@@ -47,8 +62,9 @@ class Guarded:
         self._call("notice", text)
 
     def state(self, rank: int, state: str) -> None:
-        """As the display's."""
+        """As the display's (and the retired display's headers')."""
         self._call("state", rank, state)
+        self._retired_call("state", rank, state)
 
     def metric(self, rank: int, row: MetricRow) -> None:
         """As the display's."""
@@ -60,8 +76,37 @@ class Guarded:
         return delay
 
     def close(self) -> None:
-        """As the display's."""
+        """As the display's (and the retired display's final headers)."""
         self._call("close")
+        self._retired_call("close")
+
+    # -- optional calls --------------------------------------------------------
+
+    def ended(self, end: RankEnd) -> None:
+        """How a rank ended: the display's ``ended``, else its ``state``."""
+        if self.inner is not None and hasattr(self.inner, "ended"):
+            self._call("ended", end)
+        else:
+            self._call("state", end.rank, end.state)
+        self._retired_call("ended", end)
+
+    def starting(self, world_size: int) -> None:
+        """The display's ``starting``, if it has one."""
+        if hasattr(self.inner, "starting"):
+            self._call("starting", world_size)
+
+    def not_started(self) -> None:
+        """The display's ``not_started``, if it has one."""
+        if hasattr(self.inner, "not_started"):
+            self._call("not_started")
+
+    def pin(self) -> None:
+        """The display's ``pin``, if it has one; from now on no text takes over."""
+        self._pinned = True
+        if hasattr(self.inner, "pin"):
+            self._call("pin")
+
+    # -- internals ---------------------------------------------------------------
 
     def _call(self, name: str, *args: Any) -> Any:
         while self.inner is not None:
@@ -69,12 +114,22 @@ class Guarded:
                 return getattr(self.inner, name)(*args)
             except Exception as exc:
                 self._failed(exc)  # the call goes on to what replaced it, attached already
-                if name == "attach":
+                if name in ("attach", "starting", "not_started", "pin", "ended"):
                     return None
         return None
 
+    def _retired_call(self, name: str, *args: Any) -> None:
+        retired = self._retired
+        if retired is None:
+            return
+        try:
+            getattr(retired, name)(*args)
+        except Exception:
+            log.warning("nbddp: the failed display could not draw its headers", exc_info=True)
+            self._retired = None
+
     def _failed(self, exc: Exception) -> None:
-        self.inner = None
+        failed, self.inner = self.inner, None
         where = self._log_dir
         if self._fell_back:
             report(
@@ -83,12 +138,23 @@ class Guarded:
             )
             return
         self._fell_back = True
+        retired = self._retire(failed, exc)
+        if self._pinned:
+            # Not on sys.stderr: from this thread, that lands in whatever cell runs now.
+            message = f"the display failed ({describe(exc)}); this run's output is in {where}"
+            log.warning("nbddp: %s", message, exc_info=exc)
+            if not retired:
+                report(message, streams=(sys.__stderr__,))
+            return
         text = TextDisplay(ranks=self._ranks)
+        # The blocks, when they still stand, show each log's path (as HTML: a path
+        # in a stream becomes a link JupyterLab may not open).
+        kept = "in the blocks above" if retired else f"in {where}"
         try:
             text.attach(where, self._world_size)
             text.notice(
                 f"the display failed ({describe(exc)}); showing the rest of this run as "
-                f"text (each rank's log keeps all its output, in {where})"
+                f"text (each rank's log keeps all its output; its path is {kept})"
             )
         except Exception as text_exc:
             report(
@@ -97,6 +163,20 @@ class Guarded:
             )
             return
         self.inner = text
+
+    def _retire(self, failed: Display | None, exc: Exception) -> bool:
+        """Have ``failed`` draw headers only from now on, if it can; True if it did."""
+        retire = getattr(failed, "retire", None)
+        if retire is None:
+            return False
+        shown = "below as text" if not self._pinned else "not shown"
+        try:
+            retire(f"the display failed ({describe(exc)}); output from here on is {shown}")
+        except Exception:
+            log.warning("nbddp: the failed display could not draw its headers", exc_info=True)
+            return False
+        self._retired = failed
+        return True
 
 
 def describe(exc: BaseException) -> str:
@@ -112,9 +192,11 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {message}" if message else name
 
 
-def report(text: str) -> None:
-    """A one-line notice for the user on stderr, wherever it still works."""
-    for stream in (sys.stderr, sys.__stderr__):
+def report(text: str, streams: tuple[TextIO | None, ...] | None = None) -> None:
+    """A one-line notice for the user on stderr, or the first of ``streams`` that works."""
+    for stream in streams or (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
         try:
             print(f"nbddp: {text}", file=stream, flush=True)
         except Exception:

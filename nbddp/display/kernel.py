@@ -1,53 +1,69 @@
 """Kernel display: one block per rank in the cell output, updated in place.
 
 Contract: ``KernelDisplay`` receives a run's events (``output``, ``state``,
-``metric``) and only records them, in its view model (``model``, a
-``RunModel``); ``refresh()`` draws what changed, at most once per
-``interval`` seconds, and says when it next wants to be called; ``close()``
-draws everything a last time, so output written just before a rank exits
-is always shown. Each rank's block is a display
-id updated in place (``text/plain`` and a small ``text/html``), with a
-header (rank, state, elapsed time, last metric) over the last ``tail``
-lines of the rank's output as a terminal would show them (``Screen``), so
+``metric``, and ``ended`` once the run is over) and only records them, in
+its view model (``model``, a ``RunModel``); ``refresh()`` draws what
+changed, at most once per ``interval`` seconds, and says when it next
+wants to be called; ``close()`` draws everything a last time (the final
+frame: every rank's final state, its last output, the final chart), and
+may be called again after an interrupted draw. Each rank's block is a
+display id updated in place (``blocks.rank_bundle``: ``text/plain``, and
+``text/html`` with the tail folded under the header), showing the last
+``tail`` lines of the rank's output as a terminal would (``Screen``), so
 tqdm bars redraw in place. Lines beyond the tail are only in the rank's
 log, and the block says so. Ranks outside ``live`` show their header only.
-Metric rows also feed a chart block (inline SVG, ``chart``), drawn at most
-once per ``chart_interval`` seconds.
 
-All drawing happens in the thread that calls ``refresh``/``close`` (the
-cell's thread, so outputs land in the cell that waits). If ``refresh`` runs
-in a later cell than the one that drew the blocks (``run.wait()`` called
-again), the blocks are drawn anew in that cell. Notices go to stderr.
+A footer block holds the metrics chart (inline SVG, ``chart``) and nbddp's
+notices that come once the blocks exist (before that, as when the ranks
+are being started, notices go to stderr at once). The chart is drawn at
+most once per ``chart_interval`` seconds, and the metric in each header is
+the one of the chart last drawn: what the headers say and what the chart
+shows always agree.
 
-IPython is imported only when the first block is drawn.
+Where blocks are drawn: ``starting(n)`` shows "starting n ranks…" in the
+running cell from the moment a launch begins; rank 0's block takes its
+place (``not_started()`` removes it when the ranks never start). Normally
+blocks are drawn by whichever thread calls ``refresh``/``close``, in the
+cell running then (a later cell that waits gets blocks of its own). After
+``pin()``, called in the launching cell, every block already exists
+there, and drawing, from any thread (a background run), only updates
+blocks by their display ids: the frontend places an update by its id,
+whichever cell is running, so nothing depends on how the kernel routes a
+thread's output to cells.
+
+``retire(note)``: the display failed; from then on each block shows its
+header (state and elapsed time, still kept true) and ``note``, never the
+output or the chart (the guard shows those some other way, or not at all).
+
+IPython is imported only when a block is drawn.
 """
 
 from __future__ import annotations
 
-import html
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from nbddp.display.chart import chart_html, chart_text
+from nbddp.display import blocks
+from nbddp.display.blocks import Bundle
+from nbddp.display.chart import chart_html, chart_text, metric_summary
 from nbddp.display.model import RankModel, RunModel
-from nbddp.display.style import STATE_COLORS
+from nbddp.launcher.events import RankEnd
 from nbddp.wire.protocol import MetricRow
-
-Bundle = dict[str, str]
 
 
 class Publisher(Protocol):
     """Where blocks are drawn: IPython's display machinery, or a fake in tests."""
 
     def show(self, bundle: Bundle) -> Any:
-        """Draw a new block; return a handle for ``update``."""
+        """Draw a new block in the running cell; return a handle for ``update``."""
 
     def update(self, handle: Any, bundle: Bundle) -> None:
-        """Replace the block ``handle`` in place."""
+        """Replace the block ``handle`` in place, wherever it is shown."""
 
     def cell(self) -> object:
         """A token that changes when a different cell is running."""
@@ -76,14 +92,14 @@ class IPythonPublisher:
 
 @dataclass
 class _Drawn:
-    """What the notebook holds of one rank's block."""
+    """What the notebook holds of one block."""
 
     handle: Any = None
-    shown: dict[str, str] = field(default_factory=dict)
+    shown: Bundle = field(default_factory=dict)
 
 
 class KernelDisplay:
-    """Per-rank blocks and a metrics chart in the cell (see module contract)."""
+    """Per-rank blocks and a footer in the cell (see module contract)."""
 
     # The recording events are the model's own methods (``RunModel.output``,
     # ``.state``, ``.metric``), bound per instance: they run per printed line
@@ -107,21 +123,75 @@ class KernelDisplay:
         self.output, self.state, self.metric = model.output, model.state, model.metric
         self._publisher: Publisher = publisher or IPythonPublisher()
         self._err = err
+        self._fold = uuid.uuid4().hex[:12]  # names this display's folds in the page
         self._drawn: dict[int, _Drawn] = {}
-        self._chart_handle: Any = None
+        self._footer = _Drawn()
+        self._starting: Any = None  # the "starting…" line's handle, until rank 0 takes it
         self._cell: object = None
+        self._pinned = False
+        self._attached = False
+        self._notices: list[str] = []
+        self._footer_dirty = False
+        self._charted: dict[int, str] = {}  # rank -> the metric shown, as of the last chart
+        self._chart: tuple[str, str] = ("", "")  # the last chart drawn: text, HTML
+        self._retired: str | None = None
 
     # -- events (cheap: record only) ----------------------------------------
 
     def attach(self, log_dir: Path, world_size: int) -> None:
         """Learn where the logs are and how many ranks to draw, in rank order."""
         self.model.attach(log_dir, world_size)
+        self._attached = True
 
     def notice(self, text: str) -> None:
-        """A message from nbddp itself, written to stderr at once."""
+        """A message from nbddp itself: in the footer once the cell shows the run
+        (its "starting…" line or its blocks), else on stderr at once."""
+        if self._attached or self._starting is not None:
+            self._notices.append(text)
+            self._footer_dirty = True
+            return
+        self._write(text)
+
+    def _write(self, text: str) -> None:
         target = self._err or sys.stderr
         target.write(f"nbddp: {text}\n")
         target.flush()
+
+    def ended(self, end: RankEnd) -> None:
+        """How a rank ended, once the run is over (``RunModel.ended``)."""
+        self.model.ended(end)
+
+    # -- where the blocks go --------------------------------------------------
+
+    def starting(self, world_size: int) -> None:
+        """Show "starting N ranks…" in the running cell until the ranks' blocks come."""
+        self._cell = self._publisher.cell()
+        self._starting = self._publisher.show(blocks.starting_bundle(world_size))
+
+    def not_started(self) -> None:
+        """The ranks never started: remove the "starting…" line (the error says why);
+        notices that were waiting for the blocks go to stderr."""
+        handle, self._starting = self._starting, None
+        notices, self._notices = self._notices, []
+        if handle is not None:
+            self._publisher.update(handle, blocks.EMPTY)
+        for text in notices:
+            self._write(text)
+
+    def pin(self) -> None:
+        """Draw every block now, in the running cell; from now on only update them
+        (see module contract)."""
+        self._cell = self._publisher.cell()
+        self._pinned = True
+        self.model.mark_dirty()
+        self._draw(force=True)
+        self.model.limiter.fire()
+
+    def retire(self, note: str) -> None:
+        """The display failed: draw headers only, with ``note``, from now on."""
+        self._retired = note
+        self.model.mark_dirty()
+        self._draw(force=True)
 
     # -- drawing --------------------------------------------------------------
 
@@ -132,30 +202,45 @@ class KernelDisplay:
         return self._next_refresh()
 
     def close(self) -> None:
-        """Draw everything one last time (the run's output is complete)."""
+        """Draw the final frame (the run's output is complete); safe to call again."""
+        model = self.model
+        model.mark_dirty()
+        # Whatever an interrupted draw left half done is drawn again (only what
+        # differs from what the notebook holds is sent).
+        model.chart_dirty = model.chart_dirty or bool(self._charted)
+        self._footer_dirty = True
         self._draw(force=True)
 
     def _draw(self, force: bool) -> None:
         model = self.model
-        history = model.history
-        cell = self._publisher.cell()
-        if cell != self._cell:
-            # A different cell is waiting now: draw fresh blocks there.
-            self._cell = cell
-            self._drawn.clear()
-            model.mark_dirty()
-            self._chart_handle = None
-            model.chart_dirty = bool(history)
+        if not self._pinned:
+            cell = self._publisher.cell()
+            if cell != self._cell:
+                # A different cell is waiting now: draw fresh blocks there.
+                self._cell = cell
+                self._drawn.clear()
+                self._footer = _Drawn()
+                self._starting = None
+                model.mark_dirty()
+                model.chart_dirty = model.chart_dirty or bool(self._charted)
+                self._footer_dirty = bool(self._notices)
+        chart = self._retired is None and (
+            model.chart_dirty and (force or model.chart_limiter.try_fire())
+        )
+        if chart:
+            # The headers show the metrics of this chart, drawn in the same frame.
+            model.chart_dirty = False
+            self._charted = {
+                rank: metric_summary(entry.metric)
+                for rank, entry in model.ranks.items()
+                if entry.metric is not None
+            }
         now = model.clock()
         for entry in model.ranks.values():
             self._publish_block(entry, now)
-        if model.chart_dirty and (force or model.chart_limiter.try_fire()):
-            model.chart_dirty = False
-            bundle = {"text/plain": chart_text(history), "text/html": chart_html(history)}
-            if self._chart_handle is None:
-                self._chart_handle = self._publisher.show(bundle)
-            else:
-                self._publisher.update(self._chart_handle, bundle)
+        if chart or self._footer_dirty or (self._pinned and self._footer.handle is None):
+            self._footer_dirty = False
+            self._publish_footer(chart)
 
     def _publish_block(self, entry: RankModel, now: float) -> None:
         if not entry.stale(now):
@@ -164,20 +249,34 @@ class KernelDisplay:
         drawn = self._drawn.get(entry.rank)
         if drawn is None:
             drawn = self._drawn[entry.rank] = _Drawn()
-        bundle = self._bundle(entry, now)
+            if entry.rank == 0 and self._starting is not None:
+                drawn.handle, self._starting = self._starting, None  # replaces "starting…"
+        self._publish(drawn, self._bundle(entry, now))
+
+    def _publish_footer(self, chart: bool) -> None:
+        if chart:
+            history = self.model.history
+            # The one place the chart is drawn: its text and HTML together.
+            self._chart = (chart_text(history), chart_html(history))
+        bundle = blocks.footer_bundle(self._notices, *self._chart)
+        if self._footer.handle is None and not self._pinned and not bundle["text/plain"]:
+            return  # nothing to show yet
+        self._publish(self._footer, bundle)
+
+    def _publish(self, drawn: _Drawn, bundle: Bundle) -> None:
         if bundle == drawn.shown:
             return
         if drawn.handle is None:
-            drawn.handle = self._publisher.show(_mime(bundle))
+            drawn.handle = self._publisher.show(bundle)
         else:
-            self._publisher.update(drawn.handle, _mime(bundle))
+            self._publisher.update(drawn.handle, bundle)
         drawn.shown = bundle
 
     def _next_refresh(self) -> float | None:
         model = self.model
         delay = model.limiter.delay()
         wanted = []
-        if model.changed():
+        if model.changed() or self._footer_dirty:
             wanted.append(delay)
         if model.chart_dirty:
             wanted.append(max(delay, model.chart_limiter.delay()))
@@ -186,35 +285,21 @@ class KernelDisplay:
             wanted.append(max(delay, model.tick_delay()))
         return min(wanted) if wanted else None
 
-    def _bundle(self, entry: RankModel, now: float) -> dict[str, str]:
-        parts = [f"rank {entry.rank}", entry.state.value, entry.elapsed_text(now)]
-        if entry.metric is not None:
-            parts.append(entry.summary())
-        header = " · ".join(parts)
-        bundle = {"plain": header, "html": _html_header(entry.state, header)}
-        if entry.screen is None:
-            return bundle
-        lines = entry.lines()
-        if entry.hidden:
-            where = self.model.log(entry.rank) or "its log"
-            lines = [f"… {entry.hidden:,} earlier lines in {where}", *lines]
-        if lines:
-            text = "\n".join(lines)
-            bundle["plain"] = f"{header}\n{text}"
-            bundle["html"] += (
-                '<pre style="margin:0 0 4px 0;padding:2px 6px;white-space:pre-wrap;'
-                f'word-break:break-all">{html.escape(text)}</pre>'
+    def _bundle(self, entry: RankModel, now: float) -> Bundle:
+        rank = entry.rank
+        metric = self._charted.get(rank, "")
+        header = blocks.header_text(rank, entry.words(), entry.elapsed_text(now), metric)
+        log = self.model.log(rank)
+        if self._retired is not None:
+            return blocks.headers_only_bundle(
+                rank=rank, state=entry.state, header=header, note=self._retired, log=log
             )
-        return bundle
-
-
-def _html_header(state: str, header: str) -> str:
-    color = STATE_COLORS.get(state)
-    style = "font-family:monospace;font-weight:bold;padding:1px 0"
-    if color:
-        style += f";color:{color}"
-    return f'<div style="{style}">{html.escape(header)}</div>'
-
-
-def _mime(bundle: dict[str, str]) -> Bundle:
-    return {"text/plain": bundle["plain"], "text/html": f"<div>{bundle['html']}</div>"}
+        return blocks.rank_bundle(
+            rank=rank,
+            state=entry.state,
+            header=header,
+            lines=entry.lines(),
+            hidden=entry.hidden,
+            log=log,
+            fold=f"{self._fold}-{rank}",
+        )

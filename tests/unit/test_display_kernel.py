@@ -126,20 +126,34 @@ def test_output_rank0_and_none_show_headers_only_for_hidden_ranks() -> None:
 
 
 def test_metrics_in_header_and_chart_block() -> None:
-    display, pub, clock = make(chart_interval=0.5)
+    display, pub, _clock = make(chart_interval=0.5)
     for step in range(50):
         display.metric(0, {"rank": 0, "step": step, "time": 0.0, "loss": 1 / (step + 1)})
     display.refresh()
     assert pub.plain()[0] == "rank 0 · starting · 0s · step 49 loss=0.02"
     assert pub.plain()[2] == "metrics rank 0: step 49 loss=0.02"
     assert "<svg" in pub.blocks[2]["text/html"]
-    display.metric(0, {"rank": 0, "step": 50, "time": 0.0, "loss": 0.01})
-    clock.now += 0.1
-    display.refresh()
-    assert "step 50" in pub.plain()[0]
-    assert "step 49" in pub.plain()[2]  # the chart waits for its own, slower limit
     display.close()
-    assert "step 50" in pub.plain()[2]
+    assert "step 49" in pub.plain()[2]
+
+
+def test_the_headers_metric_is_the_last_drawn_charts() -> None:
+    display, pub, clock = make(interval=0.1, chart_interval=0.5)
+
+    def log(step: int) -> None:
+        display.metric(0, {"rank": 0, "step": step, "time": 0.0, "loss": 1 / (step + 1)})
+
+    for step in range(60):  # six seconds of a row every 0.1 s, a refresh after each
+        log(step)
+        display.refresh()
+        clock.now += 0.1
+        header = pub.plain()[0].split("\n")[0]
+        chart = pub.plain()[2]
+        assert header.endswith(chart.removeprefix("metrics rank 0: ")), (header, chart)
+    log(60)
+    display.close()  # the final frame has the final chart, and headers that agree
+    assert pub.plain()[0].endswith("step 60 loss=0.01639")
+    assert pub.plain()[2] == "metrics rank 0: step 60 loss=0.01639"
 
 
 def test_new_cell_gets_new_blocks() -> None:
@@ -158,11 +172,11 @@ def test_html_is_escaped() -> None:
     display, pub, _ = make()
     display.output(0, "stdout", "<script>alert(1)</script>\n")
     display.close()
-    assert "<script>" not in pub.blocks[0]["text/html"]
-    assert "&lt;script&gt;" in pub.blocks[0]["text/html"]
+    assert "<script>alert" not in pub.blocks[0]["text/html"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pub.blocks[0]["text/html"]
 
 
-def test_notice_goes_to_stderr() -> None:
+def test_notice_before_the_run_is_shown_goes_to_stderr() -> None:
     err = io.StringIO()
     display = KernelDisplay(publisher=FakePublisher(), err=err)
     display.notice("port 29500 busy")

@@ -1,0 +1,138 @@
+"""What the kernel display's blocks hold: a MIME bundle per rank, the footer, the start line.
+
+Contract: pure functions from plain values to ``{"text/plain": ..., "text/html": ...}``
+bundles; they escape everything a rank wrote. A rank's ``text/plain`` is its
+header line (``rank N · state · elapsed[ · metric]``), then, when lines are
+hidden, ``… N earlier lines in <log>``, then its tail (what terminals and
+tests read). Its ``text/html`` folds the tail under the header
+(``<details>``/``<summary>``), with ``last 40 of 1,234 lines; all in <log>``
+above it when lines are hidden: a short tail (``FOLD_LINES`` or fewer) and
+a failed rank's last words start open, a longer one folded. A one-line
+script remembers, in the page, a fold the user opened or closed, so the
+next update of the block keeps it; where scripts do not run (an untrusted
+notebook) the fold starts as the kernel drew it. Log paths appear as
+``links.path_html`` renders them. The footer holds nbddp's own notices
+(styled as stderr) over the metrics chart.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from nbddp.display.links import path_html
+from nbddp.display.style import STATE_COLORS
+from nbddp.launcher.events import RankState
+
+Bundle = dict[str, str]
+
+FOLD_LINES = 10
+"""A tail this long or shorter starts open; a longer one starts folded."""
+EMPTY: Bundle = {"text/plain": "", "text/html": ""}
+
+_HEADER = "font-family:monospace;font-weight:bold;padding:1px 0"
+_PRE = "margin:0 0 4px 0;padding:2px 6px;white-space:pre-wrap;word-break:break-all"
+_NOTE = "font-family:monospace;font-size:85%;opacity:0.7;padding:0 6px"
+_NOTICE = (
+    "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;"
+    "background:var(--jp-rendermime-error-background,#fdd)"
+)
+_OPEN_AT_END = frozenset((RankState.FAILED, RankState.EXITED))
+# Keeps the user's choice of open or closed across updates of the block: each
+# update replaces the block's HTML, which would otherwise reset the fold.
+# Only clicks count: the kernel's own choice (open, then folded) is not a choice.
+_FOLD_SCRIPT = (
+    "<script>(function(s){var d=s&&s.previousElementSibling;"
+    "if(!d||!d.matches('details[data-fold]'))return;"
+    "var m=window.nbddpFolds=window.nbddpFolds||{},k=d.getAttribute('data-fold');"
+    "if(Object.prototype.hasOwnProperty.call(m,k))d.open=m[k];"
+    "d.firstElementChild.addEventListener('click',function(){m[k]=!d.open;});"
+    "})(document.currentScript);</script>"
+)
+
+
+def header_text(rank: int, words: str, elapsed: str, metric: str) -> str:
+    """``rank 0 · running · 3s · step 5 loss=0.1`` (the metric only when there is one)."""
+    parts = [f"rank {rank}", words, elapsed]
+    if metric:
+        parts.append(metric)
+    return " · ".join(parts)
+
+
+def rank_bundle(
+    *,
+    rank: int,
+    state: RankState,
+    header: str,
+    lines: list[str],
+    hidden: int,
+    log: Path | None,
+    fold: str,
+) -> Bundle:
+    """One rank's block (see module contract). ``hidden``: lines only in ``log``;
+    ``fold``: the id that names the fold in the page (stable for the block's life)."""
+    where = str(log) if log is not None else "its log"
+    plain = [header]
+    if hidden:
+        plain.append(f"… {hidden:,} earlier lines in {where}")
+    plain += lines
+    attrs = f'class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}"'
+    color = STATE_COLORS.get(state)
+    style = _HEADER + (f";color:{color}" if color else "")
+    if not lines:
+        shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div></div>'
+        return {"text/plain": "\n".join(plain), "text/html": shown}
+    is_open = len(lines) <= FOLD_LINES or state in _OPEN_AT_END
+    note = ""
+    if hidden:
+        total = hidden + len(lines)
+        where_html = path_html(log) if log is not None else "its log"
+        note = (
+            f'<div class="nbddp-note" style="{_NOTE}">last {len(lines):,} of {total:,} lines; '
+            f"all in {where_html}</div>"
+        )
+    body = html.escape("\n".join(lines))
+    shown = (
+        f'<details {attrs} data-fold="{html.escape(fold)}"{" open" if is_open else ""}>'
+        f'<summary style="{style};cursor:pointer">{html.escape(header)}</summary>'
+        f'{note}<pre style="{_PRE}">{body}</pre></details>{_FOLD_SCRIPT}'
+    )
+    return {"text/plain": "\n".join(plain), "text/html": shown}
+
+
+def headers_only_bundle(
+    *, rank: int, state: RankState, header: str, note: str, log: Path | None
+) -> Bundle:
+    """A rank's block once the display has failed: its header and ``note`` (what
+    happened, where its output is now), and its log."""
+    where = str(log) if log is not None else "its log"
+    color = STATE_COLORS.get(state)
+    style = _HEADER + (f";color:{color}" if color else "")
+    where_html = path_html(log) if log is not None else "its log"
+    shown = (
+        f'<div class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}">'
+        f'<div style="{style}">{html.escape(header)}</div>'
+        f'<div class="nbddp-note" style="{_NOTE}">{html.escape(note)}; all its output is in '
+        f"{where_html}</div></div>"
+    )
+    return {"text/plain": f"{header}\n({note}; all its output is in {where})", "text/html": shown}
+
+
+def footer_bundle(notices: list[str], chart_plain: str, chart_html: str) -> Bundle:
+    """nbddp's notices (as stderr shows them) over the metrics chart; either may be empty."""
+    plain = [f"nbddp: {text}" for text in notices]
+    shown = "".join(
+        f'<pre class="nbddp-notice" style="{_NOTICE}">nbddp: {html.escape(text)}</pre>'
+        for text in notices
+    )
+    if chart_plain or chart_html:
+        plain.append(chart_plain)
+        shown += chart_html
+    return {"text/plain": "\n".join(plain), "text/html": shown}
+
+
+def starting_bundle(world_size: int) -> Bundle:
+    """The line shown from the moment a launch begins until the ranks' blocks replace it."""
+    text = f"starting {world_size} rank{'s' if world_size != 1 else ''}…"
+    shown = f'<div class="nbddp-starting" style="{_HEADER};opacity:0.6">{html.escape(text)}</div>'
+    return {"text/plain": text, "text/html": shown}

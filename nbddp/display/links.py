@@ -1,0 +1,70 @@
+"""How a file's path is shown in a block's HTML: plain text, or a link JupyterLab opens.
+
+Contract: ``path_html(path)`` is ``path`` escaped as plain text, unless it lies
+inside the root directory of the Jupyter server that started this kernel:
+then it is a link, relative to the notebook's directory, that JupyterLab
+opens in a tab. Why not always a link, nor a path in a stream: JupyterLab
+turns an absolute path in text output into a link, and one outside its root
+opens a "Start debugger?" dialog instead of the file. HTML output is not
+scanned for paths, so a path there stays text.
+
+The server is found, once, by its runtime file (``jpserver-<pid>.json``,
+which holds its ``root_dir``) whose pid is this kernel's parent; the notebook
+by ``JPY_SESSION_NAME``, which the server sets for the kernels it starts.
+Anything missing or unreadable means no link.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import logging
+import os
+import urllib.parse
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def path_html(path: Path | str, root: Path | None = None, notebook: Path | None = None) -> str:
+    """``path`` as HTML (see module contract); ``root`` and ``notebook`` (its file)
+    default to what the kernel's server says."""
+    text = html.escape(str(path))
+    if root is None:
+        found = server_root()
+        if found is None:
+            return text
+        root, notebook = found
+    if notebook is None:
+        return text
+    target = Path(os.path.abspath(path))
+    if not target.is_relative_to(root):
+        return text
+    href = urllib.parse.quote(Path(os.path.relpath(target, notebook.parent)).as_posix())
+    return f'<a href="{html.escape(href)}" title="open in JupyterLab">{text}</a>'
+
+
+@functools.cache
+def server_root() -> tuple[Path, Path] | None:
+    """(the root directory of the Jupyter server that started this kernel, the
+    notebook's file), or None when either is unknown."""
+    try:
+        session = os.environ.get("JPY_SESSION_NAME")
+        if not session:
+            return None
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        parent = os.getppid()
+        for info_file in Path(jupyter_runtime_dir()).glob("jpserver-*.json"):
+            try:
+                info = json.loads(info_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if info.get("pid") == parent and info.get("root_dir"):
+                root = Path(os.path.abspath(info["root_dir"]))
+                notebook = Path(session)
+                return root, notebook if notebook.is_absolute() else root / notebook
+    except Exception:  # no jupyter_core, no runtime dir: a path shown as text loses nothing
+        log.debug("nbddp: could not find the Jupyter server's root", exc_info=True)
+    return None
