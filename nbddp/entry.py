@@ -6,9 +6,13 @@ signature (``signature.check_call``: a keyword argument meant as a launch
 option is named) and serialises the call (``Payload``) before any process
 starts, then starts a ``Job`` and either waits for it (showing output
 live, returning rank 0's value, raising a failing rank's error) or, with
-``block=False``, returns the ``Run`` handle at once. ``notebook_launcher`` and ``spawn`` keep the
-signatures of accelerate's and torch.multiprocessing's functions so that
-changing the import is the whole migration.
+``block=False``, returns the ``Run`` handle at once, its output shown live
+in the launching cell while other cells run (``Run.watch``). From the
+moment a launch begins its display says the ranks are starting (in a
+kernel: a "starting N ranks…" line, which their blocks replace).
+``notebook_launcher`` and ``spawn`` keep the signatures of accelerate's and
+torch.multiprocessing's functions so that changing the import is the whole
+migration.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def make_display(view: ViewSpec) -> Display:
     return guarded(TextDisplay(ranks=ranks), view)
 
 
-def guarded(display: Display, view: ViewSpec) -> Display:
+def guarded(display: Display, view: ViewSpec) -> Guarded:
     """``display``, made never to raise: text takes over from it (``display.guard``)."""
     return display if isinstance(display, Guarded) else Guarded(display, view.shown_ranks)
 
@@ -130,17 +134,30 @@ def start_with_display(
     First the call is checked against ``fn``'s signature (``check_call``), so a
     call that cannot bind fails here, not as a traceback from every rank."""
     check_call(fn, args, kwargs)
-    payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
-    if display is not None:
-        display = guarded(display, config.view)
+    shown = guarded(display, config.view) if display is not None else None
+    if shown is not None:
         for notice in config.view.notices:
-            display.notice(spoken(notice))
-        if len(payload.data) > LARGE_PAYLOAD_BYTES:
-            display.notice(
-                f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
-                "every rank (CPU tensors are shared, not copied); load large data inside "
-                "the function instead"
-            )
+            shown.notice(spoken(notice))
+        shown.starting(config.job.world_size)
+    try:
+        return _start(config, fn, args, kwargs, shown)
+    except BaseException:
+        if shown is not None:
+            shown.not_started()  # the error says why
+        raise
+
+
+def _start(
+    config: LaunchConfig, fn: Fn, args: Args, kwargs: Kwargs, display: Guarded | None
+) -> Run:
+    """Serialise the call, start the job and wrap it in its ``Run``."""
+    payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
+    if display is not None and len(payload.data) > LARGE_PAYLOAD_BYTES:
+        display.notice(
+            f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
+            "every rank (CPU tensors are shared, not copied); load large data inside "
+            "the function instead"
+        )
     if config.cluster is not None:
         from nbddp.cluster.client import ClusterJob  # imports ray: only for cluster runs
 
@@ -251,6 +268,7 @@ def launch(
         )
     run = start_run(config, fn, args, kwargs)
     if not block:
+        run.watch()
         return run
     return cast(R, waited(run).values.get(0))
 
@@ -343,6 +361,7 @@ def spawn(
         )
         run = start_run(config, WithRank(fn), tuple(args), {})
     if not join:
+        run.watch()
         return run
     waited(run)
     return None

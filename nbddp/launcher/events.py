@@ -231,9 +231,13 @@ _STOPPED_BY = {
 }
 
 
-def rank_end(outcome: RankOutcome, status: RunStatus, root: Failure | None) -> RankEnd:
+def rank_end(
+    outcome: RankOutcome, status: RunStatus, root: Failure | None, *, stopped_by: bool = False
+) -> RankEnd:
     """How ``outcome``'s rank ended, given how its run ended (``status``, an ended
-    ``RunStatus``) and the run's root-cause failure (``root``, if any).
+    ``RunStatus``) and the run's root-cause failure (``root``, if any); ``stopped_by``:
+    its failure came only from ``root``'s (``collateral.collateral``: its collective
+    broke), so it was cancelled by it like a rank nbddp stopped.
 
     A rank that failed raised (``failed``, with the exception's type) or did not
     (``exited``, with its exit code or signal). A rank the job stopped, or that
@@ -244,13 +248,13 @@ def rank_end(outcome: RankOutcome, status: RunStatus, root: Failure | None) -> R
     rank, state, ended_at = outcome.rank, outcome.state, outcome.ended_at
     if state is RankState.DONE:
         return RankEnd(rank, RankState.DONE, ended_at=ended_at)
-    if state is RankState.FAILED:
+    if state is RankState.FAILED and not (stopped_by and root is not None):
         if outcome.error is not None:
             # A header names the type as the traceback's last line does (not ``builtins.``).
             short = outcome.error.type_name.removeprefix("builtins.")
             return RankEnd(rank, RankState.FAILED, short, ended_at)
         return RankEnd(rank, RankState.EXITED, exit_detail(outcome.exit_code), ended_at)
-    if root is not None and root.rank != rank and status is RunStatus.FAILED:
+    if root is not None and root.rank != rank and (stopped_by or status is RunStatus.FAILED):
         return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at, root.rank)
     return RankEnd(rank, _STOPPED_BY.get(status, RankState.STOPPED), ended_at=ended_at)
 

@@ -12,6 +12,21 @@ never rebuilt, is closed once the result is built (``failures.release``).
 be gone, and re-raises. A ``Run`` reads its job only through ``RunSource``:
 typed events, rank outcomes, the root cause and the status.
 
+What the display shows is true when ``wait`` returns or raises, on every
+path: once the run is over the display learns how each rank ended
+(``events.rank_end``: done, failed, exited, stopped, interrupted, timed out,
+cancelled by another rank's failure, its own or its collective's; through its ``ended`` when it has
+one, else ``state``) and draws its final frame (``close``), also after an
+interrupt, a stop, a timeout, or an interrupt that landed while it drew
+(it is closed again, with SIGINT ignored).
+
+Background runs: ``watch()`` (``launch(block=False)``) has the display draw
+its blocks in the calling cell (its ``pin``, when it has one), then pumps
+from a thread of its own, so the blocks stay live while other cells run.
+The thread ends with the run, after the final frame; ``wait`` then joins it
+(an interrupt meanwhile stops the ranks, and the thread draws their end)
+and only returns the result.
+
 Display pump: typed events (output chunks, states, metrics) are taken from
 the job's queue in the waiting thread, in batches (everything queued, up to
 ``BATCH_SECONDS`` of work), and handed to the display, which only records
@@ -21,12 +36,11 @@ fast ranks write, drawing stays bounded, and nothing queued before
 ``wait`` (``block=False``) is skipped. ``close()`` draws the final state
 once every rank's output is complete: before it, a rank that failed only
 because another did (``collateral``: its collective broke) is shown as
-stopped, not failed like the rank that raised, and after an interrupt,
-whose stop runs without the display, each rank is shown as it ended.
-Metric rows reach ``Run.metrics`` whatever the display does. The entry
-points give a display that never raises (``display.guard``); should
-anything escape the pump all the same, every rank is stopped before it is
-raised: a broken ``wait`` never leaves ranks running.
+cancelled by that rank, not failed like the rank that raised. Metric rows
+reach ``Run.metrics`` whatever the display does. The entry points give a
+display that never raises (``display.guard``); should anything escape the
+pump all the same, every rank is stopped before it is raised: a broken
+``wait`` never leaves ranks running.
 
 Prompts: a rank waiting for the user (``input()``, ``breakpoint()``, a
 post-mortem) is asked for in the waiting thread between batches, one at a
@@ -46,6 +60,7 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -53,7 +68,15 @@ from nbddp.launcher import events as ev
 from nbddp.launcher.collateral import collateral
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.display import Display
-from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
+from nbddp.launcher.events import (
+    Failure,
+    RankEnd,
+    RankOutcome,
+    RankState,
+    RunEvent,
+    RunStatus,
+    rank_end,
+)
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.prompts import Asker, ask_rank
@@ -141,6 +164,8 @@ class Run:
         self.asker: Asker = ask_rank
         """Asks the user for a waiting rank's line (see module contract)."""
         self._prompting = True  # False while the ranks are being stopped
+        self._watcher: threading.Thread | None = None  # pumps a background run (``watch``)
+        self._watch_error: BaseException | None = None  # what broke the watcher, if anything
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))
         _LATEST = weakref.ref(self)
@@ -195,10 +220,22 @@ class Run:
 
     def output(self, rank: int) -> str:
         """Everything ``rank`` wrote so far (stdout and stderr, as they arrived)."""
+        return self.log(rank)
+
+    def log(self, rank: int, tail: int | None = None) -> str:
+        """The text of ``rank``'s log so far: everything it wrote (stdout and stderr,
+        as they arrived, and its traceback if it raised), or its last ``tail`` lines."""
+        world = len(self.job.outcomes())
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+            raise ValueError(f"rank={rank!r}: this run's ranks are 0 to {world - 1}")
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise ValueError(f"tail={tail!r}: give a number of lines (0 or more), or None")
+        path = rank_log(self.log_dir, rank)
         try:
-            return rank_log(self.log_dir, rank).read_bytes().decode("utf-8", "replace")
+            data = path.read_bytes() if tail is None else last_lines(path, tail)
         except FileNotFoundError:
             return ""
+        return data.decode("utf-8", "replace")
 
     def stop(self) -> None:
         """Stop every rank; returns at once (``wait()`` to wait for them)."""
@@ -217,7 +254,7 @@ class Run:
         if self._result is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                self._pump(deadline)
+                self._follow(deadline)
             except KeyboardInterrupt:
                 self._interrupt()
                 raise
@@ -242,6 +279,60 @@ class Run:
                 return False
             raise
         return True
+
+    def watch(self) -> None:
+        """Show the run live from a thread of its own until it ends (see module
+        contract); returns at once. Nothing happens if it is already watched or over."""
+        if self._watcher is not None or self._done:
+            return
+        try:
+            pin = getattr(self.display, "pin", None)
+            if pin is not None:
+                pin()
+            self._watcher = threading.Thread(
+                target=self._watch, name=f"nbddp-run-{self.run_id}", daemon=True
+            )
+            self._watcher.start()
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        except BaseException:
+            self._stop_and_drain(RunStatus.STOPPED)
+            raise
+
+    def _watch(self) -> None:
+        """The watcher thread: pump until the run is done (the display's final frame
+        included); whatever breaks it stops every rank first."""
+        try:
+            self._pump(None)
+        except BaseException as exc:
+            log.exception("nbddp: showing run %s failed; stopping its ranks", self.run_id)
+            self._watch_error = exc
+            self._stop_and_drain(RunStatus.STOPPED)
+
+    def _watching(self, watcher: threading.Thread | None) -> bool:
+        """True if ``watcher`` is another thread, started: it pumps, this one must not."""
+        return (
+            watcher is not None
+            and watcher is not threading.current_thread()
+            and watcher.ident is not None
+        )
+
+    def _follow(self, deadline: float | None) -> None:
+        """Until the run is done: join the watcher when there is one, else pump here."""
+        watcher = self._watcher
+        if self._watching(watcher):
+            assert watcher is not None
+            while watcher.is_alive():
+                # Why bounded joins: a KeyboardInterrupt is only raised between them.
+                wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError("the run is still going; call stop() to end it")
+                watcher.join(wait)
+            if self._watch_error is not None:
+                raise self._watch_error
+        if not self._done:
+            self._pump(deadline)
 
     def _pump(self, deadline: float | None) -> None:
         """Feed events to the display until the run is done (see module contract)."""
@@ -323,11 +414,13 @@ class Run:
     def _dispatch(self, event: RunEvent) -> bool:
         """Hand one event to the display; True if it was the last (``Done``)."""
         display = self.display
+        if isinstance(event, ev.MetricRows):
+            self.metrics.extend(event.rows)  # first: whatever the display does next
         if isinstance(event, ev.Done):
-            if display is not None:
-                self._show_collateral(display)
-                display.close()
             self._done = True
+            if display is not None:
+                self._show_ends(display)
+                display.close()
             return True
         if display is not None:
             if isinstance(event, ev.Text):
@@ -340,31 +433,23 @@ class Run:
                     metric(rank, row)
             elif isinstance(event, ev.Notice):
                 display.notice(event.text)
-        if isinstance(event, ev.MetricRows):
-            self.metrics.extend(event.rows)
-        elif isinstance(event, ev.InputAsked):
+        if isinstance(event, ev.InputAsked):
             self._asked.append(event)
         return False
 
-    def _show_collateral(self, display: Display) -> None:
-        """Show as stopped each rank that failed only because the root cause's did."""
-        cause = self.job.root_cause
-        if cause is None:
-            return
-        for outcome in self.job.outcomes():
-            if outcome.state is RankState.FAILED and collateral(outcome, cause) is not None:
-                display.state(outcome.rank, RankState.STOPPED)
-
-    def _show_ending(self, display: Display) -> None:
-        """After a stop run without the display: each rank as it ended, then ``close``.
-        Best effort: what it raises is logged, so the stop's own outcome is raised."""
-        try:
-            for outcome in self.job.outcomes():
-                display.state(outcome.rank, outcome.state)
-            self._show_collateral(display)
-            display.close()
-        except Exception:
-            log.exception("nbddp: the display of run %s could not show its end", self.run_id)
+    def _show_ends(self, display: Display) -> None:
+        """Tell ``display`` how each rank ended (the run is over)."""
+        job = self.job
+        status, root = job.status, job.root_cause
+        ended = getattr(display, "ended", None)
+        for outcome in job.outcomes():
+            # A rank whose collective broke because another failed was stopped by it.
+            stopped_by = root is not None and collateral(outcome, root) is not None
+            end: RankEnd = rank_end(outcome, status, root, stopped_by=stopped_by)
+            if ended is not None:
+                ended(end)
+            else:
+                display.state(end.rank, end.state)
 
     def _refresh(self) -> None:
         display = self.display
@@ -385,24 +470,61 @@ class Run:
                 signal.signal(signal.SIGINT, previous)
 
     def _stop_and_drain(self, reason: RunStatus) -> None:
-        """Stop every rank and take the job's events until it is done (or it is too late)."""
-        # The display is left out while stopping: whatever it raises (it may
-        # be what was interrupted) must not cut the stop short. The logs keep
-        # everything the ranks write meanwhile.
-        display, self.display = self.display, None
+        """Stop every rank and take the job's events until it is done (or it is too
+        late), showing them: the display draws the final frame. Prompts asked
+        meanwhile are answered with end of input."""
+        grace = self._config.job.kill_grace + STOP_WAIT
         self._prompting = False
         try:
             self.job.stop(reason)
-            self._pump(time.monotonic() + self._config.job.kill_grace + STOP_WAIT)
-        except TimeoutError:
-            log.warning("nbddp: some ranks of run %s did not stop in time", self.run_id)
         except Exception:
             log.exception("nbddp: stopping the ranks of run %s failed", self.run_id)
+        try:
+            self._finish_stopping(grace)
         finally:
-            self.display = display
             self._prompting = True
-        if display is not None and self._done:
-            self._show_ending(display)
+
+    def _finish_stopping(self, grace: float) -> None:
+        """Take the job's events (or let the watcher take them) for up to ``grace``
+        seconds, then draw what is true now, over or not."""
+        watcher = self._watcher
+        if self._watching(watcher):
+            assert watcher is not None
+            watcher.join(grace)  # it takes the events, and draws the end
+            if watcher.is_alive():
+                log.warning("nbddp: run %s did not end in %gs", self.run_id, grace)
+            return
+        display = self.display
+        try:
+            self._drain(time.monotonic() + grace)
+        except TimeoutError:
+            log.warning("nbddp: some ranks of run %s did not stop in time", self.run_id)
+        if not self._done and self.display is not None:
+            # Not over, but what it shows must be true: the states as they are now.
+            self._quietly(self.display.close)
+        self.display = display
+
+    def _drain(self, deadline: float) -> None:
+        """Pump until the run is done; a display that raises (it may be what was
+        interrupted) is dropped, never allowed to cut the stop short. The logs keep
+        everything the ranks write meanwhile."""
+        while True:
+            try:
+                self._pump(deadline)
+                return
+            except TimeoutError:
+                raise
+            except Exception:
+                if self.display is None:
+                    raise
+                log.exception("nbddp: the display of run %s failed while stopping", self.run_id)
+                self.display = None
+
+    def _quietly(self, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except Exception:
+            log.exception("nbddp: the display of run %s failed", self.run_id)
 
     def _build_result(self) -> RunResult:
         job = self.job
@@ -419,6 +541,27 @@ class Run:
             failure=failure or unloaded,
             duration=job.elapsed(),
         )
+
+
+def last_lines(path: Path, count: int, block: int = 1 << 16) -> bytes:
+    """The last ``count`` lines of the file ``path`` (a line: up to and with its
+    newline; the last may have none), read from its end."""
+    if count == 0:
+        return b""
+    with path.open("rb") as file:
+        end = file.seek(0, 2)
+        start, data = end, b""
+        # count + 1 newlines: the one before the first line kept marks its start.
+        while start > 0 and data.count(b"\n", 0, len(data) - 1) < count:
+            start = max(0, start - block)
+            file.seek(start)
+            data = file.read(end - start)
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(count):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1 :]
 
 
 def _main_thread() -> bool:

@@ -128,21 +128,24 @@ print(f"RANKS={sorted(set(frame['rank']))}")
     assert rank_blocks(result)[1].endswith(" · step 29 loss=0.03333")
 
 
-def test_output_before_wait_is_shown_in_the_waiting_cell(kernel: Kernel) -> None:
+def test_a_background_run_is_shown_in_its_own_cell_and_wait_shows_only_the_result(
+    kernel: Kernel,
+) -> None:
     first = kernel.execute(
         """
 def early():
     print("said before anyone waited")
+    return 7
 run = nbddp.launch(early, procs=2, block=False)
 assert run.ended(60)
 """
     )
     assert first.status == "ok", first.text()
-    assert not first.of_type(*DISPLAY_MESSAGES)
-    second = kernel.execute("run.wait()")
+    assert first.of_type("display_data")  # the blocks, drawn in the launching cell
+    second = kernel.execute("run.wait().values")
     assert second.status == "ok", second.text()
-    blocks = rank_blocks(second)
-    assert all(text.endswith("said before anyone waited") for text in blocks.values()), blocks
+    assert not second.of_type(*DISPLAY_MESSAGES)  # no second copy of the blocks
+    assert second.result == "{0: 7, 1: 7}"
 
 
 @pytest.mark.parametrize(("output", "shown"), [("rank0", {0}), ("none", set())])
@@ -182,5 +185,5 @@ nbddp.launch(crash, procs=2)
     )
     assert result.status == "error"
     blocks = rank_blocks(result)
-    assert blocks[1].startswith("rank 1 · failed")
+    assert blocks[1].startswith("rank 1 · exited with code 3 · ")
     assert blocks[1].endswith("last words, no newline")

@@ -44,7 +44,8 @@ def test_a_rank_whose_collective_broke_after_another_failed_is_shown_stopped(
     assert display.events == [
         ("state", 0, "failed"),
         ("state", 1, "failed"),
-        ("state", 0, "stopped"),
+        ("state", 0, "cancelled"),  # how each ended: rank 0 stopped by rank 1's failure
+        ("state", 1, "failed"),
     ]
     assert display.closed
 
@@ -61,7 +62,8 @@ def test_a_rank_that_failed_on_its_own_keeps_its_failed_state(tmp_path: Path) ->
     display = RecordingDisplay()
     with pytest.raises(RemoteError, match="bad batch"):
         Run(job, display, CONFIG).wait()
-    assert display.events == [("state", 0, "failed"), ("state", 1, "failed")]
+    ends = [("state", 0, "failed"), ("state", 1, "failed")]  # how each ended: as it was
+    assert display.events == [("state", 0, "failed"), ("state", 1, "failed"), *ends]
 
 
 class InterruptedSource(FakeSource):
@@ -97,5 +99,5 @@ def test_an_interrupted_runs_display_shows_each_rank_as_it_ended(tmp_path: Path)
     with pytest.raises(KeyboardInterrupt):
         run.wait()
     states = [event for event in display.events if event[0] == "state"]
-    assert states[-2:] == [("state", 0, "stopped"), ("state", 1, "stopped")]
+    assert states[-2:] == [("state", 0, "interrupted"), ("state", 1, "interrupted")]
     assert display.closed

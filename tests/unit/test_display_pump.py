@@ -97,7 +97,8 @@ def test_events_queued_before_wait_all_reach_the_display(tmp_path: Path) -> None
     result = run.wait()
     expected = [("output", 0, "stdout", f"line {i}\n") for i in range(100_000)]
     expected += [("state", 0, "done"), ("notice", "a notice")]
-    assert display.events == [*expected, ("metric", 1, row), ("metric", 1, row)]
+    ends = [("state", 0, "done"), ("state", 1, "done")]  # how each ended, once it is over
+    assert display.events == [*expected, ("metric", 1, row), ("metric", 1, row), *ends]
     assert display.closed
     assert display.refreshes < 100  # batches, not an event at a time
     assert result.metrics == [row, row]
