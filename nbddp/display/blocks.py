@@ -7,7 +7,8 @@ hidden, ``… N earlier lines in <log>``, then its tail (what terminals and
 tests read). Its ``text/html`` folds the tail under the header
 (``<details>``/``<summary>``), with ``last 40 of 1,234 lines; all in <log>``
 above it when lines are hidden: a short tail (``FOLD_LINES`` or fewer) and
-a failed rank's last words start open, a longer one folded. A one-line
+a failed rank's last words and a waiting rank's prompt start open, a longer
+one folded. A one-line
 script remembers, in the page, a fold the user opened or closed, so the
 next update of the block keeps it; where scripts do not run (an untrusted
 notebook) the fold starts as the kernel drew it. Log paths appear as
@@ -37,7 +38,8 @@ _NOTICE = (
     "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;"
     "background:var(--jp-rendermime-error-background,#fdd)"
 )
-_OPEN_AT_END = frozenset((RankState.FAILED, RankState.EXITED))
+# Start open: a failed rank's last words, and a waiting rank's prompt.
+_OPEN = frozenset((RankState.FAILED, RankState.EXITED, RankState.WAITING))
 # Keeps the user's choice of open or closed across updates of the block: each
 # update replaces the block's HTML, which would otherwise reset the fold.
 # Only clicks count: the kernel's own choice (open, then folded) is not a choice.
@@ -82,7 +84,7 @@ def rank_bundle(
     if not lines:
         shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div></div>'
         return {"text/plain": "\n".join(plain), "text/html": shown}
-    is_open = len(lines) <= FOLD_LINES or state in _OPEN_AT_END
+    is_open = len(lines) <= FOLD_LINES or state in _OPEN
     note = ""
     if hidden:
         total = hidden + len(lines)

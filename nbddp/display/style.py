@@ -11,7 +11,8 @@ added to ``RankState`` needs a colour here only if it should stand out.
 The colours are chosen to tell apart, at a glance, the rank that failed
 (red, darker for a crash without an exception) from the ranks stopped
 because of it (grey: not their fault), and a stop someone asked for
-(orange) from one the run's timeout made (brown).
+(orange) from one the run's timeout made (brown). A rank waiting for input
+is blue: live, but held until the user answers.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from nbddp.launcher.events import RankState, RunStatus
 
 _GREEN, _RED, _DARK_RED = "#2ca02c", "#d62728", "#a50f15"
 _ORANGE, _BROWN, _GREY = "#e6550d", "#8c510a", "#7f7f7f"
+_BLUE = "#1f77b4"
 
 STATE_COLORS: dict[str, str] = {
+    RankState.WAITING: _BLUE,
     RankState.DONE: _GREEN,
     RankState.FAILED: _RED,
     RankState.EXITED: _DARK_RED,

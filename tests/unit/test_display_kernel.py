@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nbddp.display.kernel import KernelDisplay
+from nbddp.display.style import STATE_COLORS
+from nbddp.launcher.events import RankState
 
 
 class Clock:
@@ -181,3 +184,17 @@ def test_notice_before_the_run_is_shown_goes_to_stderr() -> None:
     display = KernelDisplay(publisher=FakePublisher(), err=err)
     display.notice("port 29500 busy")
     assert err.getvalue() == "nbddp: port 29500 busy\n"
+
+
+def test_a_rank_at_a_prompt_reads_as_waiting_in_a_colour_of_its_own() -> None:
+    display, pub, _ = make()
+    display.state(0, "running")
+    display.state(1, "waiting for input")
+    display.output(1, "stdout", "(Pdb) ")
+    display.close()
+    running, waiting = pub.blocks[0]["text/html"], pub.blocks[1]["text/html"]
+    assert pub.plain()[1].startswith("rank 1 · waiting for input · ")
+    assert 'data-state="waiting for input"' in waiting
+    colour = re.search(r"color:(#[0-9a-f]{6})", waiting)
+    assert colour is not None and "color:" not in running
+    assert colour.group(1) not in {STATE_COLORS[s] for s in RankState if s.ended}
