@@ -36,22 +36,13 @@ from nbddp.display.screen import Screen
 from nbddp.display.style import state_words
 from nbddp.launcher.events import RankEnd, RankState
 from nbddp.launcher.logs import rank_log
+from nbddp.launcher.summary import format_elapsed
 from nbddp.wire.protocol import MetricRow
 
 # A state's name -> its member (members hash as their names, so they find
 # themselves): a dict lookup, where ``RankState(name)`` costs ten times more.
 _STATES: dict[str, RankState] = {state.value: state for state in RankState}
 _ENDED = frozenset(state for state in RankState if state.ended)
-
-
-def format_elapsed(seconds: float) -> str:
-    """``7s``, ``3m05s`` or ``1h02m``."""
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class RankModel:

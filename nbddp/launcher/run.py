@@ -81,6 +81,7 @@ from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.prompts import Asker, ask_rank
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
+from nbddp.launcher.summary import run_html, run_line
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
 
@@ -209,6 +210,18 @@ class Run:
     def elapsed(self) -> float:
         """Seconds since the run started, until it ended."""
         return self.job.elapsed()
+
+    def __repr__(self) -> str:
+        """``<nbddp Run <id>: running, 2 ranks (2 running), 1m05s>``."""
+        return f"<nbddp Run {self._line()}>"
+
+    def _repr_html_(self) -> str:
+        """The same line in a notebook, with where the logs are."""
+        return run_html(self._line(), self.log_dir)
+
+    def _line(self) -> str:
+        states = [o.state for o in self.job.outcomes()]
+        return run_line(self.run_id, self.status, states, self.elapsed)
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's state, pid, exit code, value and error, as last seen."""
