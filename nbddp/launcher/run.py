@@ -135,9 +135,18 @@ class RunSource(Protocol):
 _LATEST: weakref.ref[Run] | None = None
 
 
+_LATEST_LOGS: tuple[Path, int] | None = None  # outlives the run: logs are kept
+
+
 def latest_run() -> Run | None:
     """The most recently started run in this process, from any entry point, if alive."""
     return _LATEST() if _LATEST is not None else None
+
+
+def latest_logs() -> tuple[Path, int] | None:
+    """The log directory and rank count of the most recently started run in this
+    process, even once its ``Run`` is gone (as after a blocking ``launch``)."""
+    return _LATEST_LOGS
 
 
 class Run:
@@ -152,7 +161,7 @@ class Run:
     """
 
     def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
-        global _LATEST
+        global _LATEST, _LATEST_LOGS
         self.job = job
         self._config = config
         self.display = display
@@ -170,6 +179,7 @@ class Run:
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))
         _LATEST = weakref.ref(self)
+        _LATEST_LOGS = (job.log_dir, len(job.outcomes()))
 
     @property
     def config(self) -> LaunchConfig:
@@ -238,17 +248,7 @@ class Run:
     def log(self, rank: int, tail: int | None = None) -> str:
         """The text of ``rank``'s log so far: everything it wrote (stdout and stderr,
         as they arrived, and its traceback if it raised), or its last ``tail`` lines."""
-        world = len(self.job.outcomes())
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-            raise ValueError(f"rank={rank!r}: this run's ranks are 0 to {world - 1}")
-        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
-            raise ValueError(f"tail={tail!r}: give a number of lines (0 or more), or None")
-        path = rank_log(self.log_dir, rank)
-        try:
-            data = path.read_bytes() if tail is None else last_lines(path, tail)
-        except FileNotFoundError:
-            return ""
-        return data.decode("utf-8", "replace")
+        return read_rank_log(self.log_dir, rank, len(self.job.outcomes()), tail)
 
     def stop(self) -> None:
         """Stop every rank; returns at once (``wait()`` to wait for them)."""
@@ -554,6 +554,22 @@ class Run:
             failure=failure or unloaded,
             duration=job.elapsed(),
         )
+
+
+def read_rank_log(log_dir: Path, rank: int, world_size: int, tail: int | None = None) -> str:
+    """The text of ``rank``'s log in ``log_dir`` (all of it, or its last ``tail``
+    lines; empty before the rank wrote anything). ``ValueError`` for a rank
+    outside ``0 .. world_size - 1`` or a ``tail`` below 0, saying which."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank!r}: this run's ranks are 0 to {world_size - 1}")
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+        raise ValueError(f"tail={tail!r}: give a number of lines (0 or more), or None")
+    path = rank_log(log_dir, rank)
+    try:
+        data = path.read_bytes() if tail is None else last_lines(path, tail)
+    except FileNotFoundError:
+        return ""
+    return data.decode("utf-8", "replace")
 
 
 def last_lines(path: Path, count: int, block: int = 1 << 16) -> bytes:

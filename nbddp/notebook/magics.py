@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -27,10 +28,11 @@ from IPython.core.magic import Magics, magics_class
 from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
+from nbddp.display.links import path_html
 from nbddp.errors import CellError, ConfigError
 from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options, merge_options
 from nbddp.launcher.spelling import FLAGS, close_options
-from nbddp.notebook.runner import CellRunner, notebook_cell
+from nbddp.notebook.runner import CellRunner, RankLog, notebook_cell
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -155,6 +157,30 @@ def _did_you_mean(error: str) -> str:
         if flags:
             return f"; did you mean {' or '.join(flags)}?"
     return ""
+
+
+LOG_TAIL = 200
+"""The lines ``%ddp_log`` shows unless told: enough to see the end, short enough to read."""
+
+
+def show_log(shown: RankLog) -> None:
+    """Display a rank's log in the cell: its title, the path as ``links.path_html``
+    renders it (text unless JupyterLab can open it), and the text."""
+    from IPython.display import display
+
+    body = html.escape(shown.text)
+    title = shown.title()
+    path = path_html(shown.path)
+    head = html.escape(title.removesuffix(str(shown.path)))
+    bundle = {
+        "text/plain": f"{title}\n{shown.text}".rstrip("\n"),
+        "text/html": (
+            f'<div style="font-family:monospace;font-weight:bold">{head}{path}</div>'
+            '<pre style="margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all">'
+            f"{body}</pre>"
+        ),
+    }
+    display(bundle, raw=True)  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager
@@ -294,6 +320,34 @@ class DdpMagics(Magics):
         args = parse(self.ddp_debug, line, "%ddp_debug")
         with _as_usage_error():
             self.runner.debug_session(args.rank)
+
+    @line_magic
+    @magic_arguments()
+    @argument("rank", nargs="?", type=int, default=0, help="the rank whose log to show (default 0)")
+    @argument(
+        "--tail",
+        type=int,
+        metavar="N",
+        default=LOG_TAIL,
+        help=f"show its last N lines (default {LOG_TAIL}; --all for all of it)",
+    )
+    @argument("--all", action="store_true", help="show all of it")
+    @argument("--help", action="store_true", help="show this help")
+    def ddp_log(self, line: str) -> None:
+        """Show a rank's log in the cell: the current session's while one is alive,
+        else the latest run's (a %%ddp cell's or a launch's).
+
+        A rank's log keeps everything it wrote, stdout and stderr as they
+        arrived, and its traceback if it raised; a cell's blocks show only
+        its last lines.
+        """
+        args = parse(self.ddp_log, line, "%ddp_log")
+        if args.help:
+            print(self.ddp_log.__doc__)
+            return
+        with _as_usage_error():
+            shown = self.runner.rank_log(args.rank, None if args.all else args.tail)
+        show_log(shown)
 
     @magic_arguments("ddp_session start")  # the help writes the leading %
     @_launch_arguments

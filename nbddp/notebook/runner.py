@@ -27,6 +27,7 @@ import re
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import cloudpickle
@@ -36,8 +37,9 @@ from nbddp.errors import CellError, PayloadError, SessionError
 from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.failures import describe_exit, rendered
+from nbddp.launcher.logs import rank_log
 from nbddp.launcher.options import LaunchOptions, format_options, merge_options
-from nbddp.launcher.run import Run, latest_run
+from nbddp.launcher.run import Run, latest_logs, latest_run, read_rank_log
 from nbddp.notebook.program import build_program
 from nbddp.notebook.session import PER_CELL, Session
 from nbddp.rank.cell import CellValues
@@ -282,6 +284,45 @@ class CellRunner:
             lines.append(f"  rank {o.rank}: {o.state:<8} pid {o.pid}  {ended}")
         lines.append(f"log dir: {run.log_dir}")
         return "\n".join(lines) + note
+
+    def rank_log(self, rank: int, tail: int | None) -> RankLog:
+        """``rank``'s log (all of it, or its last ``tail`` lines): of the session while
+        one is alive, else of the latest run. ``CellError`` saying what is wrong for
+        no run yet, a rank the run does not have, or a ``tail`` below 0."""
+        session = self.session
+        if session is not None and session.alive and session.log_dir is not None:
+            what, log_dir = "the session", session.log_dir
+            world = session.config.job.world_size
+        else:
+            latest = latest_logs()
+            if latest is None:
+                raise CellError("%ddp_log: no run has started in this kernel yet")
+            what, (log_dir, world) = "the latest run", latest
+        if not 0 <= rank < world:
+            raise CellError(f"%ddp_log: rank {rank}: {what}'s ranks are 0 to {world - 1}")
+        if tail is not None and tail < 0:
+            raise CellError(f"%ddp_log: --tail {tail}: give a number of lines, 0 or more")
+        text = read_rank_log(log_dir, rank, world, tail)
+        cut = tail is not None and len(text.splitlines()) >= tail
+        return RankLog(rank, what, rank_log(log_dir, rank), tail if cut else None, text)
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """What ``%ddp_log`` shows: a rank's log, whose, where, and how much of it."""
+
+    rank: int
+    of: str
+    """Whose: ``the session`` or ``the latest run``."""
+    path: Path
+    tail: int | None
+    """How many last lines ``text`` is; None: all of the log."""
+    text: str
+
+    def title(self) -> str:
+        """``rank 1 of the latest run (last 20 lines): <path>``."""
+        some = "" if self.tail is None else f" (last {self.tail:,} lines)"
+        return f"rank {self.rank} of {self.of}{some}: {self.path}"
 
 
 def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object], Any]:
