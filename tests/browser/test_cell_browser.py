@@ -1,0 +1,170 @@
+"""What a cell shows of a run, in a real JupyterLab, in headless Chromium (Playwright).
+
+An interrupted ``%%ddp`` cell, and an interrupted ``nbddp.launch()`` cell,
+must end with every rank's header saying it was interrupted (never a
+"running" left behind). A ``launch(block=False)`` run must draw its blocks
+in its own cell and keep them updated while two later cells run and print,
+each cell's prints staying in that cell. The tests wait on the page's
+content and the kernel's state, never on time; each takes its screenshot
+before its checks, so a failing run still leaves a picture of what it drew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import Locator, Page, expect
+
+from tests.browser.lab import Lab, artifacts_dir, write_notebook
+from tests.browser.test_panel_browser import KERNEL_IDLE, MS
+
+pytestmark = pytest.mark.timeout(300)
+
+SPIN = """\
+import os, threading
+import nbddp
+%load_ext nbddp
+
+
+def spin():
+    rank = int(os.environ["RANK"])
+    for step in range(10**6):
+        print(f"rank {rank} step {step}", flush=True)
+        threading.Event().wait(0.05)
+"""
+INTERRUPTED_CELLS = [SPIN, "%%ddp --procs 2\nspin()", "nbddp.launch(spin, procs=2)"]
+BACKGROUND_CELLS = [
+    SPIN,
+    "run = nbddp.launch(spin, procs=2, block=False)",
+    # Each of these cells prints, then waits until rank 0 has printed 20 more lines.
+    """\
+seen = run.output(0).count("\\n")
+for i in range(3):
+    print("cell A says", i, flush=True)
+    while run.output(0).count("\\n") < seen + 20 * (i + 1):
+        threading.Event().wait(0.05)
+""",
+    """\
+seen = run.output(0).count("\\n")
+for i in range(3):
+    print("cell B says", i, flush=True)
+    while run.output(0).count("\\n") < seen + 20 * (i + 1):
+        threading.Event().wait(0.05)
+""",
+]
+# Whether a cell is queued or running: JupyterLab's prompt reads "[*]:".
+BUSY = "(cell) => cell.querySelector('.jp-InputPrompt').textContent.includes('*')"
+
+
+@pytest.fixture
+def page(chromium: Any) -> Any:
+    context = chromium.new_context(viewport={"width": 1100, "height": 2000})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def shot(locator: Locator | Page, name: str) -> None:
+    path = artifacts_dir() / name
+    locator.screenshot(path=str(path))
+    print(f"screenshot: {path}")
+
+
+def output(page: Page, index: int) -> Locator:
+    return page.locator(".jp-Cell").nth(index).locator(".jp-OutputArea")
+
+
+# The commands are started, not awaited: a cell's promise settles only when it ends.
+def start_all(page: Page, lab: Lab, name: str, sources: list[str]) -> None:
+    """Write the notebook, open it, wait for its kernel, start running every cell."""
+    write_notebook(lab.root / name, sources)
+    page.goto(lab.notebook_url(name))
+    page.wait_for_function(KERNEL_IDLE, timeout=90 * MS)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
+def add_and_start(page: Page, index: int, code: str) -> None:
+    """Insert a cell of ``code`` at ``index`` and start running it."""
+    page.evaluate(
+        """([index, code]) => {
+            const notebook = window.jupyterapp.shell.currentWidget.content;
+            notebook.model.sharedModel.insertCell(index, {cell_type: 'code', source: code});
+            notebook.activeCellIndex = index;
+            window.jupyterapp.commands.execute('notebook:run-cell');
+        }""",
+        [index, code],
+    )
+
+
+def interrupt(page: Page) -> None:
+    page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
+
+
+def test_an_interrupted_cell_ends_with_every_rank_interrupted(page: Page, lab_server: Lab) -> None:
+    start_all(page, lab_server, "cell_interrupted.ipynb", INTERRUPTED_CELLS[:2])
+    for index in (1, 2):
+        if index == 2:
+            add_and_start(page, 2, INTERRUPTED_CELLS[2])
+        cell = output(page, index)
+        expect(cell).to_contain_text("rank 1 · running", timeout=90 * MS)
+        expect(cell).to_contain_text("step 3")
+        interrupt(page)
+        expect(cell).to_contain_text("KeyboardInterrupt", timeout=60 * MS)
+        page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+    shot(page, "cell-interrupted.png")
+    for index in (1, 2):
+        cell = output(page, index)
+        headers = cell.locator(".nbddp-rank")
+        expect(headers).to_have_count(2)
+        expect(cell.locator('.nbddp-rank[data-state="interrupted"]')).to_have_count(2)
+        expect(cell).not_to_contain_text("· running ·")
+        for rank in (0, 1):
+            expect(cell).to_contain_text(f"rank {rank} · interrupted · ")
+
+
+def test_a_background_run_updates_its_own_cell_while_two_others_run(
+    page: Page, lab_server: Lab
+) -> None:
+    start_all(page, lab_server, "cell_background.ipynb", BACKGROUND_CELLS)
+    blocks, cell_a, cell_b = output(page, 1), output(page, 2), output(page, 3)
+    # While cell B runs (cell A has finished), the run's cell changes under it.
+    expect(cell_b).to_contain_text("cell B says 0", timeout=120 * MS)
+    b_cell = page.locator(".jp-Cell").nth(3)
+    before = blocks.text_content()
+    expect(cell_b).to_contain_text("cell B says 1", timeout=60 * MS)
+    page.wait_for_function(
+        "([cell, old]) => cell.textContent !== old",
+        arg=[blocks.element_handle(), before],
+        timeout=60 * MS,
+    )
+    # A folded tail opens on a click and stays open through the next update.
+    blocks.locator("summary").first.click()
+    opened = blocks.text_content()
+    page.wait_for_function(
+        "([cell, old]) => cell.textContent !== old",
+        arg=[blocks.element_handle(), opened],
+        timeout=60 * MS,
+    )
+    busy = b_cell.evaluate(BUSY)
+    shot(page, "cell-background-live.png")
+    expect(blocks.locator('details[data-rank="0"]')).to_have_attribute("open", "")
+    expect(blocks.locator('details[data-rank="0"] .nbddp-note')).to_contain_text("lines; all in")
+    assert busy, "cell B had finished: the update was not seen while it ran"
+    assert before and "rank 0 · running" in before, before
+    expect(blocks.locator(".nbddp-rank")).to_have_count(2)
+    expect(cell_a).to_have_text("cell A says 0\ncell A says 1\ncell A says 2", use_inner_text=True)
+    for other in (cell_a, cell_b):
+        expect(other).not_to_contain_text("step")  # the ranks' output stays in its cell
+    expect(blocks).not_to_contain_text("says")  # and the cells' prints in theirs
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+
+    # Stop it from a new cell: the run's own cell ends with both ranks stopped.
+    add_and_start(
+        page, 4, "run.stop()\ntry:\n    run.wait()\nexcept nbddp.RankError:\n    print('stopped')"
+    )
+    expect(output(page, 4)).to_contain_text("stopped", timeout=60 * MS)
+    expect(blocks.locator('.nbddp-rank[data-state="stopped"]')).to_have_count(2)
+    expect(output(page, 4).locator(".nbddp-rank")).to_have_count(0)  # no second copy
+    shot(page, "cell-background-stopped.png")
