@@ -168,3 +168,59 @@ def test_a_background_run_updates_its_own_cell_while_two_others_run(
     expect(blocks.locator('.nbddp-rank[data-state="stopped"]')).to_have_count(2)
     expect(output(page, 4).locator(".nbddp-rank")).to_have_count(0)  # no second copy
     shot(page, "cell-background-stopped.png")
+
+
+ENDINGS = """\
+import signal
+
+
+def fail_one():
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} up", flush=True)
+    if rank == 1:
+        threading.Event().wait(0.5)
+        raise ValueError("rank 1 fails on purpose")
+    spin()
+
+
+def killed():
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    spin()
+
+
+def show(**options):
+    try:
+        nbddp.launch(**options)
+    except Exception as exc:
+        print("raised", type(exc).__name__)
+"""
+ENDING_CELLS = [
+    SPIN + ENDINGS,
+    "show(fn=fail_one, procs=2)",
+    "show(fn=killed, procs=2)",
+    "show(fn=spin, procs=2, timeout=2)",
+]
+
+
+def test_how_each_rank_ended_is_told_apart(page: Page, lab_server: Lab) -> None:
+    start_all(page, lab_server, "cell_endings.ipynb", ENDING_CELLS)
+    expect(output(page, 3)).to_contain_text("raised", timeout=120 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    shot(page, "cell-endings.png")
+    expected = {
+        1: {0: ("cancelled", "stopped: rank 1 failed"), 1: ("failed", "failed: ValueError")},
+        2: {0: ("cancelled", "stopped: rank 1 failed"), 1: ("exited", "killed by SIGKILL")},
+        3: {0: ("timed out", "timed out"), 1: ("timed out", "timed out")},
+    }
+    colours = {}
+    for index, ranks in expected.items():
+        cell = output(page, index)
+        for rank, (state, words) in ranks.items():
+            block = cell.locator(f'.nbddp-rank[data-rank="{rank}"]')
+            expect(block).to_have_attribute("data-state", state)
+            expect(block).to_contain_text(f"rank {rank} · {words} · ")
+            header = block.locator("summary, div").first
+            colours[state] = header.evaluate("e => getComputedStyle(e).color")
+    # The rank that failed, the ranks it stopped and the timeout each read apart.
+    assert len({colours["failed"], colours["cancelled"], colours["timed out"]}) == 3, colours
