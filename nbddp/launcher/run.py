@@ -25,7 +25,8 @@ its blocks in the calling cell (its ``pin``, when it has one), then pumps
 from a thread of its own, so the blocks stay live while other cells run.
 The thread ends with the run, after the final frame; ``wait`` then joins it
 (an interrupt meanwhile stops the ranks, and the thread draws their end)
-and only returns the result.
+and only returns the result. The thread never asks a prompt: a rank at one
+shows as waiting until a cell calls ``wait``, which asks it there.
 
 Display pump: typed events (output chunks, states, metrics) are taken from
 the job's queue in the waiting thread, in batches (everything queued, up to
@@ -337,11 +338,13 @@ class Run:
         if self._watching(watcher):
             assert watcher is not None
             while watcher.is_alive():
+                if self._asked:
+                    self._serve_prompts(draw=False)  # the watcher draws; this thread asks
                 # Why bounded joins: a KeyboardInterrupt is only raised between them.
                 wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError("the run is still going; call stop() to end it")
-                watcher.join(wait)
+                watcher.join(min(wait, PROMPT_DRAW_WAIT))  # a prompt waits no longer
             if self._watch_error is not None:
                 raise self._watch_error
         if not self._done:
@@ -377,22 +380,30 @@ class Run:
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
                     self._pause(pause)
             self._refresh()
-            if self._asked:
+            if self._asked and not (self._prompting and self._in_watcher()):
                 self._serve_prompts()
 
     def _pause(self, seconds: float) -> None:
         if not self._asked:
             self.job.wait(max(0.0, seconds))
 
-    def _serve_prompts(self) -> None:
-        """Ask the user for each waiting rank's line, in order (see module contract)."""
+    def _serve_prompts(self, draw: bool = True) -> None:
+        """Ask the user for each waiting rank's line, in order (see module contract);
+        ``draw``: let the display draw first (not while the watcher draws)."""
         while self._asked:
             asked = self._asked.popleft()
             text = None
             if self._prompting:
-                self._draw_before_prompt()
+                if draw:
+                    self._draw_before_prompt()
                 text = self.asker(asked.rank, asked.prompt, asked.password)
             self.job.answer(asked.rank, asked.number, text)
+
+    def _in_watcher(self) -> bool:
+        """True in the watcher thread: it never asks (only answers end of input while
+        the ranks are being stopped), as its ``input()`` would land in whatever cell
+        runs then, or nowhere; the thread in ``wait`` asks."""
+        return self._watcher is threading.current_thread()
 
     def _draw_before_prompt(self) -> None:
         """Let the display draw what is pending (the rank's state, what pdb printed)

@@ -308,3 +308,22 @@ def _other(name):
     assert states(seen) == {0: "stopped", 1: "stopped"}
     last = [m for m in seen if parent(m) == end and m["msg_type"] == "stream"]
     assert "".join(m["content"]["text"] for m in last) == "watchers []\n"
+
+
+def test_a_background_runs_prompt_is_asked_in_the_cell_that_waits(kernel: Kernel) -> None:
+    # No cell asks while none waits: the rank shows as waiting in its own cell,
+    # and the cell that calls wait() asks, as it would have before the run was live.
+    launched = kernel.execute(
+        "def ask():\n"
+        "    import os\n"
+        "    return input('name? ') if os.environ['RANK'] == '0' else 'quiet'\n"
+        "run = nbddp.launch(ask, procs=2, block=False)\n"
+        "while not run._asked:  # the prompt, taken in by the run, not asked yet\n"
+        "    threading.Event().wait(0.05)\n"
+        "assert run.rank_states()[0] == 'waiting for input'"
+    )
+    assert launched.status == "ok", launched.text()
+    result, prompts = kernel.execute_answering("run.wait().values", lambda prompt, password: "ada")
+    assert result.status == "ok", result.text()
+    assert prompts == ["name? [rank 0] "]
+    assert result.result == "{0: 'ada', 1: 'quiet'}"
