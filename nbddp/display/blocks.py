@@ -5,10 +5,10 @@ bundles; they escape everything a rank wrote. A rank's ``text/plain`` is its
 header line (``rank N · state · elapsed[ · metric]``), then, when lines are
 hidden, ``… N earlier lines in <log>``, then its tail (what terminals and
 tests read). Its ``text/html`` folds the tail under the header
-(``<details>``/``<summary>``), with ``last 40 of 1,234 lines; all in <log>``
-above it when lines are hidden: a short tail (``FOLD_LINES`` or fewer) and
-a failed rank's last words and a waiting rank's prompt start open, a longer
-one folded. A one-line
+(``<details>``/``<summary>``; the header adds how many lines the rank wrote),
+with ``last 40 of 1,234 lines; all in <log>`` above it when lines are
+hidden: a short tail (``FOLD_LINES`` or fewer), a failed rank's last words
+and a waiting rank's prompt start open, a longer one folded. A one-line
 script remembers, in the page, a fold the user opened or closed, so the
 next update of the block keeps it; where scripts do not run (an untrusted
 notebook) the fold starts as the kernel drew it. Log paths appear as
@@ -34,6 +34,7 @@ EMPTY: Bundle = {"text/plain": "", "text/html": ""}
 _HEADER = "font-family:monospace;font-weight:bold;padding:1px 0"
 _PRE = "margin:0 0 4px 0;padding:2px 6px;white-space:pre-wrap;word-break:break-all"
 _NOTE = "font-family:monospace;font-size:85%;opacity:0.7;padding:0 6px"
+_COUNT = "font-weight:normal;opacity:0.6"
 _NOTICE = (
     "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;"
     "background:var(--jp-rendermime-error-background,#fdd)"
@@ -86,8 +87,10 @@ def rank_bundle(
         return {"text/plain": "\n".join(plain), "text/html": shown}
     is_open = len(lines) <= FOLD_LINES or state in _OPEN
     note = ""
+    total = hidden + len(lines)
+    # The folded header says how much is inside (the plain text's header stays as is).
+    count = f'<span style="{_COUNT}"> ({total:,} line{"s" if total != 1 else ""})</span>'
     if hidden:
-        total = hidden + len(lines)
         where_html = path_html(log) if log is not None else "its log"
         note = (
             f'<div class="nbddp-note" style="{_NOTE}">last {len(lines):,} of {total:,} lines; '
@@ -96,7 +99,7 @@ def rank_bundle(
     body = html.escape("\n".join(lines))
     shown = (
         f'<details {attrs} data-fold="{html.escape(fold)}"{" open" if is_open else ""}>'
-        f'<summary style="{style};cursor:pointer">{html.escape(header)}</summary>'
+        f'<summary style="{style};cursor:pointer">{html.escape(header)}{count}</summary>'
         f'{note}<pre style="{_PRE}">{body}</pre></details>{_FOLD_SCRIPT}'
     )
     return {"text/plain": "\n".join(plain), "text/html": shown}

@@ -11,6 +11,7 @@ before its checks, so a failing run still leaves a picture of what it drew.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -224,3 +225,38 @@ def test_how_each_rank_ended_is_told_apart(page: Page, lab_server: Lab) -> None:
             colours[state] = header.evaluate("e => getComputedStyle(e).color")
     # The rank that failed, the ranks it stopped and the timeout each read apart.
     assert len({colours["failed"], colours["cancelled"], colours["timed out"]}) == 3, colours
+
+
+CHATTY = """\
+import os
+import nbddp
+
+
+def chatty(steps, lines):
+    for i in range(steps):
+        for j in range(lines):
+            print(f"step {i} line {j} on rank {os.environ['RANK']}", flush=True)
+        nbddp.log(step=i, loss=1.0 / (i + 1))
+    return int(os.environ["RANK"])
+"""
+
+
+def test_a_chatty_run_reads_as_folded_headers_with_the_tail_length(
+    page: Page, lab_server: Lab
+) -> None:
+    cells = [CHATTY, "nbddp.launch(chatty, 100, 30, procs=2)"]
+    start_all(page, lab_server, "cell_chatty.ipynb", cells)
+    cell = output(page, 1)
+    expect(cell).to_contain_text("rank 1 · done", timeout=120 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    shot(page, "cell-chatty.png")
+    folds = cell.locator("details.nbddp-rank")
+    expect(folds).to_have_count(2)
+    for rank in (0, 1):
+        fold = cell.locator(f'details[data-rank="{rank}"]')
+        expect(fold).not_to_have_attribute("open", "")
+        expect(fold.locator("summary")).to_have_text(
+            re.compile(rf"^rank {rank} · done · \d+s · step 99 loss=0\.01 \(3,000 lines\)$")
+        )
+        expect(fold.locator(".nbddp-note")).to_contain_text("last 40 of 3,000 lines; all in")
+        expect(fold.locator("pre")).to_be_hidden()  # folded: the tail is one click away
