@@ -124,6 +124,10 @@ def test_an_interrupted_launch_ends_with_every_rank_interrupted(kernel: Kernel) 
     assert states(seen) == {0: "interrupted", 1: "interrupted"}, headers(seen)
     html = [d["text/html"] for d in final_blocks(seen).values() if "nbddp-rank" in d["text/html"]]
     assert all('data-state="interrupted"' in h for h in html) and len(html) == 2
+    # One line, as for a %%ddp cell, not nbddp's own frames.
+    [error] = [m["content"] for m in seen if m["msg_type"] == "error"]
+    [line] = error["traceback"]
+    assert line.startswith("KeyboardInterrupt: every rank was stopped"), line
 
 
 def test_an_interrupt_during_a_draw_still_ends_with_the_final_frame(kernel: Kernel) -> None:
