@@ -322,14 +322,21 @@ class Run:
         except BaseException as exc:
             log.exception("nbddp: showing run %s failed; stopping its ranks", self.run_id)
             self._watch_error = exc
-            self._stop_and_drain(RunStatus.STOPPED)
+            # A KeyboardInterrupt is an interrupt, whichever thread it reached.
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            try:
+                self._stop_and_drain(RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED)
+            except BaseException:  # nothing is left to raise it to; wait() drains again
+                log.exception("nbddp: stopping the ranks of run %s failed", self.run_id)
 
     def _watching(self, watcher: threading.Thread | None) -> bool:
-        """True if ``watcher`` is another thread, started: it pumps, this one must not."""
+        """True if ``watcher`` is another thread, started and not ended: it pumps, this
+        one must not."""
         return (
             watcher is not None
             and watcher is not threading.current_thread()
             and watcher.ident is not None
+            and watcher.is_alive()
         )
 
     def _follow(self, deadline: float | None) -> None:
@@ -345,8 +352,9 @@ class Run:
                 if wait <= 0:
                     raise TimeoutError("the run is still going; call stop() to end it")
                 watcher.join(min(wait, PROMPT_DRAW_WAIT))  # a prompt waits no longer
-            if self._watch_error is not None:
-                raise self._watch_error
+        error, self._watch_error = self._watch_error, None
+        if error is not None:
+            raise error  # once: a later wait() gives the run's own result or error
         if not self._done:
             self._pump(deadline)
 
