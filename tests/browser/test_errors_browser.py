@@ -103,12 +103,11 @@ def error_text(cell: Locator) -> str:
 
 def header(cell: Locator, rank: int) -> tuple[str, str]:
     """The header of ``rank``'s block in the cell's output: its text and its colour."""
-    block = cell.locator(".jp-OutputArea-output div div").filter(
-        has_text=re.compile(rf"^rank {rank} · ")
-    )
+    block = cell.locator(f'.nbddp-rank[data-rank="{rank}"]')
     expect(block).to_have_count(1)
-    color = block.evaluate("(el) => getComputedStyle(el).color")
-    return block.inner_text(), str(color)
+    head = block.locator("summary, div").first  # a folded block's summary, else its line
+    color = head.evaluate("(el) => getComputedStyle(el).color")
+    return head.inner_text(), str(color)
 
 
 def shot(cell: Locator, name: str) -> None:
@@ -150,7 +149,7 @@ def test_failures_and_an_interrupt_read_like_the_notebooks_own_code(
         assert raised[0].startswith("rank 1 · failed") and raised[1] == RED, raised
         assert stopped[0].startswith("rank 0 · stopped") and stopped[1] != RED, stopped
     for rank in (0, 1):
-        assert header(hanging, rank)[0].startswith(f"rank {rank} · stopped")
+        assert header(hanging, rank)[0].startswith(f"rank {rank} · interrupted")
     # launch(): the function's own cell and line, nothing of nbddp's, the other rank.
     assert f"Cell In[{defined_in}], line 7, in train" in launch_error, launch_error
     assert 'raise ValueError("bad batch on rank 1")' in launch_error
