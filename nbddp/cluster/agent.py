@@ -1,28 +1,38 @@
 """The nbddp agent: one Ray actor per node, running nbddp's own local launcher there.
 
-Contract: the notebook (``client``) creates one ``NodeAgent`` per node, in a
+Contract: the notebook (``nodes``) creates one ``NodeAgent`` per node, in a
 placement group, and drives it with actor calls; Ray runs the methods on
 threads of the actor (it is created with ``max_concurrency``), so ``poll``
 may wait while ``stop`` arrives. ``describe()`` says where it runs and its
 versions, and starts the node's forkserver (a fresh process, never a fork of
 this multithreaded Ray worker) so its torch import overlaps the rest of the
-start. Agent 0 hosts the rendezvous store (``host_store``), bound on its node
-address before any rank starts. ``start`` runs the node's slice of the run as
-a local ``Job`` (global ranks ``node.first_rank`` on). ``poll(wait)`` is the
-long poll: it returns at once when events are queued, else after at most
-``wait`` seconds, a ``Batch`` of the events with global ranks, the new
-failures, and once the node's ranks are all gone, their outcomes and the
-node's status. ``stop``/``dump_stacks`` go to the node's job.
+start. An agent holds any number of runs at once, each under the notebook's
+run id with its own local job (``nodejobs``) and, on agent 0, its own
+rendezvous store (``host_store``, bound on the node address before any rank
+starts; ``close_store`` once the run has ended on every node). ``start``
+runs the node's slice of a run (global ranks ``node.first_rank`` on; a
+session's ranks with ``session=True``, then driven by ``send``,
+``send_cell`` and ``ask_stacks``). ``poll(wait)`` is the one long poll for
+all of them: it returns at once when events are queued, else after at most
+``wait`` seconds, a ``Batch`` per run with events (global ranks), the new
+failures, and once the run's ranks on this node are all gone, their
+outcomes and the node's status. ``stop``/``dump_stacks`` go to one run.
 
-Lifetime: ranks are this agent's local job's children; each rank watches its
-link to the agent and ends its process group when the agent goes (killed by
-Ray when the notebook's driver or the node goes). Values, exceptions and the
+Lifetime: ranks are this agent's local jobs' children; each rank watches its
+link to the agent and ends its process group when the agent goes. Ray ends
+the agent when the notebook's driver goes. The agent also ends itself
+(``os._exit``, so every rank's link closes at once) when it loses the
+notebook whatever the cause: no poll for ``QUIET`` seconds (the notebook
+polls every agent it keeps, between runs too, and counts a node as lost
+after about as long without an answer), or its raylet gone (Ray's worker
+process outlives a raylet killed under it). Values, exceptions and the
 call's arguments cross as plain bytes (``portable``), landing in shared
 memory on the other side.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import socket
@@ -31,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from nbddp.cluster.nodejobs import Inbox, NodeJob, NodeSessionJob, Reply
 from nbddp.cluster.portable import (
     ShippedFailure,
     ShippedOutcome,
@@ -40,19 +51,17 @@ from nbddp.cluster.portable import (
 )
 from nbddp.cluster.versions import local_versions
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.events import (
-    Done,
-    InputAsked,
-    MetricRows,
-    RunEvent,
-    RunStatus,
-    StateChanged,
-    Text,
-)
-from nbddp.launcher.job import Job
+from nbddp.launcher.events import Done, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
 
+log = logging.getLogger(__name__)
+
 MAX_BATCH = 5000  # events per poll: a batch stays a bounded message
+QUIET = 11.0
+"""Seconds without a poll after which the notebook counts as gone (it counts a node
+as lost after its poll wait plus ``client.LOST_AFTER`` without an answer)."""
+FIRST_POLL_WAIT = 180.0  # seconds a new agent waits for its first poll (a slow start)
+WATCH_EVERY = 0.5  # seconds between the watchdog's looks
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,28 @@ class NodeInfo:
     gpu_ids: tuple[str, ...]
     """The GPUs Ray gave the agent (``CUDA_VISIBLE_DEVICES`` ids)."""
     versions: dict[str, str]
+    node_id: str = ""
+    """Ray's id of the node."""
 
 
 @dataclass
 class Batch:
-    """What one poll returns (see module contract)."""
+    """What one poll returns for one run (see module contract)."""
 
-    events: list[RunEvent] = field(default_factory=list)
+    events: list[RunEvent | Reply] = field(default_factory=list)
     failures: list[ShippedFailure] = field(default_factory=list)
     outcomes: list[ShippedOutcome] | None = None
-    """Once the node's ranks have all ended: each one's outcome (the last batch)."""
+    """Once the run's ranks on this node have all ended: each one's outcome (its last
+    batch)."""
     status: RunStatus | None = None
+
+
+@dataclass
+class _Held:
+    """One run this agent holds."""
+
+    job: NodeJob
+    sent: int = 0  # failures already sent
 
 
 class NodeAgent:
@@ -84,10 +104,13 @@ class NodeAgent:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._job: Job | None = None
-        self._first = 0
-        self._sent = 0  # failures already sent
-        self._store: object | None = None
+        self._runs: dict[str, _Held] = {}
+        self._stores: dict[str, object] = {}
+        self._inbox: Inbox = queue.SimpleQueue()
+        self._parent = os.getppid()  # the raylet
+        self._last_poll: float | None = None
+        self._born = time.monotonic()
+        threading.Thread(target=self._watch, name="nbddp-agent-watch", daemon=True).start()
 
     def describe(self) -> NodeInfo:
         """Where this agent runs; starts the node's forkserver in the background."""
@@ -102,81 +125,170 @@ class NodeAgent:
             pid=os.getpid(),
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
             versions=local_versions(),
+            node_id=str(ray.get_runtime_context().get_node_id()),
         )
 
-    def host_store(self, port: int | None) -> int:
-        """Host the run's rendezvous store on this node's address; its port."""
+    def host_store(self, run: str, port: int | None) -> int:
+        """Host ``run``'s rendezvous store on this node's address; its port."""
         sock, _ = listen(_node_address(), port, fallback=False)
         bound = int(sock.getsockname()[1])
+        store = host_store(sock.getsockname()[0], sock)
         with self._lock:
-            # Replacing the last run's store closes its socket.
-            self._store = host_store(sock.getsockname()[0], sock)
+            self._stores[run] = store
         return bound
 
     def start(
-        self, spec: JobSpec, node: NodeSlice, payload: tuple[bytes, tuple[bytes, ...]]
+        self,
+        run: str,
+        spec: JobSpec,
+        node: NodeSlice,
+        payload: tuple[bytes, tuple[bytes, ...]],
+        session: bool = False,
     ) -> dict[int, int]:
-        """Start this node's ranks (``node``, on the GPUs Ray gave this agent); global
-        rank -> pid."""
+        """Start this node's ranks of ``run`` (``node``, on the GPUs Ray gave this agent);
+        global rank -> pid."""
         import ray
 
         if spec.device == "cuda":
             node = replace(node, gpu_tokens=tuple(str(g) for g in ray.get_gpu_ids()))
-        job = Job(spec, land_payload(payload), node)
+        kind = NodeSessionJob if session else NodeJob
+        job = kind(spec, land_payload(payload), node, run, self._inbox)
         with self._lock:
-            self._job, self._first, self._sent = job, node.first_rank, 0
-        job.start()
+            self._runs[run] = _Held(job)
+        try:
+            job.start()
+        except BaseException:
+            with self._lock:
+                self._runs.pop(run, None)
+            raise
         return {rank + node.first_rank: pid for rank, pid in job.pids().items()}
 
-    def poll(self, wait: float) -> Batch:
-        """The long poll (see module contract)."""
-        job, first = self._job, self._first
-        batch = Batch()
-        if job is None:
-            return batch
-        done = False
+    def poll(self, wait: float) -> dict[str, Batch]:
+        """The long poll (see module contract): run id -> its batch."""
+        self._last_poll = time.monotonic()
+        batches: dict[str, Batch] = {}
+        count = 0
         try:
-            event: RunEvent | None = job.events.get(timeout=wait)
-            while event is not None and len(batch.events) < MAX_BATCH:
+            item = self._inbox.get(timeout=wait)
+            while True:
+                run, event = item
+                batch = batches.setdefault(run, Batch())
                 if isinstance(event, Done):
-                    done = True
+                    self._close(run, batch)
+                else:
+                    batch.events.append(event)
+                count += 1
+                if count >= MAX_BATCH:
                     break
-                batch.events.append(_global(event, first))
-                event = job.events.get_nowait()
+                item = self._inbox.get_nowait()
         except queue.Empty:
             pass
-        failures = job.failures()
-        batch.failures = [ship_failure(_wall(at), f, first) for at, f in failures[self._sent :]]
-        self._sent = len(failures)
-        if done:
-            batch.outcomes = [ship_outcome(o, first) for o in job.outcomes()]
-            batch.status = job.status
-            with self._lock:
-                self._job = None
-        return batch
+        with self._lock:
+            held = list(self._runs.items())
+        for run, record in held:
+            failures = record.job.failures()
+            if len(failures) > record.sent:
+                first = record.job.first
+                batch = batches.setdefault(run, Batch())
+                batch.failures = [
+                    ship_failure(_wall(at), f, first) for at, f in failures[record.sent :]
+                ]
+                record.sent = len(failures)
+        self._last_poll = time.monotonic()
+        return batches
 
-    def stop(self, reason: RunStatus) -> None:
-        """Stop this node's ranks (SIGTERM to each group, SIGKILL after the grace)."""
-        job = self._job
+    def _close(self, run: str, batch: Batch) -> None:
+        """``run``'s ranks here have all ended: their outcomes go in its last batch."""
+        with self._lock:
+            record = self._runs.pop(run, None)
+        if record is None:
+            return
+        job = record.job
+        failures = job.failures()
+        batch.failures.extend(
+            ship_failure(_wall(at), f, job.first) for at, f in failures[record.sent :]
+        )
+        batch.outcomes = [ship_outcome(o, job.first) for o in job.outcomes()]
+        batch.status = job.status
+
+    def stop(self, run: str, reason: RunStatus) -> None:
+        """Stop ``run``'s ranks here (SIGTERM to each group, SIGKILL after the grace)."""
+        job = self._job(run)
         if job is not None:
             job.stop(reason)
 
-    def dump_stacks(self) -> None:
-        """Have this node's running ranks write their stacks into their output."""
-        job = self._job
+    def dump_stacks(self, run: str) -> None:
+        """Have ``run``'s running ranks here write their stacks into their output."""
+        job = self._job(run)
         if job is not None:
             job.dump_stacks()
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
-        """The user's line for this node's ``rank`` (local) at its prompt."""
-        job = self._job
-        if job is not None:
-            job.answer(rank, number, text)
+    def send(self, run: str, rank: int, kind: str, body: object) -> None:
+        """A session's request to its global ``rank`` here (``interrupt``, ``end``...)."""
+        job = self._job(run)
+        if isinstance(job, NodeSessionJob):
+            job.send(rank, kind, body)
 
-    def close_store(self) -> None:
-        """The run has ended on every node: its store goes."""
+    def send_cell(
+        self,
+        run: str,
+        number: int,
+        payload: tuple[bytes, tuple[bytes, ...]],
+        debug: bool = False,
+    ) -> None:
+        """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
+        raises opens a debugger first)."""
+        job = self._job(run)
+        if isinstance(job, NodeSessionJob):
+            job.send_cell(number, land_payload(payload), debug)
+
+    def ask_stacks(self, run: str, ranks: list[int]) -> None:
+        """Ask a session's global ``ranks`` here for their stacks."""
+        job = self._job(run)
+        if isinstance(job, NodeSessionJob):
+            job.ask_stacks(ranks)
+
+    def answer(self, run: str, rank: int, number: int, text: str | None) -> None:
+        """The user's line for ``run``'s global ``rank`` here, at its prompt ``number``."""
+        job = self._job(run)
+        if job is not None:
+            job.answer(rank - job.first, number, text)
+
+    def close_store(self, run: str) -> None:
+        """``run`` has ended on every node: its store goes."""
         with self._lock:
-            self._store = None
+            self._stores.pop(run, None)
+
+    def _job(self, run: str) -> NodeJob | None:
+        with self._lock:
+            record = self._runs.get(run)
+        return record.job if record is not None else None
+
+    # -- the watchdog ----------------------------------------------------------
+
+    def _watch(self) -> None:
+        """End this agent, and so its ranks, once it has lost the notebook."""
+        while True:
+            time.sleep(WATCH_EVERY)
+            why = self._lost_why()
+            if why is not None:
+                log.warning("nbddp agent: %s; ending this node's ranks and the agent", why)
+                # Why _exit: every rank's link closes with this process, and each
+                # rank then kills its own process group at once.
+                os._exit(1)
+
+    def _lost_why(self) -> str | None:
+        if os.getppid() != self._parent:
+            return "this node's raylet is gone"
+        now = time.monotonic()
+        last = self._last_poll
+        if last is None:
+            if now - self._born > FIRST_POLL_WAIT:
+                return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
+            return None
+        if now - last > QUIET:
+            return f"no poll from the notebook for {QUIET:g}s"
+        return None
 
 
 def _node_address() -> str:
@@ -185,13 +297,6 @@ def _node_address() -> str:
 
     address: Callable[[], str] = get_node_ip_address
     return address()
-
-
-def _global(event: RunEvent, first: int) -> RunEvent:
-    """``event`` with its rank made global."""
-    if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
-        return replace(event, rank=event.rank + first)
-    return event
 
 
 def _wall(monotonic: float) -> float:

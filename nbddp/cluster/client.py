@@ -1,22 +1,33 @@
 """``ClusterJob``: the notebook side of a run across a Ray cluster's nodes.
 
-Contract: ``ClusterJob(config, payload).start()`` places one agent per node
-(``nodes.place``), has agent 0 host the rendezvous store on its node address,
-ships the call once (``ray.put``; its large CPU tensors as bytes, landing in
-shared memory on each node) and starts every node's slice. It is a
-``launcher.run.RunSource``: ``Run``, the displays, ``failures.run_error`` and
-``%%ddp`` read it exactly as they read a local ``Job``: typed events on
-``events`` (global ranks, ending with one ``Done``), ``outcomes()``,
-``root_cause``, ``status``, ``wait``, ``elapsed``, ``pids`` (each on its own
-node), ``stop`` and ``dump_stacks`` (sent to every node).
+Contract: ``ClusterJob(config, payload).start()`` takes agents (``nodes.place``:
+kept ones of the same shape, busy or not, or new ones), attaches to them under
+its own run id, has agent 0 host the run's own rendezvous store on its node
+address, ships the call once (``ray.put``; its large CPU tensors as bytes,
+landing in shared memory on each node) and starts every node's slice as a
+job of its own there. So any number of runs go on at once, each stopped,
+timed out and ended on its own. It is a ``launcher.run.RunSource``: ``Run``,
+the displays, ``failures.run_error`` and ``%%ddp`` read it exactly as they
+read a local ``Job``: typed events on ``events`` (global ranks, ending with
+one ``Done``), ``outcomes()``, ``root_cause``, ``status``, ``wait``,
+``elapsed``, ``pids`` (each on its own node), ``stop`` and ``dump_stacks``
+(sent to every node). ``nodes`` says where each node's ranks run (node 0
+hosts the store: ``MASTER_ADDR``), also said in a notice when the run starts
+and in the error of a rank that died (``rank 3 was killed by signal SIGKILL
+... on node 1 (10.0.0.2)``).
 
-One thread per node follows its agent's long poll and writes each rank's
-output to the rank's log here, as the relay does locally. A failure on any
-node stops every node after ``failure_grace`` (the root cause is the earliest
-by the ranks' own clocks, as locally). A node whose agent is lost (the node
-went down, its agent was killed) ends its ranks as failed: the run is stopped
-and raises ``RankExitedError`` for the first of them, with a notice naming the
-node and all its ranks. The run has ended once every node's ranks have.
+The agents' ``Link`` hands this run its batches (``take``) from one thread per
+node; each rank's output goes to the rank's log here, as the relay does
+locally. A failure on any node stops every node after ``failure_grace`` (the
+root cause is the earliest by the ranks' own clocks, as locally). A node
+whose agent is lost (the node went down, its agent was killed) ends its
+ranks as failed: the run is stopped and raises ``RankExitedError`` for the
+first of them, with a notice naming the node and all its ranks. The run has
+ended once every node's ranks have.
+
+Hooks for a session across nodes (``cluster.session``): ``_route`` (every
+event), ``_message`` (a session rank's reply), ``_ending`` (once, before the
+last event).
 """
 
 from __future__ import annotations
@@ -31,12 +42,21 @@ from typing import IO
 
 from nbddp.cluster import nodes
 from nbddp.cluster.agent import Batch
+from nbddp.cluster.nodejobs import Reply
 from nbddp.cluster.nodes import Ray
-from nbddp.cluster.portable import ShippedError, land_error, land_value, ship_payload
+from nbddp.cluster.portable import (
+    ShippedError,
+    ShippedReply,
+    land_error,
+    land_reply,
+    land_value,
+    ship_payload,
+)
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import (
     Done,
     Failure,
+    InputAsked,
     Notice,
     RankOutcome,
     RankState,
@@ -46,29 +66,41 @@ from nbddp.launcher.events import (
     Text,
     run_status,
 )
-from nbddp.launcher.failures import local_time, root_cause
+from nbddp.launcher.failures import describe_exit, local_time, root_cause
+from nbddp.launcher.job import PROMPT_RECHECK
 from nbddp.launcher.logs import new_run_dir, rank_log
+from nbddp.launcher.prompts import WaitClock
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.protocol import Body, ErrorInfo
 
-POLL_WAIT = 0.5  # seconds an agent's long poll waits when nothing happens
-LOST_AFTER = 10.0  # seconds beyond POLL_WAIT without an answer before a node counts as lost
 START_TIMEOUT = 120.0  # seconds the nodes get to start their ranks (a first torch import)
 
 
 def release_agents() -> None:
-    """Hand back the agents kept for the next launch (``nbddp.cluster.release``)."""
+    """Hand back the agents no run uses (``nbddp.cluster.release``)."""
     nodes.release_agents()
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """Where one node's ranks of a run run."""
+
+    index: int
+    """The node rank (``NODE_RANK``); node 0 hosts the store."""
+    address: str
+    ranks: range
+    """The global ranks it runs."""
+
+    def __str__(self) -> str:
+        return f"node {self.index} ({self.address})"
 
 
 @dataclass
 class _Node:
-    """What the notebook knows of one node's agent."""
+    """What the notebook knows of one node's part of the run."""
 
-    index: int
+    place: NodePlace
     handle: Ray
-    address: str
-    ranks: range
     ended: bool = False
     status: RunStatus | None = None
 
@@ -80,13 +112,18 @@ class _Rank:
     pid: int | None = None
     started_at: float = field(default_factory=time.monotonic)
     final: RankOutcome | None = None
+    stacks: str | None = None
 
 
 class ClusterJob:
     """One run across a cluster's nodes (see module contract)."""
 
+    SESSION = False
+    """Start each node's ranks as a session's (``cluster.session``)."""
+
     def __init__(self, config: LaunchConfig, payload: Payload) -> None:
         self.config = config
+        self.spec = config.job
         self._payload: Payload | None = payload
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self._run_dir = new_run_dir(self.run_id)
@@ -94,7 +131,7 @@ class ClusterJob:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self._ranks = [_Rank(r) for r in range(config.job.world_size)]
         self._nodes: list[_Node] = []
-        self._lock = threading.Lock()  # guards everything the node threads change
+        self._lock = threading.Lock()  # guards what the node threads change
         self._failures: list[tuple[float, Failure]] = []
         self._errors: dict[int, ErrorInfo] = {}  # landed once per rank
         self._stop_reason: RunStatus | None = None
@@ -104,12 +141,12 @@ class ClusterJob:
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
         self._agents: nodes.Agents | None = None
-        self._lost_node = False
+        self._waits = WaitClock()  # ranks at a prompt (node threads; a session's loop)
 
     # -- starting ---------------------------------------------------------
 
     def start(self) -> None:
-        """Place the agents, host the store, start every node's ranks (caller thread)."""
+        """Take agents, host the store, start every node's ranks (caller thread)."""
         payload = self._payload
         if payload is None:
             raise RuntimeError("this job has already run; start a new one")
@@ -118,34 +155,63 @@ class ClusterJob:
         ray = nodes.import_ray()
         spec, count = self.config.job, self.config.nodes
         per = spec.world_size // count
-        port = _get(ray, agents.handles[0].host_store.remote(spec.port), START_TIMEOUT)
-        ref = ray.put(shipped)  # once: each node fetches it once, whatever its ranks
-        master = agents.infos[0].address
-        calls = []
         for i, (handle, info) in enumerate(zip(agents.handles, agents.infos, strict=True)):
-            part = NodeSlice(i, count, i * per, per, master, port)
-            self._nodes.append(_Node(i, handle, info.address, range(i * per, (i + 1) * per)))
-            calls.append(handle.start.remote(spec, part, ref))
+            place = NodePlace(i, info.address, range(i * per, (i + 1) * per))
+            self._nodes.append(_Node(place, handle))
+        agents.attach(self.run_id, self, session=self.SESSION)
         try:
+            port = _get(
+                ray, agents.handles[0].host_store.remote(self.run_id, spec.port), START_TIMEOUT
+            )
+            ref = ray.put(shipped)  # once: each node fetches it once, whatever its ranks
+            master = agents.infos[0].address
+            calls = [
+                node.handle.start.remote(
+                    self.run_id,
+                    spec,
+                    NodeSlice(i, count, i * per, per, master, port),
+                    ref,
+                    self.SESSION,
+                )
+                for i, node in enumerate(self._nodes)
+            ]
             pids = _get(ray, calls, START_TIMEOUT)
         except BaseException:
-            nodes.forget(agents)  # whatever started is ended with its agents
-            self._end_now()
+            self._abandon_start()
             raise
         for node_pids in pids:
             for rank, pid in node_pids.items():
                 self._ranks[rank].pid = pid
-        for node in self._nodes:
-            threading.Thread(
-                target=self._follow, args=(node,), name=f"nbddp-node{node.index}", daemon=True
-            ).start()
+        where = "; ".join(f"{n.place}: {_ranks(list(n.place.ranks))}" for n in self._nodes)
+        self._route(Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)"))
 
-    def _end_now(self) -> None:
+    def _abandon_start(self) -> None:
+        """Starting failed part-way: what started goes (its job, or the agents when no
+        other run uses them), and the run ends."""
+        agents = self._agents
+        assert agents is not None
+        agents.detach(self.run_id)
+        if not agents.in_use():
+            agents.broken = True  # whatever started is ended with its agents
+            nodes.release_agents()
+        else:
+            for node in self._nodes:
+                with contextlib.suppress(Exception):
+                    node.handle.stop.remote(self.run_id, RunStatus.FAILED)
         for record in self._ranks:
             record.state = RankState.STOPPED
         for node in self._nodes:
             node.ended = True
         self._finish()
+
+    @property
+    def nodes(self) -> tuple[NodePlace, ...]:
+        """Where each node's ranks run, by node rank."""
+        return tuple(n.place for n in self._nodes)
+
+    def node_of(self, rank: int) -> NodePlace:
+        """The node global ``rank`` runs on."""
+        return next(n.place for n in self._nodes if rank in n.place.ranks)
 
     # -- RunSource ----------------------------------------------------------
 
@@ -157,21 +223,21 @@ class ClusterJob:
             live = [n for n in self._nodes if not n.ended]
         for node in live:
             with contextlib.suppress(Exception):
-                node.handle.stop.remote(reason)
+                node.handle.stop.remote(self.run_id, reason)
 
     def dump_stacks(self) -> None:
         """Have every running rank on every node write its stacks into its output."""
         for node in self._nodes:
             if not node.ended:
                 with contextlib.suppress(Exception):
-                    node.handle.dump_stacks.remote()
+                    node.handle.dump_stacks.remote(self.run_id)
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
         """Send ``rank`` (global) the user's line for its prompt, through its node's agent."""
         for node in self._nodes:
-            if rank in node.ranks and not node.ended:
+            if rank in node.place.ranks and not node.ended:
                 with contextlib.suppress(Exception):
-                    node.handle.answer.remote(rank - node.ranks.start, number, text)
+                    node.handle.answer.remote(self.run_id, rank, number, text)
 
     def pids(self) -> dict[int, int]:
         """Global rank -> pid on its node."""
@@ -186,11 +252,21 @@ class ClusterJob:
         with self._lock:
             return tuple(r.final or _running(r) for r in self._ranks)
 
+    def failures(self) -> list[tuple[float, Failure]]:
+        """Every rank failure so far as ``(time.monotonic(), failure)``, in arrival order."""
+        with self._lock:
+            return list(self._failures)
+
     @property
     def root_cause(self) -> Failure | None:
         """The earliest failure on any node (``failures.root_cause``)."""
         with self._lock:
             return root_cause(list(self._failures), self.config.job.failure_grace)
+
+    @property
+    def stop_reason(self) -> RunStatus | None:
+        """Why the ranks are being (or were) stopped; None while nothing stops them."""
+        return self._stop_reason
 
     @property
     def status(self) -> RunStatus:
@@ -206,34 +282,26 @@ class ClusterJob:
         """Seconds from the start until the run ended (or until now)."""
         return (self._ended_at or time.monotonic()) - self._started_at
 
-    # -- following the nodes (one thread each) -------------------------------
+    # -- what the agents send (``nodes.Listener``: one thread per node) ----------
 
-    def _follow(self, node: _Node) -> None:
-        ray = nodes.import_ray()
-        try:
-            while not node.ended:
-                try:
-                    batch = ray.get(
-                        node.handle.poll.remote(POLL_WAIT), timeout=POLL_WAIT + LOST_AFTER
-                    )
-                except Exception as exc:  # the agent or its node is gone
-                    self._lost(node, exc)
-                    return
-                self._take(node, batch)
-        finally:
-            with self._lock:
-                node.ended = True
-                last = all(n.ended for n in self._nodes)
-            if last:
-                self._finish()
-
-    def _take(self, node: _Node, batch: Batch) -> None:
+    def take(self, index: int, batch: Batch) -> None:
+        """Node ``index``'s agent sent this run ``batch``."""
+        node = self._nodes[index]
+        if node.ended:
+            return
         for event in batch.events:
+            if isinstance(event, Reply):
+                self._reply(event)
+                continue
             if isinstance(event, Text):
                 self._log(event.rank, event.text)
             elif isinstance(event, StateChanged):
                 self._ranks[event.rank].state = event.state
-            self.events.put(event)
+                if event.state is not RankState.WAITING:
+                    self._waits.end(event.rank)
+            elif isinstance(event, InputAsked):
+                self._waits.begin(event.rank)
+            self._route(event)
         if batch.failures:
             with self._lock:
                 for shipped in batch.failures:
@@ -243,6 +311,49 @@ class ClusterJob:
             self._schedule_stop()
         if batch.outcomes is not None:
             self._close_node(node, batch)
+            self._node_ended(node)
+
+    def node_lost(self, index: int, exc: BaseException) -> None:
+        """Node ``index``'s agent is gone: its ranks ended with it (module contract)."""
+        node = self._nodes[index]
+        if node.ended:
+            return
+        now = time.monotonic()
+        ranks = [r for r in node.place.ranks if self._ranks[r].final is None]
+        names = _ranks(ranks)
+        why = f"the loss of {node.place}, which ran {names},"
+        with self._lock:
+            for rank in ranks:
+                record = self._ranks[rank]
+                record.state = RankState.FAILED
+                record.final = replace(_running(record), exited=True, ended_at=now)
+                self._failures.append((now, Failure(rank, "died", cause=why)))
+        if ranks:
+            self._route(
+                Notice(f"{node.place} was lost ({type(exc).__name__}): {names} ended with it")
+            )
+            for rank in ranks:
+                self._route(StateChanged(rank, RankState.FAILED))
+        self.stop(RunStatus.FAILED)
+        self._node_ended(node)
+
+    def _node_ended(self, node: _Node) -> None:
+        with self._lock:
+            node.ended = True
+            last = all(n.ended for n in self._nodes)
+        if last:
+            self._finish()
+
+    def _reply(self, reply: Reply) -> None:
+        """A session rank's answer: landed, to ``_message``."""
+        body: Body = None
+        if reply.kind == "stacks":
+            self._ranks[reply.rank].stacks = "written"
+        elif isinstance(reply.body, ShippedReply):
+            body = land_reply(reply.body)
+        elif isinstance(reply.body, ShippedError):
+            body = land_error(reply.body)
+        self._message(reply.rank, reply.kind, body)
 
     def _close_node(self, node: _Node, batch: Batch) -> None:
         assert batch.outcomes is not None
@@ -250,13 +361,20 @@ class ClusterJob:
             node.status = batch.status
             for shipped in batch.outcomes:
                 rank = shipped.outcome.rank
+                self._waits.end(rank)
                 error = self._land(rank, shipped.error)
                 value = land_value(shipped.value) if shipped.value is not None else None
                 final = replace(shipped.outcome, value=value, error=error)
                 self._ranks[rank].final = replace(final, started_at=self._ranks[rank].started_at)
                 if error is not None:
                     self._log(rank, error.logged)  # as the relay keeps it locally
-            node.ended = True
+            # A rank that died says on which node (and its exit says how).
+            for i, (when, failure) in enumerate(self._failures):
+                mine = failure.rank in node.place.ranks
+                if mine and failure.kind == "died" and failure.cause is None:
+                    last = self._ranks[failure.rank].final
+                    how = describe_exit(last.exit_code if last is not None else None)
+                    self._failures[i] = (when, replace(failure, cause=f"{how} on {node.place}"))
 
     def _land(self, rank: int, shipped: ShippedError | None) -> ErrorInfo | None:
         """A rank's error, landed once (its failure and its outcome share it)."""
@@ -265,30 +383,6 @@ class ClusterJob:
         if rank not in self._errors:
             self._errors[rank] = land_error(shipped)
         return self._errors[rank]
-
-    def _lost(self, node: _Node, exc: BaseException) -> None:
-        """The node's agent is gone: its ranks ended with it (see module contract)."""
-        self._lost_node = True  # its agents are not kept for the next launch
-        now = time.monotonic()
-        ranks = [r for r in node.ranks if self._ranks[r].final is None]
-        names = f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
-        why = f"the loss of node {node.index} ({node.address}), which ran {names},"
-        with self._lock:
-            for rank in ranks:
-                record = self._ranks[rank]
-                record.state = RankState.FAILED
-                record.final = replace(_running(record), exited=True, ended_at=now)
-                self._failures.append((now, Failure(rank, "died", cause=why)))
-        if ranks:
-            self.events.put(
-                Notice(
-                    f"node {node.index} ({node.address}) was lost ({type(exc).__name__}): "
-                    f"{names} ended with it"
-                )
-            )
-            for rank in ranks:
-                self.events.put(StateChanged(rank, RankState.FAILED))
-        self.stop(RunStatus.FAILED)
 
     def _schedule_stop(self) -> None:
         """A rank failed: the others get ``failure_grace`` to say their own, then stop."""
@@ -320,14 +414,38 @@ class ClusterJob:
                 log.close()
             self._logs.clear()
         self._payload = None
-        if self._nodes:
+        agents = self._agents
+        if agents is not None:
             with contextlib.suppress(Exception):
-                self._nodes[0].handle.close_store.remote()
+                agents.handles[0].close_store.remote(self.run_id)
+            agents.detach(self.run_id)
         self._run_dir.release()
-        if self._lost_node and self._agents is not None:
-            nodes.forget(self._agents)  # the next launch places agents afresh
+        self._ending()
         self._done.set()
-        self.events.put(Done())
+        self._route(Done())
+
+    # -- hooks (``cluster.session``) ----------------------------------------------
+
+    def _route(self, event: RunEvent) -> None:
+        """Hand ``event`` to the run's reader: ``events``."""
+        self.events.put(event)
+
+    def _message(self, rank: int, kind: str, body: Body) -> None:
+        """A session rank's answer (a one-shot run has none)."""
+
+    def _put_off(self) -> float | None:
+        """For a session cell's timeout that fires: how much later to look again, as time
+        ranks spent at a prompt is the user's (``Job._put_off``); None: it stands. A
+        run's own timeout is each node's job's."""
+        owed = self._waits.owed()
+        return max(owed, PROMPT_RECHECK) if owed > 0 or self._waits.waiting else None
+
+    def _ending(self) -> None:
+        """Every node has ended; called once, before ``wait`` returns True."""
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks))}"
 
 
 def _get(ray: Ray, refs: Ray, timeout: float) -> Ray:
@@ -345,6 +463,7 @@ def _get(ray: Ray, refs: Ray, timeout: float) -> Ray:
 
 
 def _running(record: _Rank) -> RankOutcome:
+    stacks = record.stacks if record.stacks in ("asked", "written", "signalled") else None
     return RankOutcome(
         rank=record.rank,
         state=record.state,
@@ -355,6 +474,7 @@ def _running(record: _Rank) -> RankOutcome:
         error=None,
         started_at=record.started_at,
         ended_at=None,
+        stacks=stacks,  # type: ignore[arg-type]
     )
 
 

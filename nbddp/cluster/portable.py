@@ -1,7 +1,7 @@
 """What crosses between a node's agent and the notebook: shared memory made plain bytes.
 
-Contract: on one machine a rank's value, its exception and the call's large
-arguments travel as bytes plus shared-memory descriptors
+Contract: on one machine a rank's value, its exception, a session rank's
+reply and the call's large arguments travel as bytes plus shared-memory descriptors
 (``descriptors.Packed``, ``payload.Payload``); descriptors cannot leave a
 machine. ``ship_*`` (on the sending side) reads each descriptor's memory
 into bytes once; ``land_*`` (on the receiving side) writes them into fresh
@@ -21,7 +21,7 @@ from nbddp.errors import PayloadError
 from nbddp.launcher.events import Failure, RankOutcome
 from nbddp.wire.descriptors import Descriptors, OwnedFd, Packed, memfd_with, read_all
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import ErrorInfo
+from nbddp.wire.protocol import CellReply, ErrorInfo
 
 
 def read_fd(fd: int) -> bytes:
@@ -102,6 +102,27 @@ class ShippedFailure:
 def ship_failure(at: float, failure: Failure, first_rank: int) -> ShippedFailure:
     error = ship_error(failure.error) if failure.error is not None else None
     return ShippedFailure(at, replace(failure, rank=failure.rank + first_rank, error=None), error)
+
+
+@dataclass(frozen=True)
+class ShippedReply:
+    """A session rank's ``CellReply`` with its value and error shipped apart."""
+
+    reply: CellReply
+    value: ShippedValue | None
+    error: ShippedError | None
+
+
+def ship_reply(reply: CellReply) -> ShippedReply:
+    value = ship_value(reply.value) if reply.value is not None else None
+    error = ship_error(reply.error) if reply.error is not None else None
+    return ShippedReply(replace(reply, value=None, error=None), value, error)
+
+
+def land_reply(shipped: ShippedReply) -> CellReply:
+    value = land_value(shipped.value) if shipped.value is not None else None
+    error = land_error(shipped.error) if shipped.error is not None else None
+    return replace(shipped.reply, value=value, error=error)
 
 
 def ship_payload(payload: Payload) -> tuple[bytes, tuple[bytes, ...]]:

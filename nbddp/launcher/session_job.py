@@ -28,8 +28,10 @@ import collections
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nbddp.errors import SessionError
 from nbddp.launcher.config import JobSpec
@@ -79,13 +81,48 @@ class _Cell:
     ended_at: float | None = None
 
 
-class SessionJob(Job):
-    """A session's ranks (see module contract)."""
+class Cells:
+    """A session's cells over ranks reached through services (see module contract).
 
-    CTRL_RESTS = False  # a cell ends when its replies are read: they must not wait a tick
+    The state machine of cells is this class's: a subclass starts the ranks and
+    provides the services it calls (``_call_soon``, ``_later``, ``_send``,
+    ``_drain``, ``_log``, ``_stop``, ``_ask_stacks`` and the reads ``outcomes``,
+    ``failures``, ``root_cause``, ``stop_reason``, ``wait``, ``pids``), routes
+    every event through ``_route`` and every rank message through ``_message``,
+    and calls ``_ending`` once before its last event, all on one thread (its
+    loop). ``SessionJob`` reaches ranks on this machine; a cluster session
+    reaches them through each node's agent. Hooks: ``_cell_order`` and
+    ``_send_cell`` (how a cell's call reaches the ranks), ``_where`` (where a
+    rank runs, for messages).
+    """
 
-    def __init__(self, spec: JobSpec, payload: Payload) -> None:
-        super().__init__(spec, payload)
+    spec: JobSpec
+    log_dir: Path
+    run_id: str
+
+    if TYPE_CHECKING:
+        # Services of the class this is mixed into (a ``Job``, or a cluster job):
+        # declared for the type checker only, so that they never shadow its own.
+        def _call_soon(self, fn: Callable[..., object], *args: object) -> None: ...
+        def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None: ...
+        def _send(self, rank: int, kind: str, body: object) -> bool: ...
+        def _drain(self, rank: int) -> None: ...
+        def _log(self, rank: int, text: str) -> None: ...
+        def _stop(self, reason: RunStatus) -> None: ...
+        def _ask_stacks(self, ranks: Iterable[int]) -> list[int]: ...
+        def _put_off(self) -> float | None: ...
+        def answer(self, rank: int, number: int, text: str | None) -> None: ...
+        def outcomes(self) -> tuple[RankOutcome, ...]: ...
+        def failures(self) -> list[tuple[float, Failure]]: ...
+        def wait(self, timeout: float | None = None) -> bool: ...
+        def pids(self) -> dict[int, int]: ...
+        @property
+        def root_cause(self) -> Failure | None: ...
+        @property
+        def stop_reason(self) -> RunStatus | None: ...
+
+    def _init_cells(self, ranks: int) -> None:
+        """Set up the bookkeeping for ``ranks`` ranks (global ranks 0 on); cell 0 runs."""
         self.names: tuple[str, ...] = ()
         """The names that belong to the ranks (rank 0's, after its last cell)."""
         self.device_bytes: dict[int, int | None] = {}
@@ -95,13 +132,35 @@ class SessionJob(Job):
         self.cells_run = 0
         self.note: str | None = None
         """What the last cell changed in the session beyond its state (a new process group)."""
+        self._ranks_in_cells = ranks
         self._asked_to_end = False
         self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
-        self._lock = threading.Lock()  # one cell at a time
+        self._one_cell = threading.Lock()  # one cell at a time
         first = CellSource(self, 0, None)
-        self._cell: _Cell | None = _Cell(0, first, None, set(range(self.node.ranks)))
+        self._cell: _Cell | None = _Cell(0, first, None, set(range(ranks)))
         self.ready = first
         """Cell 0: ends once every rank is idle with its process group."""
+
+    # -- hooks ---------------------------------------------------------------------
+
+    def _cell_order(self, number: int, payload: Payload, debug: bool) -> object:
+        """What carries cell ``number``'s call to the ranks (caller thread); ``debug``: a
+        rank that raises opens a debugger first."""
+        return CellOrder(number, payload.ref(), debug)
+
+    def _send_cell(self, order: object, ranks: list[int]) -> None:
+        """Send ``order`` to ``ranks`` (none: the cell is dropped), then let it go
+        (loop thread)."""
+        assert isinstance(order, CellOrder)
+        try:
+            for rank in ranks:
+                self._send(rank, "cell", order)  # a closed link ends the session
+        finally:
+            order.call.fds.close()  # every rank has its own copies of the descriptors now
+
+    def _where(self, rank: int) -> str:
+        """Where ``rank`` runs, as a message's words (empty: this machine)."""
+        return ""
 
     @property
     def alive(self) -> bool:
@@ -114,14 +173,14 @@ class SessionJob(Job):
         opens a debugger first."""
         if not self.alive:
             raise SessionError(f"the session has ended ({self.lost or 'stopped'})")
-        if not self._lock.acquire(blocking=False):
+        if not self._one_cell.acquire(blocking=False):
             raise SessionError(
                 "another cell of this session is still running; wait for it (or "
                 "interrupt it) before running the next"
             )
         self.cells_run += 1
         source = CellSource(self, self.cells_run, timeout)
-        self._call_soon(self._begin, source, CellOrder(self.cells_run, payload.ref(), debug))
+        self._call_soon(self._begin, source, self._cell_order(self.cells_run, payload, debug))
         return source
 
     def busy_ranks(self) -> frozenset[int]:
@@ -170,29 +229,28 @@ class SessionJob(Job):
             return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
         code = self.outcomes()[cause.rank].exit_code
         verb = "was killed by" if code is not None and code < 0 else "ended with"
-        return f"rank {cause.rank} {verb} {describe_exit(code)}"
+        what = (cause.cause or "").rstrip(",") or describe_exit(code) + self._where(cause.rank)
+        return f"rank {cause.rank} {verb} {what}"
 
-    def _begin(self, source: CellSource, order: CellOrder) -> None:
-        try:
-            if not self.alive:
-                source.events.put(Notice(f"the session has ended ({self.lost or 'stopped'})"))
-                source._finish(RunStatus.STOPPED, None)
-                self._lock.release()
-                return
-            ranks = set(range(self.node.ranks))
-            cell = _Cell(order.cell, source, source.timeout, ranks)
-            self.note = None
-            self._cell = cell
-            while self._between:
-                source.events.put(self._between.popleft())
-            for rank in sorted(ranks):
-                self._log(rank, f"---- nbddp session: cell {order.cell} ----\n")
-                source.events.put(StateChanged(rank, RankState.RUNNING))
-                self._send(rank, "cell", order)  # a closed link ends the session
-            if cell.timeout is not None:
-                self._later(cell.timeout, self._cell_timeout, cell)
-        finally:
-            order.call.fds.close()  # every rank has its own copies of the descriptors now
+    def _begin(self, source: CellSource, order: object) -> None:
+        if not self.alive:
+            self._send_cell(order, [])
+            source.events.put(Notice(f"the session has ended ({self.lost or 'stopped'})"))
+            source._finish(RunStatus.STOPPED, None)
+            self._one_cell.release()
+            return
+        ranks = set(range(self._ranks_in_cells))
+        cell = _Cell(source.number, source, source.timeout, ranks)
+        self.note = None
+        self._cell = cell
+        while self._between:
+            source.events.put(self._between.popleft())
+        for rank in sorted(ranks):
+            self._log(rank, f"---- nbddp session: cell {cell.number} ----\n")
+            source.events.put(StateChanged(rank, RankState.RUNNING))
+        self._send_cell(order, sorted(ranks))
+        if cell.timeout is not None:
+            self._later(cell.timeout, self._cell_timeout, cell)
 
     def _replied(self, rank: int, reply: CellReply) -> None:
         cell = self._cell
@@ -220,7 +278,7 @@ class SessionJob(Job):
 
     def _regroup(self, cell: _Cell) -> None:
         """Every rank is free again, their group closed: give them a new one."""
-        cell.regrouping = set(range(self.node.ranks))
+        cell.regrouping = set(range(self._ranks_in_cells))
         cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
         for rank in sorted(cell.regrouping):
             self._send(rank, "regroup", cell.number)
@@ -257,7 +315,7 @@ class SessionJob(Job):
         cell.source._finish(status, cell)
         cell.source.events.put(Done())
         if cell.number > 0:
-            self._lock.release()
+            self._one_cell.release()
 
     def _not_returned(self, cell: _Cell) -> None:
         """A rank failed ``failure_grace`` ago and others are still busy: interrupt them."""
@@ -285,7 +343,7 @@ class SessionJob(Job):
         if self._cell is not cell or not cell.busy:
             return
         busy = ", ".join(map(str, sorted(cell.busy)))
-        idle = sorted(set(range(self.node.ranks)) - cell.busy)
+        idle = sorted(set(range(self._ranks_in_cells)) - cell.busy)
         if self.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
             cell.freeing = True
             cell.source.events.put(
@@ -346,7 +404,7 @@ class SessionJob(Job):
         cell.stacks.update(dict.fromkeys(self._ask_stacks(sorted(cell.busy)), "asked"))
 
     def _send_all(self, kind: str, body: object) -> None:
-        for rank in range(self.node.ranks):
+        for rank in range(self._ranks_in_cells):
             self._send(rank, kind, body)
 
     def _session_over(self, cell: _Cell) -> None:
@@ -357,11 +415,21 @@ class SessionJob(Job):
         status = cell.reason or (RunStatus.FAILED if cell.failures else RunStatus.STOPPED)
         cell.source._finish(status, cell)
         if cell.number > 0:
-            self._lock.release()
+            self._one_cell.release()
 
     def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
         """Each rank as ``cell`` left it (any thread: built from frozen values)."""
         return tuple(_in_cell(record, cell) for record in self.outcomes())
+
+
+class SessionJob(Cells, Job):
+    """A session's ranks on this machine (see module contract)."""
+
+    CTRL_RESTS = False  # a cell ends when its replies are read: they must not wait a tick
+
+    def __init__(self, spec: JobSpec, payload: Payload) -> None:
+        super().__init__(spec, payload)
+        self._init_cells(self.node.ranks)
 
 
 def _in_cell(record: RankOutcome, cell: _Cell | None) -> RankOutcome:
@@ -389,7 +457,7 @@ def _in_cell(record: RankOutcome, cell: _Cell | None) -> RankOutcome:
 class CellSource:
     """One cell of a session, as a ``Run`` reads it (``run.RunSource``)."""
 
-    def __init__(self, job: SessionJob, number: int, timeout: float | None) -> None:
+    def __init__(self, job: Cells, number: int, timeout: float | None) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self.timeout = timeout
         """Seconds before the cell is interrupted (stacks first); None: never."""

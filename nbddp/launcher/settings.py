@@ -85,6 +85,8 @@ LOG_MAX_MB = Setting[float](
 CLUSTER = Setting[str | None]("NBDDP_CLUSTER", None, "a Ray address", lambda text: text)
 """The Ray cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as the
 ``cluster`` option is)."""
+CLUSTER_IDLE = Setting("NBDDP_CLUSTER_IDLE", 300.0, "a number of seconds >= 0", _number(0))
+"""Seconds after its last run before a cluster's kept agents are handed back."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Settings:
     log_keep: int
     log_max_bytes: int
     cluster: str | None
+    cluster_idle: float
 
 
 def read(environ: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +116,7 @@ def read(environ: Mapping[str, str] | None = None) -> Settings:
         log_keep=int(LOG_KEEP.get(env)),
         log_max_bytes=int(LOG_MAX_MB.get(env) * (1 << 20)),
         cluster=CLUSTER.get(env),
+        cluster_idle=CLUSTER_IDLE.get(env),
     )
 
 

@@ -55,6 +55,8 @@ from nbddp.wire.payload import Args, Fn, Kwargs, Payload
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from nbddp.cluster.session import ClusterSessionJob
+
 PER_CELL = frozenset({"timeout", "output", "tail", "debug"})
 """Options a session's cell may set for itself; the others are the session's."""
 END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
@@ -81,20 +83,15 @@ class Session:
         self.options: LaunchOptions = options
         """The options the session was started with."""
         built = config or LaunchConfig.build(**options)
-        if built.cluster is not None:
-            raise ConfigError(
-                "a session runs on this machine: cluster= (and nodes=) are for one-shot "
-                "runs; start the session without them"
-            )
         job = dataclasses.replace(built.job, init_process_group=True, timeout=None)
         self.config = dataclasses.replace(built, job=job)
         """Its validated config (a cell's timeout is the cell's own)."""
         self._cell_config = built
-        self._job: SessionJob | None = None
+        self._job: SessionJob | ClusterSessionJob | None = None
         self._started_at = 0.0
         self._definitions_read: set[str] = set()
         self._raised: tuple[int, ...] = ()  # ranks that raised in the last cell, cause first
-        self._finalizer: weakref.finalize[[SessionJob], Session] | None = None
+        self._finalizer: weakref.finalize[[SessionJob | ClusterSessionJob], Session] | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -103,7 +100,7 @@ class Session:
         (a failure to start raises as a launch does, and leaves nothing)."""
         if self.alive:
             raise SessionError("the session is already running; stop() or restart() it")
-        job = SessionJob(self.config.job, Payload.serialize(rank_session.serve, (), {}))
+        job = self._new_job(Payload.serialize(rank_session.serve, (), {}))
         self._definitions_read = set()
         self._raised = ()
         job.start()
@@ -117,6 +114,13 @@ class Session:
             self._abandon()
             raise
         return self
+
+    def _new_job(self, payload: Payload) -> SessionJob | ClusterSessionJob:
+        if self.config.cluster is None:
+            return SessionJob(self.config.job, payload)
+        from nbddp.cluster.session import ClusterSessionJob  # imports ray: only on a cluster
+
+        return ClusterSessionJob(self.config, payload)
 
     def stop(self) -> None:
         """End the ranks (no-op if the session has ended). Idle ranks are asked to
@@ -319,7 +323,7 @@ class Session:
             job.wait(job.spec.kill_grace + END_WAIT)
         return job.lost if job is not None and job.lost else "it was stopped"
 
-    def _job_or_raise(self) -> SessionJob:
+    def _job_or_raise(self) -> SessionJob | ClusterSessionJob:
         job = self._job
         if job is None:
             raise SessionError("no session is running; start one first (%ddp_session start)")
@@ -340,10 +344,14 @@ class Session:
             return "no session (start one with %ddp_session start [options])"
         status = "running" if job.alive else f"ended ({self._why_ended()})"
         options = format_options(self.options) or "(defaults)"
+        where = _where(job)
         lines = [
             f"session: {status}; {job.spec.world_size} ranks ({job.spec.device}, "
             f"{job.spec.backend}); options {options}; {job.cells_run} cells run",
-            f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
+            f"{'rank':>4}  {'node':<{where.width}}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  "
+            f"{'device':>9}  state"
+            if where.width
+            else f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
         ]
         busy = job.busy_ranks()
         for o in job.outcomes():
@@ -352,17 +360,43 @@ class Session:
                 state = describe_exit(o.exit_code)
             device = job.device_bytes.get(o.rank)
             shown = _mib(device) if device is not None else "-"
+            node = f"{where.of(o.rank):<{where.width}}  " if where.width else ""
+            memory = _rss(o.pid) if not where.width else "-"  # another machine's pid
             lines.append(
-                f"{o.rank:>4}  {o.pid or 0:>7}  {time.monotonic() - self._started_at:>7.0f}s  "
-                f"{_rss(o.pid):>9}  {shown:>9}  {state}"
+                f"{o.rank:>4}  {node}{o.pid or 0:>7}  "
+                f"{time.monotonic() - self._started_at:>7.0f}s  {memory:>9}  {shown:>9}  {state}"
             )
+        if where.width:
+            lines.append(where.held)
         names = ", ".join(self.names) or "(none yet)"
         lines.append(f"names on rank 0: {names}")
         lines.append(f"log dir: {job.log_dir}")
         return "\n".join(lines)
 
 
-def _end_job(job: SessionJob) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where a session's ranks run, for its table (width 0: this machine)."""
+
+    width: int = 0
+    nodes: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    held: str = ""
+
+    def of(self, rank: int) -> str:
+        return self.nodes.get(rank, "?")
+
+
+def _where(job: SessionJob | ClusterSessionJob) -> _Where:
+    if isinstance(job, SessionJob):
+        return _Where()
+    from nbddp.cluster import nodes
+
+    names = {rank: f"{p.index} {p.address}" for p in job.nodes for rank in p.ranks}
+    width = max([len("node"), *map(len, names.values())])
+    return _Where(width, names, f"agents: {nodes.describe()}")
+
+
+def _end_job(job: SessionJob | ClusterSessionJob) -> None:
     if job.wait(0):
         return
     if job.busy_ranks():
