@@ -4,10 +4,11 @@ Contract: the notebook (``nodes``) creates one ``NodeAgent`` per node, in a
 placement group, and drives it with actor calls; Ray runs the methods on
 threads of the actor (it is created with ``max_concurrency``), so ``poll``
 may wait while ``stop`` arrives. ``describe()`` says where it runs and its
-versions, and starts the node's forkserver (a fresh process, never a fork of
-this multithreaded Ray worker) so its torch import overlaps the rest of the
-start. An agent holds any number of runs at once, each under the notebook's
-run id with its own local job (``nodejobs``) and, on agent 0, its own
+versions (read without importing torch). A new agent starts the node's
+forkserver at once (a fresh process, never a fork of this multithreaded Ray
+worker), so that its torch import overlaps the rest of the start. An agent
+holds any number of runs at once, each under the notebook's run id with its
+own local job (``nodejobs``) and, on agent 0, its own
 rendezvous store (``host_store``, bound on the node address before any rank
 starts; ``close_store`` once the run has ended on every node). ``start``
 runs the node's slice of a run (global ranks ``node.first_rank`` on; a
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 5000  # events per poll: a batch stays a bounded message
 QUIET = 11.0
 """Seconds without a poll after which the notebook counts as gone (it counts a node
-as lost after its poll wait plus ``client.LOST_AFTER`` without an answer)."""
+as lost after its poll wait plus ``nodes.LOST_AFTER`` without an answer)."""
 FIRST_POLL_WAIT = 180.0  # seconds a new agent waits for its first poll (a slow start)
 WATCH_EVERY = 0.5  # seconds between the watchdog's looks
 
@@ -111,14 +112,12 @@ class NodeAgent:
         self._last_poll: float | None = None
         self._born = time.monotonic()
         threading.Thread(target=self._watch, name="nbddp-agent-watch", daemon=True).start()
+        threading.Thread(target=_prewarm, name="nbddp-prewarm", daemon=True).start()
 
     def describe(self) -> NodeInfo:
-        """Where this agent runs; starts the node's forkserver in the background."""
+        """Where this agent runs (the node's forkserver is starting meanwhile)."""
         import ray
 
-        from nbddp.launcher.forkserver_link import FORKSERVER
-
-        threading.Thread(target=FORKSERVER.prewarm, name="nbddp-prewarm", daemon=True).start()
         return NodeInfo(
             address=_node_address(),
             hostname=socket.gethostname(),
@@ -289,6 +288,15 @@ class NodeAgent:
         if now - last > QUIET:
             return f"no poll from the notebook for {QUIET:g}s"
         return None
+
+
+def _prewarm() -> None:
+    """Start the node's forkserver, then import what hosting a store takes: both are
+    on a cold launch's path, and the forkserver's torch import is the longer."""
+    from nbddp.launcher.forkserver_link import FORKSERVER
+
+    FORKSERVER.prewarm()
+    import torch.distributed  # noqa: F401
 
 
 def _node_address() -> str:

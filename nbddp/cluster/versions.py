@@ -10,23 +10,34 @@ from __future__ import annotations
 
 import platform
 import sys
+from importlib import metadata
 
 VERSIONED = ("python", "ray", "torch", "cloudpickle", "nbddp")
 
 
 def local_versions() -> dict[str, str]:
-    """This process's versions of what must match (a package not installed: ``none``)."""
+    """This process's versions of what must match (a package not installed: ``none``).
+
+    Read from the installed packages' metadata, not by importing them: an agent
+    answers before it has imported torch (seconds of a cold start)."""
     found = {"python": ".".join(platform.python_version_tuple()[:2])}
     for name in VERSIONED[1:]:
-        module = sys.modules.get(name)
-        if module is None:
-            try:
-                module = __import__(name)
-            except ImportError:
-                found[name] = "none"
-                continue
-        found[name] = str(getattr(module, "__version__", "unknown"))
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = _imported_version(name)
     return found
+
+
+def _imported_version(name: str) -> str:
+    """The version a module says, for one on the path but not installed (a checkout)."""
+    module = sys.modules.get(name)
+    if module is None:
+        try:
+            module = __import__(name)
+        except ImportError:
+            return "none"
+    return str(getattr(module, "__version__", "unknown"))
 
 
 def mismatch(ours: dict[str, str], theirs: dict[str, str], where: str) -> str | None:
