@@ -12,8 +12,8 @@ read a local ``Job``: typed events on ``events`` (global ranks, ending with
 one ``Done``), ``outcomes()``, ``root_cause``, ``status``, ``wait``,
 ``elapsed``, ``pids`` (each on its own node), ``stop`` and ``dump_stacks``
 (sent to every node). ``nodes`` says where each node's ranks run (node 0
-hosts the store: ``MASTER_ADDR``), also said in a notice when the run starts
-and in the error of a rank that died (``rank 3 was killed by signal SIGKILL
+hosts the store: ``MASTER_ADDR``), also said in a notice by the first run on
+new agents, and in the error of a rank that died (``rank 3 was killed by signal SIGKILL
 ... on node 1 (10.0.0.2)``).
 
 The agents' ``Link`` hands this run its batches (``take``) from one thread per
@@ -158,7 +158,7 @@ class ClusterJob:
         for i, (handle, info) in enumerate(zip(agents.handles, agents.infos, strict=True)):
             place = NodePlace(i, info.address, range(i * per, (i + 1) * per))
             self._nodes.append(_Node(place, handle))
-        agents.attach(self.run_id, self, session=self.SESSION)
+        fresh = agents.attach(self.run_id, self, session=self.SESSION)
         try:
             port = _get(
                 ray, agents.handles[0].host_store.remote(self.run_id, spec.port), START_TIMEOUT
@@ -182,8 +182,9 @@ class ClusterJob:
         for node_pids in pids:
             for rank, pid in node_pids.items():
                 self._ranks[rank].pid = pid
-        where = "; ".join(f"{n.place}: {_ranks(list(n.place.ranks))}" for n in self._nodes)
-        self._route(Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)"))
+        if fresh:  # where the ranks run, said once per set of agents (``nodes`` says it)
+            where = "; ".join(f"{n.place}: {_ranks(list(n.place.ranks))}" for n in self._nodes)
+            self._route(Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)"))
 
     def _abandon_start(self) -> None:
         """Starting failed part-way: what started goes (its job, or the agents when no

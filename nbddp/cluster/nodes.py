@@ -35,6 +35,7 @@ is not used again.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -95,15 +96,16 @@ def connect(cluster: RayCluster) -> Ray:
     ray = import_ray()
     if ray.is_initialized() and _connected == cluster.address:
         return ray
-    if ray.is_initialized():
-        release_agents(everything=True)
-        ray.shutdown()
+    # Before leaving the cluster this process drives: a wrong address changes nothing.
     problem = probe(cluster.ray_address)
     if problem is not None:
         raise ConfigError(
             f"cannot reach the Ray cluster at {cluster.address}: {problem}; check the "
             "address and that the cluster is up (ray status on its head node)"
         )
+    if ray.is_initialized():
+        release_agents(everything=True)
+        ray.shutdown()
     # Why: a killed notebook's ranks must go within seconds, not Ray Client's 30 s.
     os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", CLIENT_GRACE)
     try:
@@ -169,14 +171,18 @@ class Agents:
     idle_since: float = field(default_factory=time.monotonic)
     sessions: set[str] = field(default_factory=set)
     """The attached runs that are sessions (``describe``)."""
+    served: int = 0
+    """Runs attached so far."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def attach(self, run: str, listener: Listener, *, session: bool = False) -> None:
-        """Hand ``run`` its batches from now on."""
+    def attach(self, run: str, listener: Listener, *, session: bool = False) -> bool:
+        """Hand ``run`` its batches from now on; True for the set's first run."""
         with self._lock:
             self.runs[run] = listener
             if session:
                 self.sessions.add(run)
+            self.served += 1
+            return self.served == 1
 
     def detach(self, run: str) -> None:
         """``run`` has ended: its batches are not wanted any more."""
@@ -202,12 +208,15 @@ class Agents:
         ray = import_ray()
         handle = self.handles[index]
         while not self.released:
+            if not ray.is_initialized():  # ray.shutdown(): the agents went with it
+                self.released = True
+                return
             try:
                 polled: dict[str, Batch] = ray.get(
                     handle.poll.remote(POLL_WAIT), timeout=POLL_WAIT + LOST_AFTER
                 )
             except Exception as exc:  # the agent or its node is gone
-                if not self.released:
+                if not self.released and ray.is_initialized():
                     self._lost(index, exc)
                 return
             for run, batch in polled.items():
@@ -428,8 +437,19 @@ def _start_keeper() -> None:
     with _sets_lock:
         if _keeper is not None and _keeper.is_alive():
             return
+        if _keeper is None:
+            # Registered after ray.init, so it runs before Ray's own exit handler: the
+            # followers stop calling a Ray that is shutting down (its core worker
+            # ends the process when called then).
+            atexit.register(_stop_following)
         _keeper = threading.Thread(target=_keep, name="nbddp-cluster-keeper", daemon=True)
         _keeper.start()
+
+
+def _stop_following() -> None:
+    """This process is ending: Ray ends its agents; the followers stop now."""
+    for agents in kept():
+        agents.released = True
 
 
 def _wake_keeper() -> None:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
 from tests.procs import MARKER, wait_procs_gone
+
+if TYPE_CHECKING:
+    from nbddp.cluster.nodes import Agents
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -98,6 +102,15 @@ def describe(proc: psutil.Process) -> str:
         return f"{proc.pid} {proc.name()} {' '.join(proc.cmdline())[:120]}"
     except psutil.Error:
         return str(proc.pid)
+
+
+def newest() -> Agents:
+    """The agents this process placed last (and has not handed back)."""
+    from nbddp.cluster import nodes
+
+    sets = nodes.kept()
+    assert sets, "this process holds no agents"
+    return sets[-1]
 
 
 def kill_tree(pid: int) -> None:

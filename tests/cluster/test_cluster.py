@@ -3,6 +3,7 @@ values, output, errors, stops and cleanup as on one machine."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -10,10 +11,9 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.cluster import nodes
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
-from tests.cluster.conftest import HEAD
+from tests.cluster.conftest import CLIENT_PORT, HEAD, newest
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.cluster.ranks import (
     StepFailed,
@@ -45,9 +45,8 @@ def test_ranks_on_both_nodes_form_one_group_and_return_rank_0s_value(
     assert result.values[0]["sum"] == 0 + 1 + 2 + 3
     envs = {rank: value["env"] for rank, value in result.values.items()}
     port = envs[0]["MASTER_PORT"]
-    assert nodes._kept is not None
-    addresses = [info.address for info in nodes._kept.infos]
-    assert len(set(addresses)) == 2 and HEAD in addresses
+    addresses = [info.address for info in newest().infos]
+    assert len(set(addresses)) == 2 and addresses[0] == HEAD  # node 0 is the head node
     for rank, env in envs.items():
         node = rank // 2
         assert env == {
@@ -67,10 +66,10 @@ def test_ranks_on_both_nodes_form_one_group_and_return_rank_0s_value(
 def test_a_warm_launch_reuses_the_nodes_agents(cluster: object) -> None:
     address = cluster.address  # type: ignore[attr-defined]
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
-    kept = nodes._kept
+    kept = newest()
     started = time.monotonic()
     env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
-    assert nodes._kept is kept
+    assert newest() is kept
     assert env["WORLD_SIZE"] == "2"
     assert time.monotonic() - started < 5.0  # seconds to spare; the bench measures it
 
@@ -142,21 +141,17 @@ def test_a_dead_kept_agent_is_replaced_at_the_next_launch(cluster: object) -> No
 
     address = cluster.address  # type: ignore[attr-defined]
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
-    kept = nodes._kept
-    assert kept is not None
+    kept = newest()
     ray.kill(kept.handles[1])
     assert nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)["WORLD_SIZE"] == "2"
-    assert nodes._kept is not kept
+    assert newest() is not kept
 
 
 def test_a_busy_port_on_the_store_node_is_said_as_on_one_machine(cluster: object) -> None:
-    import socket
-
     address = cluster.address  # type: ignore[attr-defined]
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
-    assert nodes._kept is not None
     with socket.socket() as busy:
-        busy.bind((nodes._kept.infos[0].address, 0))
+        busy.bind((newest().infos[0].address, 0))
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(ConfigError, match=f"port {port}") as info:
@@ -186,7 +181,7 @@ def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> N
     while set(run.rank_states().values()) != {RankState.RUNNING}:
         assert time.monotonic() < deadline, run.rank_states()
         time.sleep(0.05)
-    infos = nodes._kept.infos  # type: ignore[union-attr]
+    infos = newest().infos
     lost_index = next(i for i, info in enumerate(infos) if info.address != HEAD)
     try:
         lost = next(
@@ -212,3 +207,53 @@ def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> N
     assert [states[r] for r in range(4) if r not in ranks] == ["stopped", "stopped"]
     assert took < 30, took
     print(f"node loss ended the run in {took:.2f}s: {info.value}")
+
+
+def test_a_wrong_or_silent_port_fails_within_seconds_with_one_line(cluster: object) -> None:
+    gcs = cluster.address  # type: ignore[attr-defined]
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        quiet = f"127.0.0.1:{silent.getsockname()[1]}"
+        wrong = {
+            f"ray://{gcs}": "not as a Ray Client server",
+            f"{HEAD}:{CLIENT_PORT}": "not as a Ray GCS",
+            quiet: "did not answer within",
+            f"ray://{quiet}": "did not answer within",
+        }
+        for address, why in wrong.items():
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match=why) as info:
+                nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
+            took = time.monotonic() - started
+            assert "\n" not in str(info.value)
+            assert took < 10, (address, took)
+            print(f"{address}: {took:.2f}s: {info.value}")
+
+
+def test_a_worker_raylet_killed_mid_run_leaves_no_rank_or_agent(cluster: object) -> None:
+    # A third node, so that two are left for the tests after this one.
+    cluster.add_node(node_ip_address="127.0.0.5", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
+    cluster.wait_for_nodes()  # type: ignore[attr-defined]
+    nbddp.cluster.release()
+    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while set(run.rank_states().values()) != {RankState.RUNNING}:
+        assert time.monotonic() < deadline, run.rank_states()
+        time.sleep(0.05)
+    infos = newest().infos
+    agent = psutil.Process(infos[1].pid)
+    raylet = agent.parent()
+    assert raylet is not None and raylet.name() == "raylet"
+    doomed = [agent, *(psutil.Process(run.pids[rank]) for rank in (2, 3))]
+    node = next(n for n in cluster.list_all_nodes() if n.node_ip_address == infos[1].address)  # type: ignore[attr-defined]
+    try:
+        raylet.kill()
+        left = wait_procs_gone(doomed, timeout=30)
+        assert not left, f"alive 30 s after node 1's raylet was killed: {[p.pid for p in left]}"
+        with pytest.raises(RankExitedError, match=f"loss of node 1 \\({infos[1].address}\\)"):
+            run.wait()
+    finally:
+        run.stop()
+        run.ended(30)
+        cluster.remove_node(node, allow_graceful=False)  # type: ignore[attr-defined]
