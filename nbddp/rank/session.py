@@ -125,6 +125,9 @@ def serve() -> None:
     _STATE = SessionState()
     _MAIN = threading.get_ident()
     signal.signal(signal.SIGINT, _on_sigint)
+    # Why: a rank inherits its signal mask; one started on a Ray node comes from a
+    # worker thread that blocks SIGINT, and an interrupt would then never arrive.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     channel = installed()
     assert channel is not None, "serve runs in a rank, after the worker installed its channel"
     global _BACKEND

@@ -54,10 +54,26 @@ time.sleep(600)
 )
 
 
-def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
-    """A separate process that launches sleeping ranks on the cluster; their pids."""
+SESSION = (
+    CLUSTER
+    + """
+from nbddp.cluster import nodes
+session = nbddp.session(nodes=2, procs=1, cluster=cluster)
+session.exec("import time\\nstarted = time.time()")
+agents = [info.pid for info in nodes.kept()[-1].infos]
+print("PIDS", *session.pids.values(), *agents, flush=True)
+time.sleep(600)
+"""
+)
+
+
+def stand_in_notebook(
+    address: str, script: str = NOTEBOOK, count: int = 4
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """A separate process that runs ``script`` (default: it launches sleeping ranks) on the
+    cluster; the ``count`` pids it prints."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(NOTEBOOK), address],
+        [sys.executable, "-c", textwrap.dedent(script), address],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -73,7 +89,7 @@ def stand_in_notebook(address: str) -> tuple[subprocess.Popen[str], list[int]]:
                 break
     finally:
         timer.cancel()
-    assert len(found) == 4, "the stand-in notebook did not start its ranks"
+    assert len(found) == count, "the stand-in notebook did not start its ranks"
     return proc, found
 
 
@@ -103,8 +119,11 @@ def results_through(address: str) -> str:
     return done.stdout
 
 
-def kill_it_and_wait_for_its_ranks(address: str, within: float = 10.0) -> float:
-    """Start a stand-in notebook on ``address``, SIGKILL it (and its tree) once its ranks
+def kill_it_and_wait_for_its_ranks(
+    address: str, within: float = 10.0, *, session: bool = False
+) -> float:
+    """Start a stand-in notebook on ``address`` (launching a run, or with ``session`` a
+    session and showing also its agents' pids), SIGKILL it (and its tree) once its ranks
     run, and wait for them to go: seconds from the kill until they were all gone.
     Fails the test if any is alive ``within`` seconds after the kill."""
     import psutil
@@ -112,7 +131,7 @@ def kill_it_and_wait_for_its_ranks(address: str, within: float = 10.0) -> float:
     from tests.cluster.conftest import kill_tree
     from tests.procs import wait_procs_gone
 
-    proc, pids = stand_in_notebook(address)
+    proc, pids = stand_in_notebook(address, *((SESSION, 4) if session else ()))
     ranks = [psutil.Process(pid) for pid in pids]
     killed = time.monotonic()
     kill_tree(proc.pid)
