@@ -16,7 +16,7 @@ import sys
 
 from nbddp.launcher.raycluster import RayCluster
 
-__all__ = ["RayCluster", "release"]
+__all__ = ["RayCluster", "describe", "release"]
 
 
 def release() -> None:
@@ -27,3 +27,13 @@ def release() -> None:
     client = sys.modules.get("nbddp.cluster.client")
     if client is not None:
         client.release_agents()
+
+
+def describe() -> str:
+    """What this process holds on its clusters: each set of agents, its nodes, and the
+    runs and sessions using it, or when it goes back if idle (a few lines)."""
+    nodes = sys.modules.get("nbddp.cluster.nodes")
+    if nodes is None:
+        return "no agents held on any cluster"
+    text: str = nodes.describe()
+    return text

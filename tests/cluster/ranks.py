@@ -65,3 +65,10 @@ def stuck_here_for_a_while() -> None:
 def scaled(weights: object) -> object:
     """A large tensor argument back, doubled, from every rank."""
     return weights * 2  # type: ignore[operator]
+
+
+def wait_for(gate: str, value: str) -> str:
+    """Wait for ``gate`` to exist, then return ``value``."""
+    while not Path(gate).exists():
+        time.sleep(0.02)
+    return value
