@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.conftest import WORKER
 from tests.kernel.kernel import Kernel
-from tests.procs import wait_gone
+from tests.procs import wait_gone, wait_procs_gone
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,48 @@ def test_an_interrupt_ends_every_rank_on_every_node(kernel: Kernel, cluster: obj
     assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - interrupted < 15
     assert not wait_gone(timeout=10.0)
+
+
+def test_a_session_across_nodes_keeps_state_from_cell_to_cell(
+    kernel: Kernel, cluster: object
+) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    result = kernel.execute(f"%ddp_session start --nodes 2 --procs 1 --cluster {address}", 180)
+    assert result.status == "ok", result.text()
+    assert f"1 {WORKER}" in result.text(), result.text()  # the table names each rank's node
+    result = kernel.execute(
+        "%%ddp\nimport os\nwhere = f\"{rank} on node {os.environ['NODE_RANK']}\"\n"
+    )
+    assert result.status == "ok", result.text()
+    result = kernel.execute("%%ddp\nprint(where)\n")
+    assert result.status == "ok", result.text()
+    assert "[rank 0] 0 on node 0\n" in result.rank_output
+    assert "[rank 1] 1 on node 1\n" in result.rank_output
+    result = kernel.execute("%ddp_session stop")
+    assert result.status == "ok", result.text()
+    assert not wait_gone(timeout=10.0)
+
+
+def test_a_killed_kernel_with_a_session_across_nodes_leaves_nothing(cluster: object) -> None:
+    import psutil
+
+    address = cluster.address  # type: ignore[attr-defined]
+    with Kernel() as doomed:
+        for code in (
+            "%load_ext nbddp",
+            f"%ddp_session start --nodes 2 --procs 1 --cluster {address}",
+        ):
+            result = doomed.execute(code, 180)
+            assert result.status == "ok", result.text()
+        result = doomed.execute("%%ddp\nimport os\ntotal = rank\nprint('PID', os.getpid())\n")
+        assert result.status == "ok", result.text()
+        ranks = [int(line.split()[-1]) for line in result.rank_output.splitlines() if "PID" in line]
+        result = doomed.execute(
+            "from nbddp.cluster import nodes\nprint(*(i.pid for i in nodes.kept()[-1].infos))"
+        )
+        assert result.status == "ok", result.text()
+        agents = [int(pid) for pid in result.stdout.split()]
+        assert len(ranks) == 2 and len(agents) == 2, (ranks, agents)
+        left = [psutil.Process(pid) for pid in ranks + agents]
+        doomed.kill()
+        assert not wait_procs_gone(left, timeout=30), "alive 30 s after the kernel was killed"
