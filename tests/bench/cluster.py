@@ -1,4 +1,5 @@
-"""Cluster benchmark: launch time and print-to-notebook latency across two Ray nodes.
+"""Cluster benchmark: launch time, a large argument and print-to-notebook latency across
+two Ray nodes, each beside plain Ray doing the same.
 
 Run by hand (not collected by pytest)::
 
@@ -14,7 +15,23 @@ of this process (connecting to the cluster, the placement group, the agents,
 each node's forkserver importing torch). Warm: the launches after it (the kept
 agents, their forkservers and pools); min, median and max of ``--warm``.
 
-(b) Output latency: 2 ranks per node (4 in all) each print ``--lines`` lines,
+(b) Cold launch beside plain Ray: Ray Train's ``TorchTrainer`` cannot be
+imported here (``ray[train]`` needs pyarrow, not installed), so the baseline is
+what its workers do, in plain Ray: a placement group of one CPU bundle per
+node, one actor per node, each importing torch and joining one gloo group
+(``MASTER_ADDR`` of actor 0), then running the same function; from the call
+until rank 0's value is back. nbddp's "cold agents" launch is measured the same
+way: connected to the cluster, no agents held (new agents, forkservers, torch
+imports), after ``nbddp.cluster.release()``. ``--repeat`` of each, median.
+
+(c) 200 MB across nodes: a warm launch whose function gets a 200 MB float32
+tensor and returns its sum, one rank per node, less a warm launch of a
+function that returns at once; beside it the same tensor through
+``ray.put`` and ``ray.get`` in warm actors on both nodes (the worker node's
+copy crosses the nodes), from the put until both sums are back. Median of
+``--repeat``.
+
+(d) Output latency: 2 ranks per node (4 in all) each print ``--lines`` lines,
 one every 25 ms, each carrying ``time.time()`` when it was printed. Through
 nbddp: the time each line reaches the notebook process (the run's event
 stream, before the display's own ~10 Hz redraw). Through Ray's
@@ -65,6 +82,129 @@ def stats(values: list[float]) -> str:
     )
 
 
+def total(weights: Any) -> float:
+    """The sum of a large tensor argument."""
+    return float(weights.sum())
+
+
+def wait_until_free() -> None:
+    """Until both nodes' CPUs are free again (a handed-back group goes asynchronously)."""
+    import ray
+
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, "the nodes' CPUs were not handed back"
+        time.sleep(0.1)
+
+
+def cold_agents_launch(address: str) -> float:
+    """A launch with no agents held (connected already): new agents, new forkservers."""
+    nbddp.cluster.release()
+    wait_until_free()
+    started = time.perf_counter()
+    nbddp.launch(nothing, nodes=2, procs=1, cluster=address, output="none")
+    took = time.perf_counter() - started
+    nbddp.cluster.release()
+    return took
+
+
+class TorchWorker:
+    """What a Ray Train worker does before the user's function: torch, one gloo group."""
+
+    def address(self) -> str:
+        from ray.util import get_node_ip_address
+
+        return str(get_node_ip_address())
+
+    def run(self, rank: int, world: int, master: str, port: int) -> int:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        try:
+            return nothing()
+        finally:
+            dist.destroy_process_group()
+
+    def total(self, weights: Any) -> float:
+        return total(weights)
+
+
+def ray_cold_launch(port: int) -> float:
+    """Plain Ray doing what TorchTrainer's workers do (module docstring, (b))."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    wait_until_free()
+    started = time.perf_counter()
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    ray.get(group.ready())
+    actor = ray.remote(TorchWorker)
+    workers = [
+        actor.options(
+            num_cpus=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+        ).remote()
+        for i in range(2)
+    ]
+    master = ray.get(workers[0].address.remote())
+    value = ray.get([w.run.remote(i, 2, master, port) for i, w in enumerate(workers)])[0]
+    took = time.perf_counter() - started
+    assert value == 0
+    for w in workers:
+        ray.kill(w)
+    remove_placement_group(group)
+    return took
+
+
+def nbddp_large_argument(address: str, weights: Any, repeat: int) -> list[float]:
+    """Seconds a warm launch spends on ``weights`` (a launch with it, less one without)."""
+    nbddp.launch(nothing, nodes=2, procs=1, cluster=address, output="none")  # warm
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        nbddp.launch(nothing, nodes=2, procs=1, cluster=address, output="none")
+        empty = time.perf_counter() - started
+        started = time.perf_counter()
+        value = nbddp.launch(total, weights, nodes=2, procs=1, cluster=address, output="none")
+        times.append(time.perf_counter() - started - empty)
+        assert value == float(weights.sum())
+    return times
+
+
+def ray_large_argument(weights: Any, repeat: int) -> list[float]:
+    """The same tensor through ray.put and ray.get in warm actors on both nodes."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    wait_until_free()
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    ray.get(group.ready())
+    actor = ray.remote(TorchWorker)
+    workers = [
+        actor.options(
+            num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)
+        ).remote()
+        for i in range(2)
+    ]
+    ray.get([w.address.remote() for w in workers])
+    ray.get([w.total.remote(weights[:1]) for w in workers])  # torch imported: warm
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        ref = ray.put(weights)
+        sums = ray.get([w.total.remote(ref) for w in workers])
+        times.append(time.perf_counter() - started)
+        assert sums[0] == float(weights.sum())
+        del ref
+    for w in workers:
+        ray.kill(w)
+    remove_placement_group(group)
+    return times
+
+
 def launch_times(address: str, warm: int) -> tuple[float, list[float]]:
     started = time.perf_counter()
     nbddp.launch(nothing, nodes=2, procs=1, cluster=address, output="none")
@@ -95,6 +235,10 @@ def nbddp_latencies(address: str, lines: int) -> list[float]:
     finally:
         client.ClusterJob._take = take  # type: ignore[method-assign]
     return delays
+
+
+def _all(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.2f}" for v in values) + ")"
 
 
 def _stamps(text: str) -> list[list[str]]:
@@ -157,7 +301,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--lines", type=int, default=80)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    import torch
+
+    weights = torch.rand(50 * 1024 * 1024)  # 200 MB of float32
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "num_gpus": 2, "include_dashboard": False}
@@ -167,6 +315,10 @@ def main() -> None:
         cluster.wait_for_nodes()
         address = cluster.address
         cold, warm = launch_times(address, args.warm)
+        big_ours = nbddp_large_argument(address, weights, args.repeat)
+        cold_ours = [cold_agents_launch(address) for _ in range(args.repeat)]
+        cold_ray = [ray_cold_launch(29400 + i) for i in range(args.repeat)]
+        big_ray = ray_large_argument(weights, args.repeat)
         ours = nbddp_latencies(address, args.lines)
         nbddp.cluster.release()  # the nodes' CPUs go to the other driver
         theirs = ray_latencies(address, args.lines)
@@ -182,6 +334,15 @@ def main() -> None:
         f"  warm   min {min(warm):.3f} s   median {statistics.median(warm):.3f} s   "
         f"max {max(warm):.3f} s   ({len(warm)} launches)"
     )
+    median = statistics.median
+    print("cold launch, no agents held, connected (call to rank 0's value; median):")
+    print(f"  nbddp                          {median(cold_ours):6.2f} s   {_all(cold_ours)}")
+    print(f"  plain Ray (TorchTrainer's way)  {median(cold_ray):6.2f} s   {_all(cold_ray)}")
+    print(f"  ratio Ray / nbddp: {median(cold_ray) / median(cold_ours):.2f}x")
+    print("200 MB float32 tensor to one rank on each of 2 nodes (median):")
+    print(f"  nbddp launch argument          {median(big_ours):6.2f} s   {_all(big_ours)}")
+    print(f"  ray.put + ray.get in actors     {median(big_ray):6.2f} s   {_all(big_ray)}")
+    print(f"  ratio Ray / nbddp: {median(big_ray) / median(big_ours):.2f}x")
     print("print-to-notebook latency, 4 ranks on 2 nodes, a line every 25 ms each:")
     print(f"  nbddp (long poll)           {stats(ours)}")
     print(f"  Ray log_to_driver (dedup off) {stats(theirs)}")
