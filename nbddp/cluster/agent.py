@@ -46,6 +46,7 @@ from nbddp.cluster.nodejobs import Inbox, NodeJob, NodeSessionJob, Reply
 from nbddp.cluster.portable import (
     ShippedFailure,
     ShippedOutcome,
+    ShippedPayload,
     land_payload,
     ship_failure,
     ship_outcome,
@@ -141,7 +142,7 @@ class NodeAgent:
         run: str,
         spec: JobSpec,
         node: NodeSlice,
-        payload: tuple[bytes, tuple[bytes, ...]],
+        payload: ShippedPayload,
         session: bool = False,
     ) -> dict[int, int]:
         """Start this node's ranks of ``run`` (``node``, on the GPUs Ray gave this agent);
@@ -232,7 +233,7 @@ class NodeAgent:
         self,
         run: str,
         number: int,
-        payload: tuple[bytes, tuple[bytes, ...]],
+        payload: ShippedPayload,
         debug: bool = False,
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
