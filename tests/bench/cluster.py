@@ -44,6 +44,7 @@ machine, one clock: the differences are the latencies. Median, p95 and max.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -169,7 +170,7 @@ def nbddp_large_argument(address: str, weights: Any, repeat: int) -> list[float]
         started = time.perf_counter()
         value = nbddp.launch(total, weights, nodes=2, procs=1, cluster=address, output="none")
         times.append(time.perf_counter() - started - empty)
-        assert value == float(weights.sum())
+        assert math.isclose(value, float(weights.sum()), rel_tol=1e-4)
     return times
 
 
@@ -197,7 +198,7 @@ def ray_large_argument(weights: Any, repeat: int) -> list[float]:
         ref = ray.put(weights)
         sums = ray.get([w.total.remote(ref) for w in workers])
         times.append(time.perf_counter() - started)
-        assert sums[0] == float(weights.sum())
+        assert math.isclose(sums[1], float(weights.sum()), rel_tol=1e-4)
         del ref
     for w in workers:
         ray.kill(w)
@@ -220,7 +221,7 @@ def launch_times(address: str, warm: int) -> tuple[float, list[float]]:
 def nbddp_latencies(address: str, lines: int) -> list[float]:
     """Each line's delay from its print to the notebook's event stream."""
     delays: list[float] = []
-    take = client.ClusterJob._take
+    take = client.ClusterJob.take
 
     def timed_take(self: client.ClusterJob, node: Any, batch: Any) -> None:
         now = time.time()
@@ -229,11 +230,11 @@ def nbddp_latencies(address: str, lines: int) -> list[float]:
                 delays.extend(now - float(w[1]) for w in _stamps(event.text))
         take(self, node, batch)
 
-    client.ClusterJob._take = timed_take  # type: ignore[method-assign]
+    client.ClusterJob.take = timed_take  # type: ignore[method-assign]
     try:
         nbddp.launch(timed_lines, lines, nodes=2, procs=2, cluster=address, output="none")
     finally:
-        client.ClusterJob._take = take  # type: ignore[method-assign]
+        client.ClusterJob.take = take  # type: ignore[method-assign]
     return delays
 
 
