@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nbddp.errors import CellError, ConfigError
+from nbddp.errors import CellError
 from nbddp.notebook.program import build_program, definitions_read
 from nbddp.notebook.runner import CellRunner
 from nbddp.notebook.session import Session
@@ -129,9 +129,10 @@ def test_a_name_the_ranks_deleted_is_the_notebooks_again(
     assert _last(_cell("x", x="notebook")()) == "notebook"
 
 
-def test_a_session_on_a_cluster_is_refused_before_anything_starts() -> None:
-    with pytest.raises(ConfigError, match="a session runs on this machine"):
-        Session({"procs": 2, "nodes": 2, "cluster": "ray://head:10001"})
+def test_a_session_across_a_clusters_nodes_is_configured_without_starting() -> None:
+    session = Session({"procs": 2, "nodes": 2, "cluster": "ray://head:10001"})
+    assert session.config.cluster is not None and session.config.job.world_size == 4
+    assert not session.alive
 
 
 class _Value:
