@@ -86,7 +86,9 @@ CLUSTER = Setting[str | None]("NBDDP_CLUSTER", None, "a Ray address", lambda tex
 """The Ray cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as the
 ``cluster`` option is)."""
 CLUSTER_IDLE = Setting("NBDDP_CLUSTER_IDLE", 300.0, "a number of seconds >= 0", _number(0))
-"""Seconds after its last run before a cluster's kept agents are handed back."""
+"""Seconds after its last run before a cluster's kept agents are handed back (at once
+when another driver waits for the cluster): five minutes keeps launches warm while a
+notebook is being edited, and frees a notebook left open."""
 
 
 @dataclass(frozen=True)
