@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 import nbddp
+from nbddp.cluster import nodes
 from nbddp.errors import RankExitedError
 from nbddp.notebook.session import Session
-from tests.cluster.conftest import WORKER
+from tests.cluster.conftest import WORKER, newest
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.procs import wait_procs_gone
 
@@ -84,6 +85,16 @@ def test_a_rank_blocked_in_a_collective_across_nodes_is_freed(session: Session) 
     assert "re-initialised" in info.value.__notes__[-1], info.value.__notes__
     assert session.alive
     assert session.exec(GATHER.format(probe="value")) == [1, 11]  # state and a new group
+
+
+def test_a_live_session_holds_its_agents_when_idle_ones_are_handed_back(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBDDP_CLUSTER_IDLE", "0")
+    held = newest()
+    nbddp.cluster.release()  # hands back every set no run uses: the session uses this one
+    assert nodes.kept() == [held]
+    assert session.exec(GATHER.format(probe="value")) == [1, 11]
 
 
 def test_the_table_says_each_ranks_node_and_the_agents_held(session: Session) -> None:
