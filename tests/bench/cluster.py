@@ -7,7 +7,7 @@ Run by hand (not collected by pytest)::
 
 On a local two-node Ray cluster (``ray.cluster_utils.Cluster``: head on
 127.0.0.2, a worker node on 127.0.0.3, one CPU and two fake GPUs each, as
-``tests/cluster`` uses), in one run:
+``tests/cluster`` uses, and a 1 GiB object store each), in one run:
 
 (a) Launch time: ``nbddp.launch`` of a function that returns at once, one rank
 per node, from the call until rank 0's value is back. Cold: the first launch
@@ -311,7 +311,14 @@ def main() -> None:
     weights = torch.rand(50 * 1024 * 1024)  # 200 MB of float32
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 1, "num_gpus": 2, "include_dashboard": False}
+    # A 1 GiB object store per node: Ray's default here (about 150 MB a node on this
+    # machine) is smaller than the 200 MB tensor, and both sides would measure spilling.
+    node = {
+        "num_cpus": 1,
+        "num_gpus": 2,
+        "include_dashboard": False,
+        "object_store_memory": 1 << 30,
+    }
     cluster = Cluster(initialize_head=True, head_node_args={"node_ip_address": HEAD, **node})
     try:
         cluster.add_node(node_ip_address=WORKER, **node)
