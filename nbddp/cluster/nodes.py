@@ -67,7 +67,7 @@ CLIENT_START_TRIES = 3
 """Connections tried when Ray Client's server fails to start the notebook's own server
 process: its proxy forks that process from a gRPC-threaded one, and the child
 sometimes exits at once with nothing in its logs ("Starting Ray client server
-failed", or the proxy finding it a zombie: "Initialization failure from server";
+failed", or the proxy finding no channel to it: "Proxy failed to Connect to backend";
 seen on this project's 2-core CI machine about one first connection in several);
 the proxy starts a fresh one for each new connection."""
 
@@ -134,7 +134,9 @@ def _init(ray: Ray, cluster: RayCluster) -> None:
             return
         except ConnectionAbortedError as exc:
             text = str(exc)
-            retry = "client server failed" in text or "Initialization failure" in text
+            # The proxy's two ways of failing to start this connection's server;
+            # anything else it says (a version mismatch) stands.
+            retry = "client server failed" in text or "Proxy failed to Connect" in text
             if not retry or attempt == CLIENT_START_TRIES:
                 raise
             with contextlib.suppress(Exception):

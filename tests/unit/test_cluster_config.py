@@ -257,7 +257,7 @@ CLIENT_SERVER_FAILED = ConnectionAbortedError(
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
     from nbddp.cluster import nodes
 
-    monkeypatch.setattr(nodes, "_reachable", lambda cluster: None)
+    monkeypatch.setattr(nodes, "probe", lambda address: None)
     monkeypatch.setattr(nodes, "_connected", None)
     monkeypatch.setenv("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "2")
 
