@@ -13,7 +13,7 @@ import pytest
 import nbddp
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
-from tests.cluster.conftest import CLIENT_PORT, HEAD, newest
+from tests.cluster.conftest import CLIENT_PORT, HEAD, WORKER, newest
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.cluster.ranks import (
     StepFailed,
@@ -232,28 +232,52 @@ def test_a_wrong_or_silent_port_fails_within_seconds_with_one_line(cluster: obje
 
 
 def test_a_worker_raylet_killed_mid_run_leaves_no_rank_or_agent(cluster: object) -> None:
-    # A third node, so that two are left for the tests after this one.
-    cluster.add_node(node_ip_address="127.0.0.5", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # A third node is the one lost, so that the two the other tests use are left: the
+    # worker node's CPU is held meanwhile, and the run is placed on the head and it.
+    extra = "127.0.0.5"
+    cluster.add_node(node_ip_address=extra, num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
     cluster.wait_for_nodes()  # type: ignore[attr-defined]
     nbddp.cluster.release()
-    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 60
-    while set(run.rank_states().values()) != {RankState.RUNNING}:
-        assert time.monotonic() < deadline, run.rank_states()
-        time.sleep(0.05)
-    infos = newest().infos
-    agent = psutil.Process(infos[1].pid)
-    raylet = agent.parent()
-    assert raylet is not None and raylet.name() == "raylet"
-    doomed = [agent, *(psutil.Process(run.pids[rank]) for rank in (2, 3))]
-    node = next(n for n in cluster.list_all_nodes() if n.node_ip_address == infos[1].address)  # type: ignore[attr-defined]
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    worker = next(n["NodeID"] for n in alive if n["NodeManagerAddress"] == WORKER)
+    holder = (
+        ray.remote(num_cpus=1)(_Holder)
+        .options(scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False))
+        .remote()
+    )
+    ray.get(holder.ready.remote())
+    run = None
     try:
+        run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 60
+        while set(run.rank_states().values()) != {RankState.RUNNING}:
+            assert time.monotonic() < deadline, run.rank_states()
+            time.sleep(0.05)
+        infos = newest().infos
+        assert infos[1].address == extra, [info.address for info in infos]
+        agent = psutil.Process(infos[1].pid)
+        raylet = agent.parent()
+        assert raylet is not None and raylet.name() == "raylet"
+        doomed = [agent, *(psutil.Process(run.pids[rank]) for rank in (2, 3))]
         raylet.kill()
         left = wait_procs_gone(doomed, timeout=30)
         assert not left, f"alive 30 s after node 1's raylet was killed: {[p.pid for p in left]}"
-        with pytest.raises(RankExitedError, match=f"loss of node 1 \\({infos[1].address}\\)"):
+        with pytest.raises(RankExitedError, match=f"loss of node 1 \\({extra}\\)"):
             run.wait()
     finally:
-        run.stop()
-        run.ended(30)
+        if run is not None:
+            run.stop()
+            run.ended(30)
+        ray.kill(holder)
+        node = next(n for n in cluster.list_all_nodes() if n.node_ip_address == extra)  # type: ignore[attr-defined]
         cluster.remove_node(node, allow_graceful=False)  # type: ignore[attr-defined]
+
+
+class _Holder:
+    """Holds a node's CPU while it lives."""
+
+    def ready(self) -> bool:
+        return True
