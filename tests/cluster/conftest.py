@@ -12,6 +12,7 @@ it is left. Skipped where ray is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -111,6 +112,42 @@ def newest() -> Agents:
     sets = nodes.kept()
     assert sets, "this process holds no agents"
     return sets[-1]
+
+
+@contextlib.contextmanager
+def on_a_third_node(cluster: cluster_utils.Cluster, address: str) -> Iterator[str]:
+    """A third node on ``address`` for a test that loses a node: while the body places
+    agents the worker node's CPU is held, so they go on the head and this node; the
+    node is removed afterwards, and the two the other tests use are left as they were."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    import nbddp.cluster
+
+    cluster.add_node(**node_args(address))
+    try:
+        cluster.wait_for_nodes()
+        nbddp.cluster.release()
+        worker = next(
+            n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == WORKER
+        )
+        strategy = NodeAffinitySchedulingStrategy(worker, soft=False)
+        holder = ray.remote(num_cpus=1)(_Holder).options(scheduling_strategy=strategy).remote()
+        try:
+            ray.get(holder.ready.remote())
+            yield address
+        finally:
+            ray.kill(holder)
+    finally:
+        node = next((n for n in cluster.list_all_nodes() if n.node_ip_address == address), None)
+        if node is not None:
+            cluster.remove_node(node, allow_graceful=False)
+
+
+class _Holder:
+    """Holds a node's CPU while it lives."""
+
+    def ready(self) -> bool:
+        return True
 
 
 def kill_tree(pid: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 import nbddp
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
-from tests.cluster.conftest import CLIENT_PORT, HEAD, WORKER, newest
+from tests.cluster.conftest import CLIENT_PORT, HEAD, newest, on_a_third_node
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.cluster.ranks import (
     StepFailed,
@@ -172,39 +172,29 @@ def test_large_tensors_go_to_every_node_and_come_back(cluster: object) -> None:
 
 
 def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:
-    # A third node, so that two are left for the tests after this one.
-    cluster.add_node(node_ip_address="127.0.0.4", num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
-    cluster.wait_for_nodes()  # type: ignore[attr-defined]
-    nbddp.cluster.release()
-    run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 60
-    while set(run.rank_states().values()) != {RankState.RUNNING}:
-        assert time.monotonic() < deadline, run.rank_states()
-        time.sleep(0.05)
-    infos = newest().infos
-    lost_index = next(i for i, info in enumerate(infos) if info.address != HEAD)
-    try:
-        lost = next(
-            n
-            for n in cluster.list_all_nodes()  # type: ignore[attr-defined]
-            if n.node_ip_address == infos[lost_index].address
-        )
-        ranks = [2 * lost_index, 2 * lost_index + 1]
-        removed = time.monotonic()
-        cluster.remove_node(lost)  # type: ignore[attr-defined]
-        with pytest.raises(RankExitedError) as info:
-            run.wait()
-        took = time.monotonic() - removed
-    finally:
-        run.stop()
-        run.ended(30)
+    with on_a_third_node(cluster, "127.0.0.4") as extra:  # type: ignore[arg-type]
+        run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
+        try:
+            deadline = time.monotonic() + 60
+            while set(run.rank_states().values()) != {RankState.RUNNING}:
+                assert time.monotonic() < deadline, run.rank_states()
+                time.sleep(0.05)
+            infos = newest().infos
+            assert [info.address for info in infos] == [HEAD, extra]
+            lost = next(n for n in cluster.list_all_nodes() if n.node_ip_address == extra)  # type: ignore[attr-defined]
+            removed = time.monotonic()
+            cluster.remove_node(lost)  # type: ignore[attr-defined]
+            with pytest.raises(RankExitedError) as info:
+                run.wait()
+            took = time.monotonic() - removed
+        finally:
+            run.stop()
+            run.ended(30)
     assert str(info.value).startswith(
-        f"rank {ranks[0]} ended with the loss of node {lost_index} ({infos[lost_index].address}), "
-        f"which ran ranks {ranks[0]}, {ranks[1]}, before returning"
+        f"rank 2 ended with the loss of node 1 ({extra}), which ran ranks 2, 3, before returning"
     ), info.value
     states = run.rank_states()
-    assert [states[r] for r in ranks] == ["failed", "failed"]
-    assert [states[r] for r in range(4) if r not in ranks] == ["stopped", "stopped"]
+    assert [states[r] for r in range(4)] == ["stopped", "stopped", "failed", "failed"]
     assert took < 30, took
     print(f"node loss ended the run in {took:.2f}s: {info.value}")
 
@@ -232,52 +222,24 @@ def test_a_wrong_or_silent_port_fails_within_seconds_with_one_line(cluster: obje
 
 
 def test_a_worker_raylet_killed_mid_run_leaves_no_rank_or_agent(cluster: object) -> None:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    # A third node is the one lost, so that the two the other tests use are left: the
-    # worker node's CPU is held meanwhile, and the run is placed on the head and it.
-    extra = "127.0.0.5"
-    cluster.add_node(node_ip_address=extra, num_cpus=1, num_gpus=2, include_dashboard=False)  # type: ignore[attr-defined]
-    cluster.wait_for_nodes()  # type: ignore[attr-defined]
-    nbddp.cluster.release()
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    worker = next(n["NodeID"] for n in alive if n["NodeManagerAddress"] == WORKER)
-    holder = (
-        ray.remote(num_cpus=1)(_Holder)
-        .options(scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False))
-        .remote()
-    )
-    ray.get(holder.ready.remote())
-    run = None
-    try:
+    with on_a_third_node(cluster, "127.0.0.5") as extra:  # type: ignore[arg-type]
         run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster.address, block=False)  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 60
-        while set(run.rank_states().values()) != {RankState.RUNNING}:
-            assert time.monotonic() < deadline, run.rank_states()
-            time.sleep(0.05)
-        infos = newest().infos
-        assert infos[1].address == extra, [info.address for info in infos]
-        agent = psutil.Process(infos[1].pid)
-        raylet = agent.parent()
-        assert raylet is not None and raylet.name() == "raylet"
-        doomed = [agent, *(psutil.Process(run.pids[rank]) for rank in (2, 3))]
-        raylet.kill()
-        left = wait_procs_gone(doomed, timeout=30)
-        assert not left, f"alive 30 s after node 1's raylet was killed: {[p.pid for p in left]}"
-        with pytest.raises(RankExitedError, match=f"loss of node 1 \\({extra}\\)"):
-            run.wait()
-    finally:
-        if run is not None:
+        try:
+            deadline = time.monotonic() + 60
+            while set(run.rank_states().values()) != {RankState.RUNNING}:
+                assert time.monotonic() < deadline, run.rank_states()
+                time.sleep(0.05)
+            infos = newest().infos
+            assert [info.address for info in infos] == [HEAD, extra]
+            agent = psutil.Process(infos[1].pid)
+            raylet = agent.parent()
+            assert raylet is not None and raylet.name() == "raylet"
+            doomed = [agent, *(psutil.Process(run.pids[rank]) for rank in (2, 3))]
+            raylet.kill()
+            left = wait_procs_gone(doomed, timeout=30)
+            assert not left, f"alive 30 s after node 1's raylet was killed: {[p.pid for p in left]}"
+            with pytest.raises(RankExitedError, match=f"loss of node 1 \\({extra}\\)"):
+                run.wait()
+        finally:
             run.stop()
             run.ended(30)
-        ray.kill(holder)
-        node = next(n for n in cluster.list_all_nodes() if n.node_ip_address == extra)  # type: ignore[attr-defined]
-        cluster.remove_node(node, allow_graceful=False)  # type: ignore[attr-defined]
-
-
-class _Holder:
-    """Holds a node's CPU while it lives."""
-
-    def ready(self) -> bool:
-        return True
