@@ -1,9 +1,19 @@
 """Cluster benchmark: launch time, a large argument and print-to-notebook latency across
-two Ray nodes, each beside plain Ray doing the same.
+two Ray nodes, each beside Ray doing the same (plain Ray; for launches Ray Train too).
 
 Run by hand (not collected by pytest)::
 
-    python tests/bench/cluster.py [--warm 10] [--lines 80]
+    python tests/bench/cluster.py [--warm 10] [--lines 80] [--repeat 3]
+
+Ray Train's ``TorchTrainer`` (in (b)) needs ``ray[train]``'s extras, which the
+project venv does not have; install them into a directory of their own, never
+into the venv, and put it on ``PYTHONPATH`` after the project::
+
+    .venv/bin/pip install --no-deps --target /tmp/raytrain \\
+        -r tests/bench/requirements-train.txt
+    PYTHONPATH=$PWD:/tmp/raytrain .venv/bin/python tests/bench/cluster.py
+
+Without them that variant is skipped, with the reason printed; the rest runs.
 
 On a local two-node Ray cluster (``ray.cluster_utils.Cluster``: head on
 127.0.0.2, a worker node on 127.0.0.3, one CPU and two fake GPUs each, as
@@ -15,14 +25,18 @@ of this process (connecting to the cluster, the placement group, the agents,
 each node's forkserver importing torch). Warm: the launches after it (the kept
 agents, their forkservers and pools); min, median and max of ``--warm``.
 
-(b) Cold launch beside plain Ray: Ray Train's ``TorchTrainer`` cannot be
-imported here (``ray[train]`` needs pyarrow, not installed), so the baseline is
-what its workers do, in plain Ray: a placement group of one CPU bundle per
-node, one actor per node, each importing torch and joining one gloo group
-(``MASTER_ADDR`` of actor 0), then running the same function; from the call
-until rank 0's value is back. nbddp's "cold agents" launch is measured the same
-way: connected to the cluster, no agents held (new agents, forkservers, torch
-imports), after ``nbddp.cluster.release()``. ``--repeat`` of each, median.
+(b) Cold launch beside Ray: nbddp's "cold agents" launch, connected to the
+cluster, no agents held (new agents, forkservers, torch imports), after
+``nbddp.cluster.release()``; beside it, on the same nodes, the same function
+run by Ray Train's ``TorchTrainer`` (``ScalingConfig(num_workers=2,
+use_gpu=False)``, one CPU per worker, ``STRICT_SPREAD``: one worker per node;
+its workers join one gloo group, then ``train_loop_per_worker`` runs the
+function), and by plain Ray doing what those workers do: a placement
+group of one CPU bundle per node, one actor per node, each importing torch and
+joining one gloo group (``MASTER_ADDR`` of actor 0), then running the
+function. Each from the call until rank 0's value is back (for
+``TorchTrainer``, which gives back no value, until ``fit`` returns);
+``--repeat`` of each, median, and the ratios nbddp / each.
 
 (c) 200 MB across nodes: a warm launch whose function gets a 200 MB float32
 tensor and returns its sum, one rank per node, less a warm launch of a
@@ -46,9 +60,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -117,6 +133,12 @@ class TorchWorker:
 
         return str(get_node_ip_address())
 
+    def free_port(self) -> int:
+        """A port free on this node now, for the group's store (as Ray Train picks it)."""
+        with socket.socket() as sock:
+            sock.bind((self.address(), 0))
+            return int(sock.getsockname()[1])
+
     def run(self, rank: int, world: int, master: str, port: int) -> int:
         import torch.distributed as dist
 
@@ -131,7 +153,7 @@ class TorchWorker:
         return total(weights)
 
 
-def ray_cold_launch(port: int) -> float:
+def ray_cold_launch() -> float:
     """Plain Ray doing what TorchTrainer's workers do (module docstring, (b))."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -149,13 +171,56 @@ def ray_cold_launch(port: int) -> float:
         ).remote()
         for i in range(2)
     ]
-    master = ray.get(workers[0].address.remote())
+    # A port picked now, not a fixed one: another run on this machine may hold that.
+    master, port = ray.get([workers[0].address.remote(), workers[0].free_port.remote()])
     value = ray.get([w.run.remote(i, 2, master, port) for i, w in enumerate(workers)])[0]
     took = time.perf_counter() - started
     assert value == 0
     for w in workers:
         ray.kill(w)
     remove_placement_group(group)
+    return took
+
+
+def torchtrainer_missing() -> str | None:
+    """Why Ray Train's ``TorchTrainer`` cannot be imported here, or None when it can."""
+    try:
+        from ray.train import ScalingConfig  # noqa: F401
+        from ray.train.torch import TorchTrainer  # noqa: F401
+    except ImportError as exc:  # ray[train]'s extras (tests/bench/requirements-train.txt)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def train_loop_per_worker() -> None:
+    """A TorchTrainer worker's loop: its gloo group is joined already; the same function."""
+    assert nothing() == 0
+
+
+def torchtrainer_cold_launch(storage: str) -> float:
+    """Ray Train's ``TorchTrainer``, 2 workers one per node, from the call until ``fit`` returns.
+
+    ``fit`` gives back no return value (its metrics come only with a checkpoint), so
+    the end is the run finished on both workers, without error.
+    """
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    wait_until_free()
+    started = time.perf_counter()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        scaling_config=ScalingConfig(
+            num_workers=2,
+            use_gpu=False,
+            resources_per_worker={"CPU": 1},
+            placement_strategy="STRICT_SPREAD",  # one worker per node, as nbddp's ranks
+        ),
+        run_config=RunConfig(storage_path=storage),
+    )
+    result = trainer.fit()
+    took = time.perf_counter() - started
+    assert result.error is None, result.error
     return took
 
 
@@ -327,7 +392,12 @@ def main() -> None:
         cold, warm = launch_times(address, args.warm)
         big_ours = nbddp_large_argument(address, weights, args.repeat)
         cold_ours = [cold_agents_launch(address) for _ in range(args.repeat)]
-        cold_ray = [ray_cold_launch(29400 + i) for i in range(args.repeat)]
+        cold_ray = [ray_cold_launch() for _ in range(args.repeat)]
+        missing = torchtrainer_missing()
+        cold_train: list[float] = []
+        if missing is None:
+            with tempfile.TemporaryDirectory() as storage:
+                cold_train = [torchtrainer_cold_launch(storage) for _ in range(args.repeat)]
         big_ray = ray_large_argument(weights, args.repeat)
         ours = nbddp_latencies(address, args.lines)
         nbddp.cluster.release()  # the nodes' CPUs go to the other driver
@@ -348,7 +418,13 @@ def main() -> None:
     print("cold launch, no agents held, connected (call to rank 0's value; median):")
     print(f"  nbddp                          {median(cold_ours):6.2f} s   {_all(cold_ours)}")
     print(f"  plain Ray (TorchTrainer's way)  {median(cold_ray):6.2f} s   {_all(cold_ray)}")
-    print(f"  ratio Ray / nbddp: {median(cold_ray) / median(cold_ours):.2f}x")
+    if cold_train:
+        print(f"  Ray Train TorchTrainer          {median(cold_train):6.2f} s   {_all(cold_train)}")
+    else:
+        print(f"  Ray Train TorchTrainer          skipped, not importable ({missing})")
+    print(f"  ratio nbddp / plain Ray: {median(cold_ours) / median(cold_ray):.2f}x")
+    if cold_train:
+        print(f"  ratio nbddp / TorchTrainer: {median(cold_ours) / median(cold_train):.2f}x")
     print("200 MB float32 tensor to one rank on each of 2 nodes (median):")
     print(f"  nbddp launch argument          {median(big_ours):6.2f} s   {_all(big_ours)}")
     print(f"  ray.put + ray.get in actors     {median(big_ray):6.2f} s   {_all(big_ray)}")
