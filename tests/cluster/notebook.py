@@ -48,7 +48,8 @@ NOTEBOOK = (
 run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster, block=False)
 while set(run.rank_states().values()) != {"running"}:
     time.sleep(0.05)
-print("PIDS", *run.pids.values(), flush=True)
+# One write, on a line of its own: the run's blocks are drawn on stdout meanwhile.
+print("\\nPIDS " + " ".join(map(str, run.pids.values())), flush=True)
 time.sleep(600)
 """
 )
@@ -61,7 +62,7 @@ from nbddp.cluster import nodes
 session = nbddp.session(nodes=2, procs=1, cluster=cluster)
 session.exec("import time\\nstarted = time.time()")
 agents = [info.pid for info in nodes.kept()[-1].infos]
-print("PIDS", *session.pids.values(), *agents, flush=True)
+print("\\nPIDS " + " ".join(map(str, [*session.pids.values(), *agents])), flush=True)
 time.sleep(600)
 """
 )
@@ -84,7 +85,7 @@ def stand_in_notebook(
     timer.start()
     try:
         for line in proc.stdout:
-            if line.startswith("PIDS"):
+            if line.startswith("PIDS "):
                 found = [int(p) for p in line.split()[1:]]
                 break
     finally:

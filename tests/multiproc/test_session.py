@@ -258,7 +258,10 @@ def _forkserver() -> set[int]:
     from nbddp.launcher.forkserver_link import FORKSERVER
 
     pid = FORKSERVER.pid
-    return set() if pid is None else {pid, *(p.pid for p in psutil.Process(pid).children())}
+    if pid is None:
+        return set()
+    # The forkserver's pool refills in the background: its keepers and idle ranks.
+    return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
 
 
 def test_a_session_dropped_without_stop_ends_its_ranks() -> None:
