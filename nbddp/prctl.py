@@ -16,6 +16,7 @@ import ctypes
 import functools
 import os
 import signal
+import sys
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -65,3 +66,14 @@ def flush_c_stdio() -> None:
     libc = _libc()
     if libc is not None:
         libc.fflush(None)
+
+
+def flush_output() -> None:
+    """Flush ``sys.stdout``, ``sys.stderr`` (a closed or broken one is skipped), then
+    every C stdio stream: all this process printed leaves it now."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    flush_c_stdio()

@@ -66,7 +66,7 @@ def ask(prompt: str, password: bool = False) -> str | None:
     asking = _ASKING
     if asking is None or asking.pid != os.getpid():
         return None
-    _flush()  # what the rank printed before the prompt is shown before it
+    prctl.flush_output()  # what the rank printed before the prompt is shown before it
     asking.asked += 1
     number = asking.asked
     asking.channel.send("input", InputRequest(number, prompt, password))
@@ -129,13 +129,4 @@ def post_mortem(tb: TracebackType | None) -> None:
     debugger = pdb.Pdb()
     debugger.reset()
     debugger.interaction(None, tb)
-    _flush()
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    prctl.flush_c_stdio()
+    prctl.flush_output()

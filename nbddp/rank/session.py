@@ -202,7 +202,7 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
             packed = values.pack(value)
         except Exception as exc:
             error = error_info(unsendable("the value", value, exc))
-    _flush_all()
+    prctl.flush_output()
     owned = tuple(sorted(current.space.owned))
     return CellReply(order.cell, packed, error, owned, _device_bytes())
 
@@ -236,13 +236,3 @@ def _device_bytes() -> int | None:
         return int(torch.cuda.memory_reserved())
     except Exception:
         return None
-
-
-def _flush_all() -> None:
-    """Everything printed so far leaves the process (see module contract)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    prctl.flush_c_stdio()
