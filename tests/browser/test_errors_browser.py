@@ -21,6 +21,7 @@ import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from tests.browser.lab import Lab, artifacts_dir, write_notebook
+from tests.sources import FAILING_TRAIN
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,19 +32,7 @@ KERNEL_IDLE = """() => {
         && w.sessionContext.session.kernel;
     return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
 }"""
-TRAIN = """\
-import torch
-import torch.distributed as dist
-
-def train(steps):
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 1:
-        raise ValueError("bad batch on rank 1")
-    t = torch.ones(1)
-    for _ in range(steps):
-        dist.all_reduce(t)
-    return t.item()
-"""
+TRAIN = FAILING_TRAIN
 DDP_CELL = """\
 %%ddp --procs 2
 import torch

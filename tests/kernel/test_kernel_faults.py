@@ -14,6 +14,7 @@ import pytest
 
 from tests.kernel.kernel import CellResult, Kernel
 from tests.procs import wait_procs_gone
+from tests.sources import FAILING_TRAIN
 
 HANG = """
 import os, threading, nbddp
@@ -157,19 +158,7 @@ def _is_forkserver(pid: int) -> bool:
         return False
 
 
-TRAIN = """\
-import torch
-import torch.distributed as dist
-
-def train(steps):
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 1:
-        raise ValueError("bad batch on rank 1")
-    t = torch.ones(1)
-    for _ in range(steps):
-        dist.all_reduce(t)
-    return t.item()
-"""
+TRAIN = FAILING_TRAIN
 NBDDP_FRAMES = re.compile(r"nbddp/(rank|launcher|entry|notebook|wire)|entry\.py|run\.py|_pump")
 
 

@@ -24,6 +24,7 @@ from nbddp.errors import ConfigError, RemoteError
 from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import failing, fns
 from tests.procs import wait_gone
+from tests.sources import FAILING_TRAIN
 
 BIG = 200 * 1024  # bytes: more than one variable given to a new process may hold (128 KiB)
 
@@ -204,19 +205,7 @@ def _ended(pid: int) -> bool:
 
 
 CELL_FILE = "/tmp/ipykernel_0/2718281828.py"
-CELL = """\
-import torch
-import torch.distributed as dist
-
-def train(steps):
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 1:
-        raise ValueError("bad batch on rank 1")
-    t = torch.ones(1)
-    for _ in range(steps):
-        dist.all_reduce(t)
-    return t.item()
-"""
+CELL = FAILING_TRAIN
 
 
 class _Compiler:
