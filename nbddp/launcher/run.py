@@ -193,9 +193,20 @@ class Run:
         return self.job.run_id
 
     def ended(self, timeout: float | None = 0.0) -> bool:
-        """True once every rank has exited and all output has been read; waits up to
-        ``timeout`` seconds for that (None: as long as it takes), showing nothing."""
-        return self.job.wait(timeout)
+        """True once every rank has exited, all output has been read and a background
+        run's last frame is drawn; waits up to ``timeout`` seconds for that (None: as
+        long as it takes), showing nothing itself."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.job.wait(timeout):
+            return False
+        watcher = self._watcher
+        if self._watching(watcher):
+            assert watcher is not None
+            # Its final frame is part of the run: drawn after this, it would land in
+            # whichever cell runs then.
+            watcher.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return not watcher.is_alive()
+        return True
 
     @property
     def log_dir(self) -> Path:
