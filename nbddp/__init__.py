@@ -1,10 +1,8 @@
 """nbddp: run multi-GPU (or multi-CPU) PyTorch training from a notebook.
 
-Public API only; see README.md. Each name loads its module on first use
-(PEP 562), so a rank that imports nbddp for ``nbddp.log`` loads the rank's
-side alone. In a notebook or script (not in nbddp's own processes), importing
-nbddp starts the forkserver in the background (torch preloaded, CUDA
-untouched) so that the first launch is fast; ``NBDDP_PREWARM=0`` opts out.
+Public API only. Each name loads its module on first use (PEP 562), so a rank importing nbddp
+for ``nbddp.log`` loads the rank's side alone. In a notebook or script, importing nbddp starts
+the forkserver in the background (``NBDDP_PREWARM=0`` opts out).
 """
 
 import importlib as _importlib

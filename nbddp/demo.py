@@ -1,17 +1,9 @@
 """``python -m nbddp.demo``: a real DDP training run through ``nbddp.launch``.
 
-Trains a small MLP on scikit-learn's bundled handwritten digits (no
-download) with ``DistributedDataParallel`` on every visible GPU, or on 2 CPU
-ranks (gloo) when there is none. Needs scikit-learn (``pip install
-'nbddp[demo]'``, or ``.ci/demo-requirements.txt`` for the pinned set).
-
-The notebook process loads and splits the data once and passes it to the
-ranks as tensors, so the ranks spend their time training: they never
-import scikit-learn. Each rank prints a line per epoch and logs the same
-loss with ``nbddp.log``; epochs and metric steps both count from 1 (step N
-is epoch N). The rank prints no summary of its own: the notebook side's
-last line, the test accuracy reduced across ranks, comes after every line
-about the run (``launch`` returns once the display has shown everything).
+Trains a small MLP on scikit-learn's bundled digits (no download) with DDP on every visible GPU,
+or 2 CPU ranks (gloo). Needs scikit-learn (``pip install 'nbddp[demo]'``). The notebook side
+loads the data once and passes tensors; each rank prints and ``nbddp.log``s a line per epoch
+(step N is epoch N); the notebook prints the reduced test accuracy last.
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -66,7 +57,9 @@ def train(data: Digits, epochs: int, lr: float, batch_size: int) -> dict[str, ob
     torch.manual_seed(0)
 
     train_set = TensorDataset(data.x_train, data.y_train)
-    sampler: DistributedSampler[Any] = DistributedSampler(train_set, shuffle=True, seed=0)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+        train_set, shuffle=True, seed=0
+    )
     loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
 
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)

@@ -1,18 +1,11 @@
 """The launch entry points: ``launch``, ``Launcher``, ``notebook_launcher``, ``spawn``.
 
-Contract: each validates its options (``LaunchConfig``, from the options
-``options.LaunchOptions`` defines), checks the call against the function's
-signature (``signature.check_call``: a keyword argument meant as a launch
-option is named) and serialises the call (``Payload``) before any process
-starts, then starts a ``Job`` and either waits for it (showing output
-live, returning rank 0's value, raising a failing rank's error) or, with
-``block=False``, returns the ``Run`` handle at once, its output shown live
-in the launching cell while other cells run (``Run.watch``). From the
-moment a launch begins its display says the ranks are starting (in a
-kernel: a "starting N ranks…" line, which their blocks replace).
-``notebook_launcher`` and ``spawn`` keep the signatures of accelerate's and
-torch.multiprocessing's functions so that changing the import is the whole
-migration.
+Each validates its options (``LaunchConfig``), checks the call against ``fn``'s signature and
+serialises it (``Payload``) before any process starts, then starts a ``Job`` and either waits
+(output shown live, rank 0's value returned, a failing rank's error raised) or, with
+``block=False``, returns the ``Run`` at once, shown live in the launching cell.
+``notebook_launcher`` and ``spawn`` keep accelerate's and torch's signatures: changing the
+import is the whole migration.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
@@ -61,12 +54,26 @@ SPAWN = Spelling(names={"procs": "nprocs"})
 """torch.multiprocessing.spawn's names."""
 
 
-def kernel_shell() -> Any:
-    """The IPython shell of the Jupyter kernel this runs in, or None (a terminal
-    IPython, a script).
+class _Events(Protocol):
+    def register(self, event: str, function: Callable[..., object]) -> None: ...
 
-    Looks only at modules already imported: importing nbddp never imports IPython.
-    """
+
+class _Kernel(Protocol):
+    def get_parent(self) -> dict[str, object]: ...
+
+
+class KernelShell(Protocol):
+    """What nbddp uses of the kernel's IPython shell."""
+
+    user_ns: dict[str, object]
+    events: _Events
+    kernel: _Kernel
+
+
+def kernel_shell() -> KernelShell | None:
+    """The IPython shell of the Jupyter kernel this runs in, or None (a terminal
+    IPython, a script). Looks only at modules already imported: importing nbddp
+    never imports IPython."""
     ipython = sys.modules.get("IPython")
     if ipython is None or "ipykernel" not in sys.modules:
         return None
@@ -163,12 +170,12 @@ def _start(
 
         cluster_job = ClusterJob(config, payload)
         cluster_job.start()
-        return Run(cluster_job, display, config)
+        return Run(cluster_job.core, display, config)
     job = Job(config.job, payload)
     job.start()
     if config.job.max_restarts:
         return Run(Restarting(job, payload), display, config)
-    return Run(job, display, config)
+    return Run(job.core, display, config)
 
 
 @dataclass(frozen=True, init=False)
@@ -201,12 +208,12 @@ class Launcher:
 
 
 @overload
-def launch(fn: Callable[..., R], *args: Any, block: Literal[True] = ..., **kwargs: Any) -> R: ...
+def launch(fn: Callable[..., R], *args: object, block: Literal[True] = ..., **kwargs: Any) -> R: ...
 @overload
-def launch(fn: Callable[..., R], *args: Any, block: Literal[False], **kwargs: Any) -> Run: ...
+def launch(fn: Callable[..., R], *args: object, block: Literal[False], **kwargs: Any) -> Run: ...
 def launch(
     fn: Callable[..., R],
-    *args: Any,
+    *args: object,
     gpus: int | Sequence[int] | None = None,
     procs: int | None = None,
     nodes: int = 1,
@@ -224,7 +231,7 @@ def launch(
     tail: int = DEFAULT_TAIL,
     debug: bool = False,
     block: bool = True,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> R | Run:
     """Run ``fn(*args, **kwargs)`` on every rank and return rank 0's return value.
 
@@ -274,7 +281,7 @@ def launch(
 
 
 def notebook_launcher(
-    function: Callable[..., object],
+    function: Callable[..., R],
     args: Args = (),
     num_processes: int | None = None,
     mixed_precision: str = "no",
@@ -289,7 +296,7 @@ def notebook_launcher(
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
-) -> Any:
+) -> R:
     """accelerate's ``notebook_launcher``, done right: returns rank 0's value.
 
     Works after the notebook used CUDA (forkserver, not fork); on a machine
@@ -330,7 +337,7 @@ def notebook_launcher(
             nodes=num_nodes,
             cluster=cluster,
         )
-        return waited(start_run(config, function, tuple(args), {})).values.get(0)
+        return cast(R, waited(start_run(config, function, tuple(args), {})).values.get(0))
 
 
 def spawn(

@@ -1,18 +1,11 @@
 """The exceptions nbddp raises in the notebook.
 
-Contract: configuration and payload problems raise *before* any process
-starts (``ConfigError``, ``PayloadError``); problems of a running job raise
-after every rank has been stopped and its output collected (``RankError``
-and its subclasses, ``LaunchTimeout``). A rank's own exception is re-raised
-with its original type whenever it can be unpickled in the notebook; the
-classes here are the fallback and the carriers of rank information.
-
-Rendering: an nbddp error given lines with ``show_as`` shows in IPython as
-exactly those lines (``_render_traceback_``), then any note added to it
-afterwards, not as local frames; one without them has no
-``_render_traceback_`` at all, so IPython formats it as usual (an option
-error) and the magics can tell a rank's already-rendered error from their
-own option errors. ``ShownLines(exc, lines)`` is that rule for any exception.
+Configuration and payload problems raise before any process starts (``ConfigError``,
+``PayloadError``); a running job's, after every rank has stopped and its output is collected
+(``RankError`` and subclasses, ``LaunchTimeout``). A rank's own exception is re-raised as its own
+type whenever it unpickles here; these classes are the fallback. An error given lines with
+``show_as`` shows in IPython as exactly those lines (``_render_traceback_``) plus later notes;
+one without has no ``_render_traceback_``. ``ShownLines(exc, lines)``: that rule for any exception.
 """
 
 from __future__ import annotations

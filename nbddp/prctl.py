@@ -1,13 +1,9 @@
 """What an nbddp process asks the kernel about itself: its name, its orphans, its parent.
 
-Contract: every process nbddp starts (forkserver, keepers, idle workers,
-ranks) names itself with ``set_name`` so that ``ps`` and the tests can tell
-them apart; a keeper adopts the orphans of its rank's tree
-(``become_subreaper``); a free keeper and an idle worker die with their
-parent (``die_with``), a rank and its keeper do not (``outlive_parent``).
-Each is best effort: off Linux they do nothing (``become_subreaper`` then
-returns False). ``flush_c_stdio`` flushes C's stdio buffers. Only the
-standard library is imported, so any process can load this module first.
+``set_name`` names every nbddp process for ``ps`` and the tests; ``become_subreaper`` lets a
+keeper adopt its rank's orphans; ``die_with`` (free keepers, idle workers) and
+``outlive_parent`` (ranks, their keepers) set the parent-death signal. Best effort: off Linux
+they do nothing. ``flush_output`` flushes Python's then C's stdio. Only the standard library.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Warming up at import: the forkserver and the notebook's store support start early.
 
-Contract: ``start()`` runs once when ``nbddp`` is imported in a notebook or a
-script (never in nbddp's own processes), unless ``NBDDP_PREWARM=0``
-(``settings.prewarm_wanted``). It starts the forkserver in the background (torch
-preloaded, CUDA untouched), so that the first launch finds it ready; in an
-interactive session (a Jupyter kernel, IPython, ``python -i``, the REPL) it
-also imports, on a daemon thread, what the first launch needs in the notebook:
-nbddp's launch machinery (``import nbddp`` loads it lazily) and
-``torch.distributed``, for the store the notebook hosts. ``shutdown()`` stops
-the forkserver (it is also stopped at interpreter exit:
-``launcher.forkserver_link``).
-
-Why these warm up only in an interactive session: there the user's pause
-before the first launch pays for them. A script goes on at
-once, so a launch soon waits for the same import anyway, while an exit
-during that import in a thread waits for it (the thread holds the GIL while
-it loads torch's libraries) and can print torch's finalizer errors.
+``start()`` runs once when ``nbddp`` is imported in a notebook or script (never in nbddp's own
+processes) unless ``NBDDP_PREWARM=0``: it starts the forkserver in the background, and in an
+interactive session also imports the launch machinery and ``torch.distributed`` on a daemon
+thread (the user's pause pays for it; a script would soon wait for it anyway, and exiting during
+that import can print torch's finalizer errors). ``shutdown()`` stops the forkserver.
 """
 
 from __future__ import annotations
@@ -46,7 +35,7 @@ def interactive() -> bool:
 
 
 def start() -> None:
-    """Warm up in the notebook or a script (see module contract)."""
+    """Start the forkserver; in an interactive session, import the launch side too."""
     FORKSERVER.prewarm()
     if interactive():
         threading.Thread(target=_import_launch, name="nbddp-prewarm", daemon=True).start()

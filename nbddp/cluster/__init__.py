@@ -1,13 +1,10 @@
-"""Runs across machines on a Ray cluster (``launch(..., nodes=2, cluster=...)``).
+"""Runs across machines (``launch(..., nodes=2, cluster=...)``): the notebook's side.
 
-Contract: one nbddp agent actor per node (``agent``) runs nbddp's own local
-launcher there (forkserver, pool, worker, relay, per-rank process groups);
-ranks are not Ray actors. The notebook side (``client.ClusterJob``) is one
-more ``launcher.run.RunSource``, so ``Run``, the displays, the failures and
-``%%ddp`` work unchanged. This package depends on the launcher, never the
-other way round: the ``cluster`` option's value (``RayCluster``) is the
-launcher's. Ray is an optional extra (``pip install nbddp[ray]``), imported
-only inside functions, when a cluster run starts.
+Contract: an engine (``ray_engine``) places one agent per node (``nbddp.agent``)
+and gives a channel to each; ``agents`` keeps them, engine-neutral, and
+``client.ClusterJob`` is the transport of a run or session over them, holding a
+``launcher.core.RunCore`` as a local job does. This package depends on the
+launcher, never the reverse; engines are imported only when a cluster run starts.
 """
 
 from __future__ import annotations
@@ -24,16 +21,16 @@ def release() -> None:
 
     The next cluster launch starts new ones (slower: seconds). Does nothing
     when no cluster run was made in this process."""
-    client = sys.modules.get("nbddp.cluster.client")
-    if client is not None:
-        client.release_agents()
+    agents = sys.modules.get("nbddp.cluster.agents")
+    if agents is not None:
+        agents.release_agents()
 
 
 def describe() -> str:
     """What this process holds on its clusters: each set of agents, its nodes, and the
     runs and sessions using it, or when it goes back if idle (a few lines)."""
-    nodes = sys.modules.get("nbddp.cluster.nodes")
-    if nodes is None:
+    agents = sys.modules.get("nbddp.cluster.agents")
+    if agents is None:
         return "no agents held on any cluster"
-    text: str = nodes.describe()
+    text: str = agents.describe()
     return text

@@ -1,21 +1,11 @@
 """The axes of a metric chart: which scale a metric gets, where its ticks go, their labels.
 
-Contract: ``choose_scale(values)`` is ``"log"`` when every value is
-positive, they span at least ``LOG_MIN_RATIO`` (a decade) and a linear axis
-would press most of them into its bottom quarter (the median sits there: a
-loss that falls fast, then slowly); otherwise ``"linear"``. ``Axis.fit``
-builds an axis over some values: a log axis over their exact range with a
-little room, a linear value axis widened to round ticks, a step axis
-(``exact``) over exactly the steps seen, so the newest step is its right end.
-``Axis.fraction`` places a value on it (0 at ``lo``, 1 at ``hi``) and
-``Axis.ticks(count)`` lists at most about ``count`` ticks: round numbers
-(1, 2, 2.5 or 5 times a power of ten) on a linear axis, powers of ten on a
-log axis (with 2 and 5, or 3, times them where fewer than three decades show).
-``tick_labels`` writes an axis' ticks in a few characters each (``0.25``,
-``1.5k``, ``2M``, ``5e-4``) with the digits that tell neighbours apart.
-
-Values are finite floats (the chart's history keeps only those). A range no
-float can span (-1e308 .. 1e308) is no error: its axis ticks only its ends.
+``choose_scale(values)``: ``"log"`` when all are positive, span at least ``LOG_MIN_RATIO`` and a
+linear axis would press most into its bottom quarter; else ``"linear"``. ``Axis.fit`` builds an
+axis (log: the exact range with a little room; linear: widened to round ticks; ``exact``: the
+steps seen), ``Axis.fraction`` places a value, ``Axis.ticks(count)`` lists about ``count`` round
+ticks, and ``tick_labels`` writes them in a few characters (``0.25``, ``1.5k``, ``5e-4``).
+Values are finite floats; a range no float can span ticks only its ends.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ _SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
 def choose_scale(values: Sequence[float]) -> ScaleKind:
-    """``"log"`` or ``"linear"`` for these values (see module contract)."""
+    """``"log"`` or ``"linear"`` for these values."""
     if not values:
         return "linear"
     ordered = sorted(values)
@@ -57,7 +47,7 @@ class Axis:
 
     @classmethod
     def fit(cls, values: Sequence[float], scale: ScaleKind, count: int, exact: bool) -> Axis:
-        """An axis over ``values`` (see module contract); ``count``: ticks wanted."""
+        """An axis over ``values``; ``count``: ticks wanted."""
         lo, hi = min(values), max(values)
         if scale == "log" and lo > 0:
             a, b = math.log10(lo), math.log10(hi)

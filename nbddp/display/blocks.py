@@ -1,19 +1,10 @@
 """What the kernel display's blocks hold: a MIME bundle per rank, the footer, the start line.
 
-Contract: pure functions from plain values to ``{"text/plain": ..., "text/html": ...}``
-bundles; they escape everything a rank wrote. A rank's ``text/plain`` is its
-header line (``rank N · state · elapsed[ · metric]``), then, when lines are
-hidden, ``… N earlier lines in <log>``, then its tail (what terminals and
-tests read). Its ``text/html`` folds the tail under the header
-(``<details>``/``<summary>``; the header adds how many lines the rank wrote),
-with ``last 40 of 1,234 lines; all in <log>`` above it when lines are
-hidden: a short tail (``FOLD_LINES`` or fewer), a failed rank's last words
-and a waiting rank's prompt start open, a longer one folded. A one-line
-script remembers, in the page, a fold the user opened or closed, so the
-next update of the block keeps it; where scripts do not run (an untrusted
-notebook) the fold starts as the kernel drew it. Log paths appear as
-``links.path_html`` renders them. The footer holds nbddp's own notices
-(styled as stderr) over the metrics chart.
+Pure functions from plain values to ``{"text/plain", "text/html"}`` bundles that escape everything
+a rank wrote. A rank's ``text/plain`` is its header, a note of hidden lines, then its tail; its
+``text/html`` folds the tail under the header (open when short, failed or waiting for input), and
+a one-line script keeps a fold the user toggled across updates. The footer holds nbddp's notices
+over the metrics chart.
 """
 
 from __future__ import annotations
@@ -72,7 +63,7 @@ def rank_bundle(
     log: Path | None,
     fold: str,
 ) -> Bundle:
-    """One rank's block (see module contract). ``hidden``: lines only in ``log``;
+    """One rank's block. ``hidden``: lines only in ``log``;
     ``fold``: the id that names the fold in the page (stable for the block's life)."""
     where = str(log) if log is not None else "its log"
     plain = [header]

@@ -1,29 +1,12 @@
 """Live charts of ``nbddp.log`` metrics, as HTML with inline SVG: one panel per metric.
 
-Contract: ``MetricHistory.add(row)`` takes the rows ``nbddp.log`` sends
-(``rank``, ``step``, ``time`` and the values) and keeps, per metric and
-rank, a series of (x, y) points: x is the step, or the rank's row count
-when no step was given. Each series is bounded: past ``max_points`` it is
-thinned by half (every other point, then every fourth new one, ...), and
-the latest point is always kept, so memory stays constant however long
-training runs. (The full history is ``Run.metrics``.)
-
-``chart_html(history, options)`` draws a grid of panels (``plot.metric_svg``),
-one per metric (the first ``MAX_CHARTED``), each with its own axes and
-scale, then a legend: each rank's latest values, which a pointer on them
-picks out in every panel. Ranks are drawn as a line each up to
-``ChartOptions.max_lines`` ranks, past that as their mean over a min-max
-band, a rank's own line shown while the pointer is on its legend row. Its
-size is bounded by the number of metrics and ranks (``MAX_LEGEND_RANKS``),
-never by the number of steps. It is plain HTML, SVG and CSS: JupyterLab,
-Notebook and VS Code show it without a frontend extension, and so does the
-panel's HTML widget.
-
-Rows are data from another process: any value in them is drawn or left out,
-never raised on. A value or step no float can hold (``10**400``), NaN and
-infinity are kept in ``Run.metrics`` as they are but left out of the chart;
-``metric_summary`` shows them (``~1e+400``, ``nan``, ``inf``), shows what is
-not a number by its type, and is at most ``MAX_SUMMARY`` characters.
+``MetricHistory.add(row)`` keeps per metric and rank a series of (step or row count, value),
+thinned by half past ``max_points`` (the latest point always kept): memory stays constant.
+``chart_html(history, options)`` draws a panel per metric (``plot.metric_svg``; the first
+``MAX_CHARTED``) and a legend of each rank's latest values, as lines or, past
+``ChartOptions.max_lines`` ranks, a mean over a min-max band; its size never grows with steps.
+Plain HTML/SVG/CSS, no frontend extension. Rows come from another process: nothing in them
+raises; non-finite values are left out of the chart (``metric_summary`` shows them).
 """
 
 from __future__ import annotations
@@ -127,7 +110,7 @@ class _Series:
 
 
 class MetricHistory:
-    """Bounded per-metric, per-rank series for charts (see module contract)."""
+    """Bounded per-metric, per-rank series for charts."""
 
     def __init__(self, max_points: int = 300) -> None:
         self.max_points = max_points
@@ -191,7 +174,7 @@ class MetricHistory:
 
 
 def chart_html(history: MetricHistory, options: ChartOptions | None = None) -> str:
-    """Every metric's panel in a grid, then the legend (see module contract)."""
+    """Every metric's panel in a grid, then the legend."""
     options = options or ChartOptions()
     mode = options.mode(len(history.ranks()))
     x_label = "step" if history.stepped else "row"
@@ -274,7 +257,7 @@ def chart_text(history: MetricHistory) -> str:
 
 
 def metric_summary(row: MetricRow) -> str:
-    """``step 40 loss=0.1234 acc=0.91``: a row in one short line (see module contract)."""
+    """``step 40 loss=0.1234 acc=0.91``: a row in at most ``MAX_SUMMARY`` characters."""
     parts = []
     size = 0
     step = row.get("step")

@@ -1,22 +1,11 @@
 """A display that never raises, so that no display error can break or hang a run.
 
-Contract: ``Guarded(display, ranks)`` implements ``launcher.display.Display``
-by calling ``display``. When that raises (any ``Exception``; a
-``KeyboardInterrupt`` goes through, and the run stops its ranks), the error
-is reported once and the display is replaced, starting with the call that
-failed, so nothing is skipped: by a ``TextDisplay`` of ``ranks`` in the
-caller's stdout; or, once ``pin()`` said the run is drawn from a background
-thread (whose stdout would land in whatever cell runs then), by nothing.
-A display that can ``retire`` (the kernel display) keeps drawing its
-blocks' headers, true to the end (``state``, ``ended``, ``close`` still
-reach it), with a note saying where the output is now; if that fails too
-it is dropped. If the text display fails as well, the rest of the run is
-shown by nothing (every rank's log keeps all its output either way).
-``inner`` is the display in use now, None once none is left.
-
-The optional calls a run's entry points and ``Run`` make (``starting``,
-``not_started``, ``pin``, ``ended``) reach the display when it has them;
-``ended`` falls back to ``state`` with the refined state.
+``Guarded(display, ranks)`` calls ``display``; when it raises an ``Exception`` (an interrupt goes
+through), the error is reported once and the display is replaced from the failed call on: by a
+``TextDisplay`` on stdout, or by nothing once ``pin()`` said a background thread draws. A display
+that can ``retire`` (the kernel's) keeps drawing true headers with a note. ``inner``: the display
+in use, None once none is left. Optional calls (``starting``, ``not_started``, ``pin``,
+``ended``) reach it when it has them; ``ended`` falls back to ``state``.
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO, cast
 
 from nbddp.display.text import TextDisplay
 from nbddp.launcher.display import Display
@@ -37,8 +26,6 @@ log = logging.getLogger(__name__)
 
 
 class Guarded:
-    """A display that never raises (see module contract)."""
-
     def __init__(self, display: Display, ranks: set[int] | None) -> None:
         self.inner: Display | None = display
         self._ranks = ranks
@@ -46,7 +33,7 @@ class Guarded:
         self._world_size = 0
         self._fell_back = False
         self._pinned = False
-        self._retired: Any = None  # the failed display, drawing its headers only
+        self._retired: Display | None = None  # the failed display, drawing its headers only
 
     def attach(self, log_dir: Path, world_size: int) -> None:
         """As the display's; remembered for the text display that may take over."""
@@ -72,8 +59,7 @@ class Guarded:
 
     def refresh(self) -> float | None:
         """As the display's; None once there is no display left."""
-        delay: float | None = self._call("refresh")
-        return delay
+        return cast("float | None", self._call("refresh"))
 
     def close(self) -> None:
         """As the display's (and the retired display's final headers)."""
@@ -108,7 +94,7 @@ class Guarded:
 
     # -- internals ---------------------------------------------------------------
 
-    def _call(self, name: str, *args: Any) -> Any:
+    def _call(self, name: str, *args: object) -> object:
         while self.inner is not None:
             try:
                 return getattr(self.inner, name)(*args)
@@ -118,7 +104,7 @@ class Guarded:
                     return None
         return None
 
-    def _retired_call(self, name: str, *args: Any) -> None:
+    def _retired_call(self, name: str, *args: object) -> None:
         retired = self._retired
         if retired is None:
             return

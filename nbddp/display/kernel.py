@@ -1,41 +1,13 @@
-"""Kernel display: one block per rank in the cell output, updated in place.
+"""Kernel display: one block per rank in the cell output, updated in place, and a chart footer.
 
-Contract: ``KernelDisplay`` receives a run's events (``output``, ``state``,
-``metric``, and ``ended`` once the run is over) and only records them, in
-its view model (``model``, a ``RunModel``); ``refresh()`` draws what
-changed, at most once per ``interval`` seconds, and says when it next
-wants to be called; ``close()`` draws everything a last time (the final
-frame: every rank's final state, its last output, the final chart), and
-may be called again after an interrupted draw. Each rank's block is a
-display id updated in place (``blocks.rank_bundle``: ``text/plain``, and
-``text/html`` with the tail folded under the header), showing the last
-``tail`` lines of the rank's output as a terminal would (``Screen``), so
-tqdm bars redraw in place. Lines beyond the tail are only in the rank's
-log, and the block says so. Ranks outside ``live`` show their header only.
-
-A footer block holds the metrics chart (inline SVG, ``chart``) and nbddp's
-notices that come once the blocks exist (before that, as when the ranks
-are being started, notices go to stderr at once). The chart is drawn at
-most once per ``chart_interval`` seconds, and the metric in each header is
-the one of the chart last drawn: what the headers say and what the chart
-shows always agree.
-
-Where blocks are drawn: ``starting(n)`` shows "starting n ranks…" in the
-running cell from the moment a launch begins; rank 0's block takes its
-place (``not_started()`` removes it when the ranks never start). Normally
-blocks are drawn by whichever thread calls ``refresh``/``close``, in the
-cell running then (a later cell that waits gets blocks of its own). After
-``pin()``, called in the launching cell, every block already exists
-there, and drawing, from any thread (a background run), only updates
-blocks by their display ids: the frontend places an update by its id,
-whichever cell is running, so nothing depends on how the kernel routes a
-thread's output to cells.
-
-``retire(note)``: the display failed; from then on each block shows its
-header (state and elapsed time, still kept true) and ``note``, never the
-output or the chart (the guard shows those some other way, or not at all).
-
-IPython is imported only when a block is drawn.
+``KernelDisplay`` records a run's events in its ``RunModel``; ``refresh()`` draws what changed,
+at most once per ``interval`` (``chart_interval`` for the chart), and says when it next wants a
+call; ``close()`` draws the final frame and may be called again after an interrupted draw. A
+block shows the last ``tail`` lines as a terminal would (``Screen``); ranks outside ``live`` show
+their header only. ``starting(n)`` shows a start line that rank 0's block replaces. Blocks are
+drawn in the cell running when drawn, unless ``pin()`` (in the launching cell) drew them: then
+any thread only updates them by display id. ``retire(note)`` keeps headers only. IPython is
+imported only when drawing.
 """
 
 from __future__ import annotations
@@ -46,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO, cast
 
 from nbddp.display import blocks
 from nbddp.display.blocks import Bundle
@@ -59,28 +31,34 @@ from nbddp.wire.protocol import MetricRow
 class Publisher(Protocol):
     """Where blocks are drawn: IPython's display machinery, or a fake in tests."""
 
-    def show(self, bundle: Bundle) -> Any:
+    def show(self, bundle: Bundle) -> object:
         """Draw a new block in the running cell; return a handle for ``update``."""
 
-    def update(self, handle: Any, bundle: Bundle) -> None:
+    def update(self, handle: object, bundle: Bundle) -> None:
         """Replace the block ``handle`` in place, wherever it is shown."""
 
     def cell(self) -> object:
         """A token that changes when a different cell is running."""
 
 
+class _DisplayHandle(Protocol):
+    """What ``IPythonPublisher.show`` returns: IPython's ``DisplayHandle``."""
+
+    def update(self, obj: Bundle, *, raw: bool) -> None: ...
+
+
 class IPythonPublisher:
     """Blocks as display ids (``display(..., display_id=True)`` / ``handle.update``)."""
 
-    def show(self, bundle: Bundle) -> Any:
+    def show(self, bundle: Bundle) -> object:
         """Draw a new block in the running cell's output."""
         from IPython.display import display
 
         return display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
-    def update(self, handle: Any, bundle: Bundle) -> None:
+    def update(self, handle: object, bundle: Bundle) -> None:
         """Update a block wherever it is shown."""
-        handle.update(bundle, raw=True)
+        cast(_DisplayHandle, handle).update(bundle, raw=True)
 
     def cell(self) -> object:
         """The running cell's execution count."""
@@ -94,12 +72,12 @@ class IPythonPublisher:
 class _Drawn:
     """What the notebook holds of one block."""
 
-    handle: Any = None
+    handle: object = None
     shown: Bundle = field(default_factory=dict)
 
 
 class KernelDisplay:
-    """Per-rank blocks and a footer in the cell (see module contract)."""
+    """Per-rank blocks and a footer in the cell."""
 
     # The recording events are the model's own methods (``RunModel.output``,
     # ``.state``, ``.metric``), bound per instance: they run per printed line
@@ -126,7 +104,7 @@ class KernelDisplay:
         self._fold = uuid.uuid4().hex[:12]  # names this display's folds in the page
         self._drawn: dict[int, _Drawn] = {}
         self._footer = _Drawn()
-        self._starting: Any = None  # the "starting…" line's handle, until rank 0 takes it
+        self._starting: object = None  # the "starting…" line's handle, until rank 0 takes it
         self._cell: object = None
         self._pinned = False
         self._attached = False
@@ -179,8 +157,8 @@ class KernelDisplay:
             self._write(text)
 
     def pin(self) -> None:
-        """Draw every block now, in the running cell; from now on only update them
-        (see module contract)."""
+        """Draw every block now, in the running cell; from now on only update them, by
+        display id, from any thread."""
         self._cell = self._publisher.cell()
         self._pinned = True
         self.model.mark_dirty()

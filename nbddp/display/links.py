@@ -1,17 +1,9 @@
 """How a file's path is shown in a block's HTML: plain text, or a link JupyterLab opens.
 
-Contract: ``path_html(path)`` is ``path`` escaped as plain text, unless it lies
-inside the root directory of the Jupyter server that started this kernel:
-then it is a link, relative to the notebook's directory, that JupyterLab
-opens in a tab. Why not always a link, nor a path in a stream: JupyterLab
-turns an absolute path in text output into a link, and one outside its root
-opens a "Start debugger?" dialog instead of the file. HTML output is not
-scanned for paths, so a path there stays text.
-
-The server is found, once, by its runtime file (``jpserver-<pid>.json``,
-which holds its ``root_dir``) whose pid is this kernel's parent; the notebook
-by ``JPY_SESSION_NAME``, which the server sets for the kernels it starts.
-Anything missing or unreadable means no link.
+``path_html(path)`` is escaped text unless ``path`` lies under the root of the Jupyter server
+that started this kernel (found once by its ``jpserver-<pid>.json``; the notebook by
+``JPY_SESSION_NAME``): then a link, relative to the notebook, that opens in a tab. (A path
+outside the root would open a "Start debugger?" dialog.) Anything missing means no link.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def path_html(path: Path | str, root: Path | None = None, notebook: Path | None = None) -> str:
-    """``path`` as HTML (see module contract); ``root`` and ``notebook`` (its file)
+    """``path`` as HTML; ``root`` and ``notebook`` (its file)
     default to what the kernel's server says."""
     text = html.escape(str(path))
     if root is None:

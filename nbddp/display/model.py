@@ -1,27 +1,11 @@
-"""The per-rank view model that the kernel display and the panel render (the text display
-uses its rank selection): what each rank is doing, and what changed since the last draw.
+"""The per-rank view model the kernel display and the panel render: what each rank is doing,
+and what changed since the last draw.
 
-Contract: ``RunModel`` takes the ``Display`` protocol's recording events
-(``attach``, ``output``, ``state``, ``metric``; a notice is shown by each
-renderer at once) and keeps them, and how each rank ended once the run is
-over (``ended``, a ``RankEnd``: the refined state, what it adds, and when
-the rank ended). Per rank a ``RankModel``: its ``RankState`` and its words
-for a header (``words``: ``failed: ValueError``), when it started (the
-run's start) and ended (the elapsed time stops there; a restarted rank's
-goes on), its elapsed time as text (``format_elapsed``), its ``Screen``
-(None for a rank not shown live: its output is only in its log), its last
-metric row and that row in one line. For the run: the metric rows (``history``, a
-``MetricHistory``; rows are taken in when it is read, so recording one is an
-append), the rate limiters a renderer draws by (``limiter``, and the
-slower ``chart_limiter``), and what changed since the last draw: each
-rank's ``dirty`` flag (any event of that rank), ``chart_dirty`` (new rows),
-and whether a shown elapsed time would now read differently
-(``RankModel.stale``). Renderers say what they drew with
-``RankModel.drawn``; when they draw is theirs to decide.
-
-The event methods run once per printed line and per metric row: they only
-record (one dict lookup, a few attribute stores, no allocation beyond the
-row list's append). States arrive as ``RankState`` or as its plain string.
+``RunModel`` records the ``Display`` events (``attach``, ``output``, ``state``, ``metric``,
+``ended``) in a ``RankModel`` per rank (state, header words, elapsed time, ``Screen`` when shown
+live, last metric row) and the run's ``history``, rate limiters and dirty flags; renderers say
+what they drew with ``RankModel.drawn`` and decide when to draw. The event methods run once per
+line and per row, so they only record. States arrive as ``RankState`` or its plain string.
 """
 
 from __future__ import annotations
@@ -46,7 +30,7 @@ _ENDED = frozenset(state for state in RankState if state.ended)
 
 
 class RankModel:
-    """One rank as the displays know it (see module contract)."""
+    """One rank as the displays know it."""
 
     # Slots: one of these is touched per printed line.
     __slots__ = (
@@ -115,7 +99,7 @@ class RankModel:
 
 
 class RunModel:
-    """Every rank of one run, and the run's metrics and redraw pacing (see module contract)."""
+    """Every rank of one run, and the run's metrics and redraw pacing."""
 
     def __init__(
         self,

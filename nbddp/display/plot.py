@@ -1,23 +1,11 @@
 """One metric's chart panel, as an SVG document: axes with labels, and the ranks' values.
 
-Contract: ``metric_svg(name, series, mode)`` draws ``series`` (rank -> its
-(step, value) points in the order logged) in a ``width`` x ``height`` panel:
-the metric's name and latest value on top; under them what the panel shows
-(``log scale``, ``mean and range of 8 ranks``, ``all 4 ranks equal``); a value
-axis with labels and grid lines, log when ``axes.choose_scale`` says so; a
-step axis labelled under the plot. ``mode="lines"``: a line per rank in its
-colour, ranks whose points are all equal sharing one line. ``mode="band"``:
-the ranks' mean as a line over a band from their minimum to their maximum,
-and each rank's own line (the first ``MAX_RANK_LINES`` ranks) present but
-hidden (``display="none"``), for the page's CSS to show on demand.
-
-Lines are averaged to one point per ``px_per_point`` pixels of width (the
-hidden ones per ``hidden_px_per_point``), and each line ends at its rank's
-latest point exactly: the SVG's size depends on the panel, the number of
-ranks and these two, never on how many steps were logged.
-Elements carry ``nbddp-*`` classes and ``data-metric``, ``data-scale`` and
-``data-rank`` attributes, for the page's CSS and for tests. Text takes the
-page's colour (``currentColor``), so the panel reads on light and dark themes.
+``metric_svg(name, series, mode)`` draws rank -> (step, value) points in a ``width`` x ``height``
+panel: name and latest value, what it shows, a value axis (log when ``axes.choose_scale`` says),
+a step axis. ``"lines"``: a line per rank (equal ranks share one); ``"band"``: the mean over a
+min-max band, the first ``MAX_RANK_LINES`` ranks' lines hidden for CSS to show. Lines are averaged
+per ``px_per_point`` pixels, so size never grows with steps. ``nbddp-*`` classes and ``data-*``
+attributes are for the page's CSS and for tests; text takes ``currentColor``.
 """
 
 from __future__ import annotations
@@ -79,7 +67,7 @@ def metric_svg(
     width: int = WIDTH,
     height: int = HEIGHT,
 ) -> str:
-    """One panel for ``name`` (see module contract). ``px_per_point``: horizontal pixels
+    """One panel for ``name``. ``px_per_point``: horizontal pixels
     per drawn point of the visible lines and band, ``hidden_px_per_point`` of the hidden
     per-rank lines (a multiple of ``PX_PER_POINT``; more: fewer bytes, coarser lines)."""
     series = {rank: pts for rank, pts in series.items() if pts}

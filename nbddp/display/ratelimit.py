@@ -1,10 +1,6 @@
-"""A rate limiter for redraws: at most one per ``interval`` seconds.
-
-Contract: ``ready()`` is True when at least ``interval`` seconds have
-passed since the last ``fire()`` (or if it never fired); ``delay()`` is how
-long until it will be. The clock is injectable so tests need no sleeping.
-It does not drop anything itself: callers keep what changed (a dirty flag)
-and draw it when the limiter allows, and unconditionally at the end.
+"""A rate limiter for redraws: ``ready()`` once ``interval`` seconds passed since the last
+``fire()`` (or never fired), ``delay()`` until then; the clock is injectable. It drops nothing:
+callers keep a dirty flag, draw when allowed, and always at the end.
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """A terminal-like screen for one rank's output, keeping only a bounded tail.
 
-Contract: ``Screen(tail).feed(text, stream)`` applies text the way a
-terminal would: ``\\n`` starts a new line, ``\\r`` returns to column 0 so
-what follows overwrites the line (tqdm redraws in place), ``\\b`` steps
-back, and the ANSI cursor controls tqdm uses for nested bars are honoured
-(``ESC[nA`` up, ``ESC[nB`` down, ``ESC[nC``/``ESC[nD`` right/left,
-``ESC[nG`` column, ``ESC[K`` erase in line). Every other escape sequence
-(colours, titles) is dropped, so ``lines()`` is plain text. Escape
-sequences split across chunks are held until the rest arrives.
-
-Only the last ``tail`` lines are kept (plus the line the cursor is on);
-``dropped`` counts the lines that scrolled out, so the caller can say how
-much is only in the log. The cursor cannot move above the kept lines.
-
-Whatever a rank writes, a screen stays small and never raises: a line keeps
-at most ``width`` characters, and ``lines()`` ends a longer one with
-``… N more characters in <where>`` (N: how far past the width the line
-reached, so a bar redrawn a thousand times counts once). Cursor moves stop
-at the last column, as a terminal's do, and a count of any number of digits
-is read as "very many", never parsed whole. An escape sequence that has not
-ended after ``MAX_ESCAPE`` characters is dropped (its bytes are in the log).
-So feeding is linear in the text fed, however long a line gets without a
-newline.
-
-stdout and stderr are separate pipes, so each keeps its own unfinished
-line: when the other stream writes while a line is unfinished, the screen
-first moves to a new line (joining a ``print`` onto the middle of a
-progress bar helps nobody), and when the first stream writes again it goes
-on at its unfinished line, wherever that now is, as long as it is still
-among the shown ``tail`` lines. So a tqdm bar on stderr redraws in place however many lines the
-loop prints on stdout meanwhile, and ends as one line. After such a
-return, the next newline goes to the bottom, below everything written.
-
-Non-goals: colours, wide characters, scrolling regions, full-screen apps.
+``Screen(tail).feed(text, stream)`` applies ``\n``, ``\r``, ``\b`` and the ANSI cursor moves
+tqdm uses (``ESC[nA/B/C/D/G``, ``ESC[K``) as a terminal would and drops every other escape, so
+``lines()`` is plain text; only the last ``tail`` lines are kept (``dropped`` counts the rest). It
+never raises and stays linear: lines are cut at ``width``, counts and unended escapes are bounded.
+stdout and stderr each keep their unfinished line, so a tqdm bar on stderr redraws in place while
+the loop prints on stdout. Non-goals: colours, wide characters, scrolling regions.
 """
 
 from __future__ import annotations
@@ -68,7 +41,7 @@ def strip_cursor_codes(line: str) -> str:
 
 
 class Screen:
-    """One rank's recent output as a terminal would show it (see module contract)."""
+    """One rank's recent output as a terminal would show it."""
 
     def __init__(self, tail: int = 40, width: int = WIDTH, where: str = "the log") -> None:
         if tail < 1:
@@ -109,7 +82,7 @@ class Screen:
 
     def lines(self) -> list[str]:
         """The last ``tail`` lines, oldest first, trailing spaces removed; a cut line
-        ends with how many more characters it has (see module contract)."""
+        ends with ``… N more characters in <where>``."""
         kept = self._kept()
         first = max(0, len(kept) - self.tail)
         shown = [line.rstrip(" ") for line in kept[first:]]

@@ -1,18 +1,9 @@
 """How states look: the colours and words the kernel display and the panel give states.
 
-Contract: ``STATE_COLORS`` maps every ``RankState`` that is drawn in a colour
-of its own to a CSS colour; ``RUN_COLORS`` does the same for every ended
-``RunStatus`` (and the rank states, for views that mix them). A state
-without an entry (starting, running) is drawn in the default colour. Keys
-are ``str`` enum members, so a state's plain name finds its colour too.
-``state_words(state, detail)`` is a state as a header says it. A state
-added to ``RankState`` needs a colour here only if it should stand out.
-
-The colours are chosen to tell apart, at a glance, the rank that failed
-(red, darker for a crash without an exception) from the ranks stopped
-because of it (grey: not their fault), and a stop someone asked for
-(orange) from one the run's timeout made (brown). A rank waiting for input
-is blue: live, but held until the user answers.
+``STATE_COLORS`` maps each ``RankState`` drawn in a colour of its own to a CSS colour,
+``RUN_COLORS`` each ended ``RunStatus`` (and the rank states); keys are ``str`` enums, so plain
+names work; a state without an entry is drawn in the default colour. ``state_words(state,
+detail)`` is a state as a header says it. The failed rank is red, ranks stopped because of it grey.
 """
 
 from __future__ import annotations

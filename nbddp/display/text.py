@@ -1,28 +1,10 @@
 """Text display: rank-prefixed lines, for terminals, scripts and plain kernels.
 
-Contract: ``TextDisplay.output(rank, stream, text)`` accepts chunks as they
-arrive and writes only whole lines, each prefixed ``[rank N] `` and written
-with one ``write`` call, so ranks never interleave mid-line. A carriage
-return rewinds the current line as a terminal would: of ``"a\\rb\\n"`` only
-``b`` is printed, so a tqdm bar appears as its final state, not as a line
-per redraw; while a bar is still running, its current state is printed
-at most every ``progress_interval`` seconds so a long loop shows progress.
-ANSI cursor movement (tqdm's nested bars) is removed: on a shared terminal
-it would move over other ranks' lines. ``close()`` writes what is left of
-unfinished lines. Nothing a rank writes is dropped, but a line is cut at
-``width`` characters (default ``TEXT_WIDTH``) and ends with ``… N more
-characters in <its log>``: so however long a line grows without a newline,
-what is held and written stays bounded and taking it in is linear.
-
-Metric rows print as ``[rank N] step 10 loss=0.123``: immediately, or if
-the rank's last metric line is younger than ``metric_interval`` seconds,
-its latest row once that time has passed (``refresh``) and at ``close``.
-Every row is kept in ``Run.metrics`` regardless.
-
-Unlike the kernel display and the panel, it keeps no ``model.RunModel``:
-what it writes is final the moment a line completes, so it has no screens
-to redraw, no elapsed times and nothing to compare with a last draw; per
-rank it holds only an unfinished line per stream and a held metric row.
+``TextDisplay`` writes only whole lines, each ``[rank N] ``-prefixed in one ``write``, so ranks
+never interleave mid-line. ``\r`` rewinds as a terminal would (a running tqdm bar prints at most
+every ``progress_interval``); cursor moves are removed; lines are cut at ``width``. Metric rows
+print at once, or at most every ``metric_interval`` per rank (``refresh``, ``close``). ``close()``
+writes what is left. It keeps no ``RunModel``: what it writes is final once a line completes.
 """
 
 from __future__ import annotations
@@ -193,7 +175,7 @@ class TextDisplay:
         return self._out or sys.stdout
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        """Show the complete lines in ``text`` (see module contract)."""
+        """Write the complete lines in ``text``; hold the unfinished one."""
         if self._ranks is not None and rank not in self._ranks:
             return
         lines = self._lines.feed(rank, stream, text)

@@ -1,34 +1,12 @@
-"""The keeper: the parent of a rank, so that nothing the rank starts outlives it.
+"""The keeper: every rank's parent, whatever the start method, so nothing a rank starts outlives it.
 
-Contract: every rank's parent is a keeper, whatever the start method. A
-keeper leads a process group of its own (``setsid``), is a child subreaper,
-forks the rank (which leads its own process group too, and runs
-``worker.run_forked`` on the rank's ctrl, out and err fds), writes the rank's pid to ``status_w`` (8
-bytes, ``STATUS``), and reaps every orphan of the rank's tree that is
-re-parented to it (``setsid`` daemons, double forks). When the rank has
-exited it SIGKILLs every descendant left, reaps them, and writes the rank's
-exit code (8 bytes; negative: the signal that killed it). So when the
-notebook reads the code, the rank's whole tree is gone and nothing holds its
-pipes. The keeper runs no user code, holds none of the rank's fds but
-``status_w``, and is never in the rank's process group.
-
-Two kinds:
-
-- ``keep``: a one-shot keeper, forked by the fork starter or spawned
-  (``spawned_main``: the interpreter the notebook starts; it forks the rank
-  before anything imports torch, so this module imports only the standard
-  library at its top). It exits with its rank.
-- ``serve``: a forkserver's keeper (``nbddp.forkserver.pool``), reused from
-  rank to rank. It takes orders on its link to the forkserver: ``RUN`` with
-  four fds (ctrl, out, err, status_w) starts a rank on them, handing them to
-  its idle worker if it holds one (``WARM`` forks one: it waits, blocked, for
-  a rank's fds); when the rank's tree is gone it says ``FREE``; EOF ends it.
-  While free, it and its idle worker die with their parent; while it keeps a
-  rank it does not (a rank outlives the forkserver).
-
-Nothing passes from one rank to the next through a reused keeper: it runs
-no user code and receives only fds and orders, and every rank is a fresh
-fork of it.
+A keeper leads its own process group (``setsid``; never the rank's), is a child subreaper, forks
+the rank (``become_rank``), writes its pid, then its exit code (``STATUS``) to status_w, only
+after SIGKILLing and reaping whatever is left of the rank's tree. It runs no user code and holds
+no fd of the rank's but status_w. ``keep``: a one-shot keeper (fork starter; ``spawned_main``,
+which imports only the standard library before it forks). ``serve_keeper``: a forkserver's
+keeper, reused rank after rank on the orders ``RUN``/``WARM`` on its link, saying ``FREE`` once
+a rank's tree is gone; while free, it and its idle worker die with their parent.
 """
 
 from __future__ import annotations
@@ -72,17 +50,17 @@ def detach(close: Collection[int]) -> None:
     signal.set_wakeup_fd(-1)
 
 
-def keep(run_rank: Callable[[], NoReturn], status_w: int, rank_fds: Collection[int]) -> NoReturn:
-    """A one-shot keeper: fork the rank, stay its parent until its tree is gone, exit.
-    ``rank_fds``: the rank's own fds, which the keeper closes once it has forked."""
+def keep(status_w: int, ctrl: int, out: int, err: int) -> NoReturn:
+    """A one-shot keeper: fork the rank on ``ctrl``, ``out``, ``err`` (closed here once it
+    has forked), stay its parent until its tree is gone, exit."""
     try:
         prctl.become_subreaper()
         rank = os.fork()
         if rank == 0:  # pragma: no cover - runs in the rank
             os.close(status_w)
             os.setsid()
-            run_rank()
-        for fd in rank_fds:
+            become_rank(ctrl, out, err)
+        for fd in (ctrl, out, err):
             os.close(fd)
         supervise(rank, status_w)
     finally:
@@ -93,11 +71,15 @@ def spawned_main() -> NoReturn:
     """A spawned keeper: ``python -c ... CTRL OUT ERR STATUS_W`` (the spawn starter),
     leading its own process group, its stdio the notebook's."""
     ctrl, out, err, status_w = (int(arg) for arg in sys.argv[-4:])
-    keep(lambda: _run_rank(ctrl, out, err), status_w, (ctrl, out, err))
+    keep(status_w, ctrl, out, err)
 
 
-def _run_rank(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
-    from nbddp.rank import worker  # only here: the rank needs it, its keeper never does
+def become_rank(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
+    """Run the rank in this freshly forked child, on its ctrl, out and err fds; the one way
+    every start method starts a rank. Never returns."""
+    # Imported only here: a spawned keeper forks before importing torch, and a keeper
+    # never needs the rank's modules (the forkserver has preloaded them for its ranks).
+    from nbddp.rank import worker
 
     worker.run_forked(ctrl, out, err)
 
@@ -165,9 +147,11 @@ def _write(fd: int, value: int) -> None:
 # -- the forkserver's keepers ------------------------------------------------
 
 
-def serve(link: socket.socket, forkserver: int, first: list[int] | None, warm: bool) -> NoReturn:
-    """A forkserver's keeper (see module contract): ``first``, the fds of a rank to
-    start before any order; ``warm``, fork an idle worker first. Never returns."""
+def serve_keeper(
+    link: socket.socket, forkserver: int, first: list[int] | None, warm: bool
+) -> NoReturn:
+    """A forkserver's keeper: ``first``, the fds of a rank to start before any order;
+    ``warm``, fork an idle worker first. Never returns."""
     try:
         prctl.become_subreaper()
         idle = _fork_idle(link) if warm else None
@@ -236,7 +220,7 @@ def _start_rank(idle: tuple[int, socket.socket] | None, link: socket.socket, fds
                 os.setsid()
 
             _in_child(detach_rank)
-            _rank_on(ctrl, out, err)
+            become_rank(ctrl, out, err)
     for fd in (ctrl, out, err):
         os.close(fd)
     return rank
@@ -268,7 +252,7 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
             os._exit(0)  # its keeper ended it
         theirs.close()
         prctl.outlive_parent()  # from now on a rank: its link to the notebook decides
-        _rank_on(*fds)
+        become_rank(*fds)
     prctl.set_name(IDLE_NAME)
     theirs.close()
     return pid, ours
@@ -281,9 +265,3 @@ def _in_child(steps: Callable[[], None]) -> None:
     except BaseException:
         traceback.print_exc()
         os._exit(1)
-
-
-def _rank_on(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
-    from nbddp.rank import worker  # preloaded by the forkserver: no import happens here
-
-    worker.run_forked(ctrl, out, err)

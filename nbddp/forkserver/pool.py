@@ -1,27 +1,11 @@
 """The forkserver's keepers, and the idle workers they hold for the next launch.
 
-Contract: a ``Pool`` lives in the forkserver (single-threaded, as the
-forkserver is) and owns its children, every one a keeper
-(``keeper.serve``) with a private socketpair link. A keeper is busy (its
-rank runs) or free; a free keeper is warm when it holds an idle worker.
-``hand_over`` gives a rank's fds (ctrl, out, err, status_w) to a free
-keeper, warm first, and returns its pid, or None when none is free;
-``start_keeper`` then forks one for the rank. When the rank's tree is gone
-its keeper says so (``heard``) and stays, free, for the next rank.
-
-Policy:
-
-- ``size`` is the last launch's number of ranks, capped by ``NBDDP_POOL``
-  (``resize``, on each request); free keepers beyond it end.
-- Once no rank of this forkserver runs and none started or ended for
-  ``REFILL_DELAY`` seconds (a notebook user's next launch is seconds away),
-  keepers are made warm one at a time until ``size`` are (``refill_in``,
-  ``warm_one``); ranks are never slowed by a refill.
-- After ``idle_timeout`` seconds without a launch every free keeper ends
-  (``wind_down``).
-
-A free keeper dies with the forkserver (``prctl.die_with``), and an idle
-worker with its keeper: idle processes never outlive the forkserver.
+A ``Pool`` lives in the single-threaded forkserver and owns its children, each a keeper
+(``keeper.serve_keeper``) on a private socketpair link, busy (its rank runs) or free, and warm
+when it holds an idle worker. ``size`` is the last launch's rank count, capped by ``NBDDP_POOL``;
+once no rank has started or ended for ``REFILL_DELAY`` seconds, keepers are warmed one at a time
+(never slowing a rank); after ``idle_timeout`` seconds without a launch every free keeper ends.
+Free keepers die with the forkserver, idle workers with their keeper.
 """
 
 from __future__ import annotations
@@ -52,8 +36,6 @@ class _Keeper:
 
 
 class Pool:
-    """The forkserver's keepers and idle workers (see module contract)."""
-
     def __init__(self, selector: selectors.BaseSelector) -> None:
         self.size = 0  # warm keepers to keep: the last launch's, 0 until the first
         self.idle_timeout = 0.0
@@ -109,7 +91,7 @@ class Pool:
             except BaseException:
                 traceback.print_exc()
                 os._exit(1)
-            keeper.serve(theirs, forkserver, None if fds is None else list(fds), fds is None)
+            keeper.serve_keeper(theirs, forkserver, None if fds is None else list(fds), fds is None)
         theirs.close()
         found = _Keeper(ours, warm=fds is None)
         (self.busy if fds is not None else self.free)[pid] = found
@@ -117,7 +99,7 @@ class Pool:
         return pid
 
     def refill_in(self) -> float | None:
-        """Seconds until a refill is due (0: now); None while none will be (see policy)."""
+        """Seconds until a refill is due (0: now); None while none will be."""
         if self.busy or self.warm() >= self.size:
             return None
         return max(0.0, self.last_used + REFILL_DELAY - time.monotonic())

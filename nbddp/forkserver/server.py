@@ -1,23 +1,11 @@
-"""nbddp's forkserver: a process that has imported torch (never CUDA) and forks ranks.
+"""nbddp's forkserver: a single-threaded process that imported torch (never CUDA) and forks ranks.
 
-Contract: started by the notebook's ``starters.ForkserverStarter`` as
-``python -c "import nbddp.forkserver.server as s; s.main()" FD [SIZE IDLE]``,
-``FD`` one end of a Unix socketpair. Each request is ``REQUEST`` (the pool
-to keep afterwards: its size and idle timeout) with four fds (status_w,
-ctrl, out, err); the forkserver hands them to a free keeper of its pool, or
-forks a keeper for them (``nbddp.forkserver.pool``), without waiting: a
-launch sends all its requests at once, and their keepers fork the ranks
-side by side. The keeper writes the rank's pid and later its exit code to
-status_w (``keeper.STATUS``); the forkserver keeps no status fd, so ranks
-outlive it and their exit codes still reach the notebook. It is a child
-subreaper, so it reaps what a killed keeper leaves. It exits when the
-notebook's end of the socket closes, after ending its free keepers and
-waiting for its ranks.
-
-It must stay CUDA-clean: it imports torch (``PRELOAD``: what every rank
-imports, so that forked ranks start with it) and never calls anything that
-initialises CUDA, so its children can use the GPUs even when the notebook
-already has. It is single-threaded, which is what makes fork safe here.
+Started by the notebook (``launcher.forkserver_link``) with ``main()``: argv ``FD [SIZE IDLE]``,
+``FD`` one end of a Unix socketpair. Each ``REQUEST`` comes with four fds (status_w, ctrl, out,
+err), handed to a free keeper of its pool or to a newly forked one (``pool``), without waiting.
+It keeps no status fd, so ranks outlive it; it is a child subreaper, and exits when the notebook
+closes its end, after ending its free keepers and waiting for its ranks. It must never
+initialise CUDA, so that its children can use the GPUs even when the notebook has.
 """
 
 from __future__ import annotations
@@ -67,8 +55,6 @@ def _preload() -> None:
 
 
 class Forkserver:
-    """The fork loop (see module contract)."""
-
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.selector = selectors.DefaultSelector()
@@ -77,7 +63,7 @@ class Forkserver:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
 
-    def serve(self) -> None:
+    def serve_requests(self) -> None:
         """Serve requests until the notebook closes its end, then wait for the children
         (running ranks still report their exit codes; if the notebook died, they are
         dying too: each watches its own link)."""
@@ -170,8 +156,8 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def main() -> None:
-    """Entry point (see module contract): with SIZE and IDLE, the pool to fill before
-    the first request says, so that the first launch finds it full too."""
+    """The forkserver's process: with SIZE and IDLE, the pool to fill before the first
+    request says, so that the first launch finds it full too."""
     sock = socket.socket(fileno=int(sys.argv[1]))
     prctl.set_name(NAME)
     _preload()
@@ -183,4 +169,4 @@ def main() -> None:
     server = Forkserver(sock)
     if len(sys.argv) > 3:
         server.pool.resize(int(sys.argv[2]), float(sys.argv[3]))
-    server.serve()
+    server.serve_requests()

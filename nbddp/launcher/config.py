@@ -67,6 +67,16 @@ class NodeSlice:
     master_addr: str
     port: int | None
     gpu_tokens: tuple[str, ...] = ()
+    address: str = ""
+    """The node's own address, on a cluster (empty: this machine)."""
+
+    @property
+    def global_ranks(self) -> range:
+        """The run's ranks this machine starts."""
+        return range(self.first_rank, self.first_rank + self.ranks)
+
+    def __str__(self) -> str:
+        return f"node {self.node_rank} ({self.address})"
 
 
 @dataclass(frozen=True)

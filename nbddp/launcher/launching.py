@@ -2,7 +2,7 @@
 
 Contract: ``starter(spec, ranks)`` starts ``ranks`` ranks of ``spec`` on this
 machine by its start method (``starters``, ``forkserver_link``).
-``order(spec, node, rank, env, call)`` is the ``RunOrder`` of
+``order(spec, node, rank, port, call, run_id)`` is the ``RunOrder`` of
 ``node``'s ``rank``-th rank (its typed place, environment and call).
 ``ask(start, order)`` makes the rank's link (a socketpair) and its stdout and
 stderr pipes, keeps the notebook's ends (``NOTEBOOK_FDS``) and asks the
@@ -41,9 +41,16 @@ def starter(spec: JobSpec, ranks: int) -> Starter:
 
 
 def order(
-    spec: JobSpec, node: NodeSlice, rank: int, env: dict[str, str], call: CallRef
+    spec: JobSpec, node: NodeSlice, rank: int, port: int, call: CallRef, run_id: str
 ) -> RunOrder:
-    """What ``node``'s ``rank``-th rank is told to do (see module contract)."""
+    """What ``node``'s ``rank``-th rank is told to do: the notebook's environment under
+    its torchrun variables (``JobSpec.rank_env``)."""
+    env = {
+        **os.environ,
+        "NBDDP_ROLE": "worker",
+        "NBDDP_RUN_ID": run_id,
+        **spec.rank_env(node, rank, port),
+    }
     place = Placement(
         rank=node.first_rank + rank,
         local_rank=rank,

@@ -1,32 +1,13 @@
-"""Where a run's logs go, one directory per run, and how many old runs are kept.
+"""Where a run's logs go, one directory per run, how many old runs are kept, and reading them.
 
-Contract: ``new_run_dir(run_id)`` makes a run's private directory (mode
-0700) ``run-<run_id>-<random>`` in the base directory, holds an exclusive
-``flock`` on it for as long as the run goes (``RunDir.release()`` when it
-has ended; closing the process releases it too), then prunes the base
-directory. ``rank_log(log_dir, rank)`` is the one place that names a rank's
-log file.
-
-The base directory is ``NBDDP_LOG_DIR`` when set (made, mode 0700, when
-missing; it must be a directory owned by this user), else
-``$TMPDIR/nbddp-<uid>/`` (mode 0700; when that is someone else's or open to
-others, a fresh private directory for this process instead).
-
-Pruning keeps the newest runs within ``NBDDP_LOG_KEEP`` runs (default 50,
-the new one included) and ``NBDDP_LOG_MAX_MB`` megabytes (default 500) in
-all, removing the oldest (by their last write) first. It never removes a
-run that is still going, in this process or another: one whose directory
-lock is held, or (for a run whose process has not taken its lock yet, or
-an nbddp without locks) one that was written to in the last ``RECENT``
-seconds; those count towards the bound, so it can be exceeded while they
-last. Only ``run-*`` directories in the base directory are touched, never
-symlinks or other files. The settings are read, and checked, each time a
-run starts (``launcher.settings``). Pruning
-itself never fails a run: what cannot be removed is left. A new run skips
-the prune while no run left by this process's last prune can have become
-removable (each was written to in the last ``RECENT`` seconds): a sweep's
-launches, seconds apart or less, would each walk every run directory to
-remove nothing.
+Contract: ``new_run_dir(run_id)`` makes a run's private directory (mode 0700)
+``run-<run_id>-<random>`` in the base directory (``NBDDP_LOG_DIR``, else
+``$TMPDIR/nbddp-<uid>/``), holds an exclusive ``flock`` on it while the run goes
+(``RunDir.release()``), then prunes the base directory to ``NBDDP_LOG_KEEP`` runs
+and ``NBDDP_LOG_MAX_MB`` megabytes, oldest first, never a run still going (locked,
+or written to in the last ``RECENT`` seconds) and never anything but ``run-*``
+directories. ``rank_log(log_dir, rank)`` is the one place that names a rank's
+log; ``RankLogs`` appends to them, ``read_rank_log`` and ``last_lines`` read them.
 """
 
 from __future__ import annotations
@@ -38,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
@@ -198,3 +180,62 @@ def _remove_unless_locked(path: Path) -> bool:
 def rank_log(log_dir: Path, rank: int) -> Path:
     """The file that keeps everything ``rank`` wrote."""
     return log_dir / f"rank{rank}.log"
+
+
+class RankLogs:
+    """Appends to the logs of a run's ranks, each opened on its first write."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._files: dict[int, IO[bytes]] = {}
+
+    def write(self, rank: int, text: str) -> None:
+        """Append ``text`` to ``rank``'s log, flushed."""
+        log = self._files.get(rank)
+        if log is None:
+            log = self._files[rank] = open(rank_log(self.log_dir, rank), "ab")  # noqa: SIM115
+        log.write(text.encode("utf-8", "replace"))
+        log.flush()
+
+    def close(self) -> None:
+        """Close every log opened."""
+        files, self._files = self._files, {}
+        for log in files.values():
+            log.close()
+
+
+def read_rank_log(log_dir: Path, rank: int, world_size: int, tail: int | None = None) -> str:
+    """The text of ``rank``'s log in ``log_dir`` (all of it, or its last ``tail``
+    lines; empty before the rank wrote anything). ``ValueError`` for a rank
+    outside ``0 .. world_size - 1`` or a ``tail`` below 0, saying which."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank!r}: this run's ranks are 0 to {world_size - 1}")
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+        raise ValueError(f"tail={tail!r}: give a number of lines (0 or more), or None")
+    path = rank_log(log_dir, rank)
+    try:
+        data = path.read_bytes() if tail is None else last_lines(path, tail)
+    except FileNotFoundError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def last_lines(path: Path, count: int, block: int = 1 << 16) -> bytes:
+    """The last ``count`` lines of the file ``path`` (a line: up to and with its
+    newline; the last may have none), read from its end."""
+    if count == 0:
+        return b""
+    with path.open("rb") as file:
+        end = file.seek(0, 2)
+        start, data = end, b""
+        # count + 1 newlines: the one before the first line kept marks its start.
+        while start > 0 and data.count(b"\n", 0, len(data) - 1) < count:
+            start = max(0, start - block)
+            file.seek(start)
+            data = file.read(end - start)
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(count):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1 :]

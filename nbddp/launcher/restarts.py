@@ -52,18 +52,18 @@ class Restarting:
     @property
     def root_cause(self) -> Failure | None:
         """The current (once ended: the last) attempt's root-cause failure."""
-        return self._job.root_cause
+        return self._job.core.root_cause
 
     @property
     def status(self) -> RunStatus:
         """Running until the last attempt has ended; then how it ended."""
         if not self._done.is_set():
             return RunStatus.RUNNING
-        return self._job.status
+        return self._job.core.status
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """The current attempt's ranks."""
-        return self._job.outcomes()
+        return self._job.core.outcomes()
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once the last attempt has ended."""
@@ -71,33 +71,33 @@ class Restarting:
 
     def elapsed(self) -> float:
         """The current attempt's seconds."""
-        return self._job.elapsed()
+        return self._job.core.elapsed()
 
     def pids(self) -> dict[int, int]:
         """The current attempt's ranks' pids."""
-        return self._job.pids()
+        return self._job.core.pids()
 
     def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
         """Stop the current attempt; no restart follows."""
         with self._lock:
             self._stopped = True
             job = self._job
-        job.stop(reason)
+        job.core.stop(reason)
 
     def dump_stacks(self) -> None:
         """Have the current attempt's ranks dump their stacks."""
-        self._job.dump_stacks()
+        self._job.core.dump_stacks()
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send the current attempt's ``rank`` the user's line (``Job.answer``)."""
-        self._job.answer(rank, number, text)
+        """Send the current attempt's ``rank`` the user's line ."""
+        self._job.core.answer(rank, number, text)
 
     # -- the restart thread -----------------------------------------------
 
     def _forward(self) -> None:
         try:
             while True:
-                event = self._job.events.get()
+                event = self._job.core.events.get()
                 if not isinstance(event, Done):
                     self.events.put(event)
                 elif not self._restart():
@@ -112,7 +112,7 @@ class Restarting:
         job = self._job
         spec = job.spec
         with self._lock:
-            if self._stopped or job.status is not RunStatus.FAILED or self._payload is None:
+            if self._stopped or job.core.status is not RunStatus.FAILED or self._payload is None:
                 return False
             if spec.restart_count >= spec.max_restarts:
                 return False
@@ -124,14 +124,15 @@ class Restarting:
             self.log_dir, self.run_id = nxt.log_dir, nxt.run_id
             stopped = self._stopped
         if stopped:  # stop() came while the new attempt was starting
-            nxt.stop(RunStatus.STOPPED)
+            nxt.core.stop(RunStatus.STOPPED)
         return True
 
 
 def _notice(job: Job, restart: int, most: int) -> str:
     """One line: which restart this is, and the failure that caused it."""
-    cause = job.root_cause
-    error = run_error(cause, job.status, job.outcomes(), job.log_dir, job.spec.timeout)
+    core = job.core
+    cause = core.root_cause
+    error = run_error(cause, core.status, core.outcomes(), job.log_dir, job.spec.timeout)
     what = short_error(error) if error is not None else "a rank failed"
     where = f"rank {cause.rank} failed" if cause is not None else "the run failed"
     return f"{where} ({what}): restarting every rank, restart {restart} of {most}"

@@ -2,7 +2,7 @@
 
 Contract: a starter's ``start(fds, env)`` asks for a process that is the
 leader of its own process group (``setsid``), has ``fds.out``/``fds.err`` as fd 1/2 and runs
-``worker.serve`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
+``worker.run_rank`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
 waiting for the process: a launch asks for all its ranks first and only then
 waits for each (``Starting.child``), so that they are forked side by side. The
 ``Child`` has the pid and a ``status_fd`` that becomes readable once, with the
@@ -17,7 +17,7 @@ ownership of ``fds`` and closes its copies after ``start`` returns; a
 starts, finds its link closed and ends). Here: spawn and fork; the
 forkserver's starter is ``forkserver_link``'s.
 
-Every start method runs the same worker (``worker.run_forked``) and none
+Every start method runs the same worker (``keeper.become_rank``) and none
 re-imports ``__main__``: spawn execs ``python -c`` (never the user's script),
 and fork/forkserver children go straight to the worker.
 """
@@ -147,14 +147,7 @@ def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
         os._exit(1)
-    rank_fds = (fds.ctrl, fds.out, fds.err)
-    keeper.keep(lambda: _run_worker(*rank_fds), status_w, rank_fds)
-
-
-def _run_worker(ctrl: int, out: int, err: int) -> NoReturn:  # pragma: no cover - in the rank
-    from nbddp.rank import worker
-
-    worker.run_forked(ctrl, out, err)
+    keeper.keep(status_w, fds.ctrl, fds.out, fds.err)
 
 
 def read_pid(status_r: int, timeout: float) -> int | None:

@@ -37,9 +37,9 @@ from nbddp.errors import CellError, PayloadError, SessionError
 from nbddp.launcher import failures
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.failures import describe_exit, rendered
-from nbddp.launcher.logs import rank_log
+from nbddp.launcher.logs import rank_log, read_rank_log
 from nbddp.launcher.options import LaunchOptions, format_options, merge_options
-from nbddp.launcher.run import Run, latest_logs, latest_run, read_rank_log
+from nbddp.launcher.run import Run, latest_logs, latest_run
 from nbddp.notebook.program import build_program
 from nbddp.notebook.session import PER_CELL, Session
 from nbddp.rank.cell import CellValues

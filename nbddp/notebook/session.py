@@ -41,21 +41,21 @@ import psutil
 
 from nbddp.entry import guarded, make_display
 from nbddp.errors import ConfigError, SessionError
+from nbddp.launcher.cells import Cells
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.display import Display
 from nbddp.launcher.failures import describe_exit
+from nbddp.launcher.job import Job
 from nbddp.launcher.options import LaunchOptions, format_options
 from nbddp.launcher.run import Run
-from nbddp.launcher.session_job import SessionJob
 from nbddp.notebook.program import build_program, definitions_read
-from nbddp.rank import session as rank_session
+from nbddp.rank import session_loop as rank_session
 from nbddp.rank.cell import CellProgram, CellValues
 from nbddp.wire.payload import Args, Fn, Kwargs, Payload
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from nbddp.cluster.session import ClusterSessionJob
 
 PER_CELL = frozenset({"timeout", "output", "tail", "debug"})
 """Options a session's cell may set for itself; the others are the session's."""
@@ -87,11 +87,11 @@ class Session:
         self.config = dataclasses.replace(built, job=job)
         """Its validated config (a cell's timeout is the cell's own)."""
         self._cell_config = built
-        self._job: SessionJob | ClusterSessionJob | None = None
+        self._job: Cells | None = None
         self._started_at = 0.0
         self._definitions_read: set[str] = set()
         self._raised: tuple[int, ...] = ()  # ranks that raised in the last cell, cause first
-        self._finalizer: weakref.finalize[[SessionJob | ClusterSessionJob], Session] | None = None
+        self._finalizer: weakref.finalize[[Cells], Session] | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -100,7 +100,7 @@ class Session:
         (a failure to start raises as a launch does, and leaves nothing)."""
         if self.alive:
             raise SessionError("the session is already running; stop() or restart() it")
-        job = self._new_job(Payload.serialize(rank_session.serve, (), {}))
+        job = self._new_job(Payload.serialize(rank_session.serve_session_rank, (), {}))
         self._definitions_read = set()
         self._raised = ()
         job.start()
@@ -115,12 +115,12 @@ class Session:
             raise
         return self
 
-    def _new_job(self, payload: Payload) -> SessionJob | ClusterSessionJob:
+    def _new_job(self, payload: Payload) -> Cells:
         if self.config.cluster is None:
-            return SessionJob(self.config.job, payload)
-        from nbddp.cluster.session import ClusterSessionJob  # imports ray: only on a cluster
+            return Cells(Job(self.config.job, payload, session=True))
+        from nbddp.cluster.client import ClusterJob  # imports ray: only on a cluster
 
-        return ClusterSessionJob(self.config, payload)
+        return Cells(ClusterJob(self.config, payload, session=True))
 
     def stop(self) -> None:
         """End the ranks (no-op if the session has ended). Idle ranks are asked to
@@ -153,7 +153,7 @@ class Session:
     @property
     def pids(self) -> dict[int, int]:
         """Rank -> pid of the session's ranks (empty without a session)."""
-        return self._job.pids() if self._job is not None else {}
+        return self._job.core.pids() if self._job is not None else {}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -170,8 +170,8 @@ class Session:
         if self._finalizer is not None:
             self._finalizer.detach()
         if job is not None:
-            job.stop()
-            job.wait(job.spec.kill_grace + 5.0)
+            job.core.stop()
+            job.core.wait(job.spec.kill_grace + 5.0)
 
     # -- calls ---------------------------------------------------------------
 
@@ -320,10 +320,10 @@ class Session:
         (waited for, bounded)."""
         job = self._job
         if job is not None and job.lost is None and not job.alive:
-            job.wait(job.spec.kill_grace + END_WAIT)
+            job.core.wait(job.spec.kill_grace + END_WAIT)
         return job.lost if job is not None and job.lost else "it was stopped"
 
-    def _job_or_raise(self) -> SessionJob | ClusterSessionJob:
+    def _job_or_raise(self) -> Cells:
         job = self._job
         if job is None:
             raise SessionError("no session is running; start one first (%ddp_session start)")
@@ -354,7 +354,7 @@ class Session:
             else f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
         ]
         busy = job.busy_ranks()
-        for o in job.outcomes():
+        for o in job.core.outcomes():
             state = "busy" if o.rank in busy else "idle"
             if o.exited:
                 state = describe_exit(o.exit_code)
@@ -386,27 +386,29 @@ class _Where:
         return self.nodes.get(rank, "?")
 
 
-def _where(job: SessionJob | ClusterSessionJob) -> _Where:
-    if isinstance(job, SessionJob):
+def _where(job: Cells) -> _Where:
+    nodes_of = getattr(job.transport, "nodes", None)
+    if nodes_of is None:
         return _Where()
-    from nbddp.cluster import nodes
+    from nbddp.cluster import agents
 
-    names = {rank: f"{p.index} {p.address}" for p in job.nodes for rank in p.ranks}
+    names = {rank: f"{p.node_rank} {p.address}" for p in nodes_of for rank in p.global_ranks}
     width = max([len("node"), *map(len, names.values())])
-    return _Where(width, names, f"agents: {nodes.describe()}")
+    return _Where(width, names, f"agents: {agents.describe()}")
 
 
-def _end_job(job: SessionJob | ClusterSessionJob) -> None:
-    if job.wait(0):
+def _end_job(job: Cells) -> None:
+    core = job.core
+    if core.wait(0):
         return
     if job.busy_ranks():
-        job.stop()
+        core.stop()
     else:
         job.end()
-        if job.wait(END_WAIT):
+        if core.wait(END_WAIT):
             return
-        job.stop()
-    job.wait(job.spec.kill_grace + 5.0)
+        core.stop()
+    core.wait(job.spec.kill_grace + 5.0)
 
 
 def _rss(pid: int | None) -> str:

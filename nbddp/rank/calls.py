@@ -1,10 +1,7 @@
 """Wrappers a launch puts around the user's function; they run in the rank.
 
-Contract: ``WithRank(fn)(*args)`` calls ``fn(rank, *args)``, as
-``torch.multiprocessing.spawn`` calls its function (``nbddp.spawn``), with
-the rank taken from the rank's context (``nbddp.rank.context``). Wrappers
-are pickled by reference, so they live on the rank's side: a rank that
-unpickles one imports this small module, not the notebook's launcher.
+``WithRank(fn)(*args)`` calls ``fn(rank, *args)``, as ``torch.multiprocessing.spawn`` does
+(``nbddp.spawn``). Pickled by reference: a rank that unpickles one imports only this module.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The ``%%ddp`` cell program: what every rank runs for a cell.
 
-Contract: a ``CellProgram`` (built in the notebook by
-``nbddp.notebook.program.build_program``) pickles with cloudpickle; in each
-rank, calling it defines ``rank``, ``local_rank``, ``world_size`` and
-``device`` (from the rank's context, ``nbddp.rank.context``), runs the cell
-body in a fresh namespace seeded with the names sent from the notebook (in a
-session: the rank's own namespace, whose rules say what stays after the
-cell, ``nbddp.rank.namespace``), and evaluates a trailing expression.
-Rank 0 returns a ``CellValues`` holding the ``--out`` names and that
-expression's value, each packed on its own (``wire.values``);
-the other ranks return None, so nothing comes back that nobody reads.
-``CellValues.restore`` rebuilds them in the notebook, once.
-
-The cell's source is registered in ``linecache`` under the program's
-filename (``<ddp cell [N]>``), in the rank and in the notebook, with the
-``%%ddp`` line as line 1, and with the name IPython gives the cell
-(``Cell In[N]``, ``wire.sources``): tracebacks show the lines and the cell
-name the notebook shows. IPython syntax inside the cell (``!cmd``,
-``%magic``) is not translated.
+A ``CellProgram`` (built by ``nbddp.notebook.program.build_program``, pickled with cloudpickle),
+called in a rank, defines ``rank``, ``local_rank``, ``world_size`` and ``device``, runs the body
+in a fresh namespace seeded with the notebook's names (in a session, the rank's own namespace)
+and evaluates a trailing expression. Rank 0 returns ``CellValues`` (the ``--out`` names and that
+value, each packed on its own; ``restore`` rebuilds them once); others return None. The source is
+registered in ``linecache`` as ``Cell In[N]``. IPython syntax (``!cmd``, ``%magic``) is not run.
 """
 
 from __future__ import annotations
@@ -26,11 +14,9 @@ import ast
 import builtins
 import types
 from dataclasses import dataclass, field
-from typing import Any
 
 from nbddp.errors import CellError
-from nbddp.rank import context
-from nbddp.rank import session as rank_session
+from nbddp.rank import context, session_loop
 from nbddp.wire import sources
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.sources import Source
@@ -78,7 +64,7 @@ class CellValues:
     last_repr: str | None = None
     """Its ``repr``, when the value itself could not be pickled."""
 
-    def restore(self) -> tuple[dict[str, object], Any]:
+    def restore(self) -> tuple[dict[str, object], object]:
         """(``--out`` name -> value, trailing expression's value) in the notebook."""
         out: dict[str, object] = {}
         for name, packed in self.out.items():
@@ -88,7 +74,7 @@ class CellValues:
         return out, _Repr(self.last_repr) if self.last_repr is not None else None
 
 
-def _restore(what: str, packed: Packed) -> Any:
+def _restore(what: str, packed: Packed) -> object:
     try:
         return unpack(packed)
     except Exception as exc:
@@ -111,7 +97,7 @@ class _Repr:
 
 @dataclass(frozen=True)
 class CellProgram:
-    """What every rank runs for a ``%%ddp`` cell (see module contract)."""
+    """What every rank runs for a ``%%ddp`` cell."""
 
     source: str
     """The cell body (without the ``%%ddp`` line)."""
@@ -126,7 +112,7 @@ class CellProgram:
     quiet: bool = False
     """The cell ends with ``;``: its last expression is not shown."""
     session: bool = False
-    """Run in the rank's session namespace (``nbddp.rank.session``), not a fresh one."""
+    """Run in the rank's session namespace (``nbddp.rank.session_loop``), not a fresh one."""
     lasting: frozenset[str] = frozenset()
     """In a session: the sent names that functions the ranks keep read, left in the
     namespace after the cell (``nbddp.rank.namespace``)."""
@@ -135,7 +121,7 @@ class CellProgram:
     ``filename``."""
 
     def __call__(self) -> CellValues | None:
-        """Run the cell on this rank (see module contract)."""
+        """Run the cell on this rank; rank 0's values, None elsewhere."""
         place = context.require()
         register_source(self.filename, self.header + "\n" + self.source, self.shown)
         body, expr = compile_cell(self.source, self.filename, quiet=self.quiet)
@@ -150,7 +136,7 @@ class CellProgram:
             # see each other and the sent names, as they would in the notebook.
             ns = {"__name__": "__main__", "__builtins__": builtins, **self.names, **given}
             return self._run(body, expr, ns, place.rank)
-        space = rank_session.state().space
+        space = session_loop.state().space
         space.globals.update(given)
         run = lambda: self._run(body, expr, space.globals, place.rank)  # noqa: E731
         return space.call(run, self.names, self.lasting)

@@ -1,21 +1,10 @@
-"""The rank's channel to the notebook, and the one slot that holds it.
+"""The rank's channel to the notebook, and the one slot per process that holds it.
 
-Contract: a ``Channel`` wraps the rank's end of its socketpair and sends
-protocol messages on it from any thread (``send`` at once, ``send_row``
-batched, see the class). The worker makes its channel the process's own
-with ``install`` before the function runs; ``installed()`` gives it to code
-in the rank (``nbddp.log``), and None outside a launched rank. One process
-runs one rank, so one slot per process is the natural home; it is written
-only through ``install``.
-
-Children the rank forks (``os.fork``, DataLoader workers) keep the channel:
-their rows reach the notebook through the rank. Just before the rank's first
-fork, its channel opens a datagram socketpair (``_Family``) and a thread that
-adds what arrives on it to the rank's rows; a forked child sends each row
-there at once, as one datagram (atomic, whatever the other children send,
-and nothing held when the child exits). A child never sends anything else:
-messages other than rows are the rank's alone. Rows a child logged before
-the rank's own message (its result) are sent before it.
+A ``Channel`` sends protocol messages on the rank's socketpair from any thread (``send`` at once,
+``send_row`` batched). The worker ``install``s it before the function runs; ``installed()``
+gives it to code in the rank (None outside one). Children the rank forks send only rows, each as
+one datagram to the rank (``_Family``, opened before the first fork), which sends them before its
+own next message: rows a child logged before the rank's result arrive before it.
 """
 
 from __future__ import annotations
@@ -39,21 +28,15 @@ FLUSHER_IDLE = 10  # wakeups with nothing held before the flusher thread ends
 class Channel:
     """The rank's side of its link to the notebook; safe to use from any thread.
 
-    ``send`` sends at once. ``send_row`` (metric rows) batches: rows are
-    held and sent together as one ``metrics`` message (a list of rows) by
-    the calling thread, with the new row, if nothing was sent in the last
-    ``BATCH_INTERVAL`` seconds; a flusher thread sends what is left within
-    ``TAIL_INTERVAL`` once rows stop coming (it is started by a row that
-    finds none, and ends after ``FLUSHER_IDLE`` wakeups with nothing held,
-    or at once with nothing held once ``sock`` is closed).
-    Order is kept: ``send`` first sends whatever is held. Why batch: a loop
-    that logs every step would otherwise pay a pickle and a system call per
-    step, and the notebook a message per step; and why the flusher wakes
-    only every ``TAIL_INTERVAL``: each wakeup takes the GIL from the
-    training thread. What is held is lost only if the process dies without
-    returning (a signal, ``os._exit``): the last rows, at most
-    ``TAIL_INTERVAL`` seconds of them.
+    ``send`` sends at once, after whatever rows are held. ``send_row`` batches: held rows go
+    as one ``metrics`` message with a new row once ``BATCH_INTERVAL`` has passed since the last
+    send, and a flusher thread sends the rest within ``TAIL_INTERVAL`` once rows stop. Only a
+    process that dies without returning (a signal, ``os._exit``) loses rows: the last
+    ``TAIL_INTERVAL`` seconds' worth.
     """
+
+    # Why batch: logging every step would cost a pickle and a syscall per step here and a
+    # message there; the flusher wakes rarely because each wakeup takes the training's GIL.
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

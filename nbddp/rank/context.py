@@ -1,12 +1,8 @@
 """The running rank's context: who it is in the run and which device it has.
 
-Contract: the worker installs the rank's ``Placement`` (from its order) with
-``install`` before the function runs; code in the rank asks ``current()``
-(None outside a launched rank) or ``require()`` (which raises there).
-``device(place)`` is the ``torch.device`` the rank computes on. The values
-are the order's own, typed: nothing here reads the environment, which is
-set for the user's code. One process runs one rank, so one slot per process
-holds it, written only through ``install``.
+The worker ``install``s the rank's ``Placement`` (from its order, never from the environment)
+before the function runs; code in the rank asks ``current()`` (None outside a launched rank) or
+``require()`` (which raises there); ``device(place)`` is its ``torch.device``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A rank's exception, in the form that crosses to the notebook.
 
-Contract: ``error_info(exc)`` describes what the user's code raised as a
-``protocol.ErrorInfo``: its type name, message and two traceback texts, the
-time it reached nbddp, and the exception itself packed as a return value is
-when it rebuilds as its own type. The traceback the notebook shows has none
-of nbddp's own frames (the worker's, the cell program's: anywhere in it and
-in every chained exception), so it reads like the user's own code's; the one
-the rank's log keeps has them all. In both, frames of notebook cells are named
-as IPython names them (``Cell In[6], line 7``: ``wire.sources``).
-``unsendable(what, value, exc)`` is the error for a value that cannot be
-pickled back. ``is_ours(filename)``: whether code lies in nbddp's package.
-The notebook's own exceptions are ``nbddp.errors``.
+``error_info(exc)`` is its ``protocol.ErrorInfo``: type name, message, the time it reached nbddp,
+the exception packed as a value when it rebuilds as its own type, and two tracebacks: the one
+shown, without nbddp's frames (in every chained exception), and the full one for the rank's log.
+``unsendable(what, value, exc)``: the error for a value that cannot be pickled back;
+``is_ours(filename)``: whether code is nbddp's. The notebook's own exceptions: ``nbddp.errors``.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ def is_ours(filename: str) -> bool:
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
-    """Describe ``exc`` so that the notebook can re-raise it (see module contract)."""
+    """Describe ``exc`` so that the notebook can re-raise it."""
     raised_at = time.time()
     full = sources.named("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     shown = sources.named("".join(users_traceback(exc).format()))

@@ -1,26 +1,10 @@
 """``nbddp.log``: a metric row from a rank to the notebook.
 
-Contract: inside a launched rank, ``log(step=..., **values)`` sends one row
-``{"rank", "step", "time", **values}`` (``time``: wall-clock seconds since
-the epoch) to the notebook, where ``Run.metrics`` and
-``RunResult.metrics`` (``launcher.metrics.Metrics``) keep every row in arrival order and the display
-shows the latest and a chart. Values must be numbers (or 0-d tensors,
-converted with ``.item()``); anything else, or a value named ``rank``,
-``step`` or ``time``, raises in the caller, where the mistake is.
-
-Rows logged in quick succession are sent in batches (every 20 ms while
-they keep coming, the last ones within 0.1 s; ``channel.Channel.send_row``),
-always before the rank's result.
-
-In a process the rank forks (DataLoader workers, ``os.fork``), rows reach
-the notebook through the rank (``channel``). A process a rank starts
-another way (a spawn or forkserver DataLoader context, a subprocess) has no
-way to the notebook: there ``log`` raises ``RuntimeError`` saying so, rather
-than dropping the rows.
-
-Outside a launch, ``log`` returns at once and checks nothing: the same
-training code runs unlaunched at no cost (no ``.item()``, so no CUDA
-synchronisation).
+In a launched rank, ``log(step=..., **values)`` sends ``{"rank", "step", "time", **values}``,
+batched (``Channel.send_row``) and always before the rank's result, to ``Run.metrics``. Values
+must be numbers or 0-d tensors; others, or a value named ``rank``, ``step`` or ``time``, raise in
+the caller. Processes the rank forks log through it; one started another way raises
+``RuntimeError``. Outside a launch ``log`` returns at once and checks nothing (no CUDA sync).
 """
 
 from __future__ import annotations
@@ -28,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from numbers import Real
-from typing import Any
+from typing import cast
 
 from nbddp.rank import channel as rank_channel
 from nbddp.rank import context
@@ -49,14 +33,12 @@ def _number(name: str, value: object) -> float | int:
     return value if isinstance(value, int) else float(value)
 
 
-def log(step: int | None = None, **values: Any) -> None:
+def log(step: int | None = None, **values: object) -> None:
     """Send a metric row to the notebook: ``nbddp.log(step=step, loss=loss.item())``.
 
-    The row (``rank``, ``step``, ``time`` and the values) is kept in
-    ``Run.metrics`` and ``RunResult.metrics`` and drawn as a live chart.
-    Values must be numbers or 0-d tensors; a value named ``rank``, ``step``
-    or ``time`` raises. Outside a launch it returns at once and checks
-    nothing, so the same code runs unlaunched (see module contract).
+    Kept in ``Run.metrics`` and ``RunResult.metrics`` and drawn as a live chart. Values must
+    be numbers or 0-d tensors; ``rank``, ``step`` and ``time`` are nbddp's. Outside a launch
+    it returns at once and checks nothing, so the same code runs unlaunched.
     """
     channel = rank_channel.installed()
     if channel is None:
@@ -83,5 +65,5 @@ def log(step: int | None = None, **values: Any) -> None:
         "step": None if step is None else int(step),
         "time": time.time(),
     }
-    row.update(values)
+    row.update(cast(Row, values))  # every value is a number now
     channel.send_row(row)

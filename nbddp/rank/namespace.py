@@ -1,22 +1,10 @@
 """A session rank's namespace: what a call may read, and what stays after it.
 
-Contract: ``Namespace.call(fn, sent)`` runs ``fn()`` with ``sent`` (the
-notebook's values, name -> value) put in ``globals`` for the names the ranks
-do not own. When it returns or raises, every name the call bound to a value
-other than the one sent is the ranks' own (``owned``), never replaced by the
-notebook's; a name the call deleted is theirs no more. The notebook's values
-the call only read are dropped: their memory goes once nothing on the rank
-refers to them, and a name the notebook deleted since is undefined in the
-next call, as it is in the notebook. Those a cell sends as ``lasting`` (read
-by functions the ranks keep, which may run between cells: a signal handler,
-a thread) stay, ``lent``, until a cell no longer sends them.
-
-``Namespace.run(fn)`` is the same for a function given to ``Session.run``:
-one defined in ``__main__`` (the notebook, or a script) is rebuilt with
-``globals`` as its globals, as are the notebook's functions it names, so
-that ``global`` and module-level names carry from call to call as in
-``%%ddp`` cells; the notebook's values it names are what is sent. A
-function from any other module keeps its module's globals.
+``Namespace.call(fn, sent)`` runs ``fn()`` with the notebook's values ``sent`` in ``globals`` for
+names the ranks do not own. Afterwards every name the call bound to another value is the ranks'
+(``owned``, never replaced by the notebook's); values only read are dropped, except those a cell
+sends as ``lasting`` (kept, ``lent``, until a cell no longer sends them). ``Namespace.run(fn)``
+does the same for a function from ``__main__``, rebuilt over ``globals``; others keep their own.
 """
 
 from __future__ import annotations
@@ -49,7 +37,7 @@ class Namespace:
         sent: Mapping[str, object],
         lasting: Collection[str] | None = None,
     ) -> T:
-        """``fn()`` with ``sent`` in ``globals`` (see module contract). ``lasting``:
+        """``fn()`` with ``sent`` in ``globals``. ``lasting``:
         a cell's (all the notebook's names it lends); None: a call's, which
         leaves the names lent as they are."""
         ns = self.globals

@@ -1,20 +1,10 @@
 """Reading from the user in a rank: ``input()``, ``breakpoint()``, ``sys.stdin``, post-mortem.
 
-Contract: ``install(channel)`` makes ``builtins.input`` and ``sys.stdin``
-ask the notebook: a read flushes what the rank printed, sends an ``input``
-message (``InputRequest``: the prompt, a number) and blocks until the link
-thread hands over the ``InputAnswer`` with that number (``answer``); an
-answer of None is the end of input (``input`` raises ``EOFError``, a read
-returns ""). ``input`` then echoes the prompt and the line to stdout, as a
-terminal shows them, so the rank's output and log read in order. pdb reads
-through ``input``: ``breakpoint()`` works as it does in a terminal.
-
-``post_mortem(tb)`` opens pdb on the frame that raised (the rank's
-``--debug``, a session's ``%ddp_debug``); ``q`` or ``c`` leave it.
-
-Nothing runs until something reads: no thread, no descriptor. A process
-forked from the rank (a DataLoader worker) reads end of input: only the
-rank speaks on its link.
+``install(channel)`` makes ``input`` and ``sys.stdin`` ask the notebook: a read flushes output,
+sends an ``InputRequest`` and blocks until the link thread hands over the matching answer
+(``answer``; None is end of input), then echoes prompt and line as a terminal would. pdb reads
+through ``input``. ``post_mortem(tb)`` opens pdb where ``tb`` raised. Nothing runs until a read;
+a process forked from the rank reads end of input (only the rank speaks on its link).
 """
 
 from __future__ import annotations
@@ -88,7 +78,7 @@ class PromptInterrupted(BaseException):
 
 
 def ask_input(prompt: object = "") -> str:
-    """``input()`` in a rank (see module contract)."""
+    """``input()`` in a rank: asks the notebook."""
     text = str(prompt)
     line = ask(text)
     if line is None:
@@ -121,7 +111,7 @@ class NotebookStdin(io.TextIOBase):
 
 
 def post_mortem(tb: TracebackType | None) -> None:
-    """pdb on the frame that raised (see module contract)."""
+    """pdb on the frame that raised; ``q`` or ``c`` leave it."""
     import pdb
 
     if tb is None:

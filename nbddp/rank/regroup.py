@@ -1,26 +1,11 @@
 """Freeing a session's ranks from a collective, and giving them a new process group.
 
-Contract: when a session rank raised before a collective its peers entered,
-the peers stay blocked in C, out of reach of an interrupt. With gloo,
-``close_group()`` on the idle ranks (they destroy their default process
-group) closes the connections the blocked peers wait on, so their
-collective raises ("Connection closed by peer") and they return to idle.
-Then ``regroup(n)`` on every rank replaces the default process group by a
-new one with the same backend, rank and world size, rendezvousing under its
-own prefix (``nbddp/regroup/<n>/``) in the run's store (``MASTER_ADDR``,
-``MASTER_PORT``), so no key of the first group is read again. It returns
-once every rank has the new group, or raises.
-
-``fresh_rendezvous()`` makes every later ``env://`` rendezvous in this
-process (a cell's own ``dist.init_process_group()`` after it destroyed the
-group) meet under a prefix of its own, ``nbddp/init/<n>/`` for the rank's
-n-th: torch's names the default group's keys the same each time, and a rank
-would otherwise read the address its peer had in the previous group.
-
-Objects bound to the old group (a ``DistributedDataParallel`` wrapper,
-groups from ``new_group``) are broken afterwards: the notebook says to
-re-create them. Other backends are not freed this way (an nccl wait is on
-the device): the notebook ends the session instead.
+With gloo, ``close_group()`` on the idle ranks closes the connections their blocked peers wait
+on, so those collectives raise and the peers return to idle; ``regroup(n)`` on every rank then
+replaces the default group by a new one (same backend, rank, world size) that rendezvouses under
+``nbddp/regroup/<n>/`` in the run's store, returning once every rank has it. ``fresh_rendezvous()``
+gives each later ``env://`` rendezvous of this process a prefix of its own. Objects bound to the
+old group are broken afterwards; other backends are not freed this way (the session ends).
 """
 
 from __future__ import annotations
@@ -31,7 +16,6 @@ import logging
 import os
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +31,7 @@ def close_group() -> None:
 
 
 def regroup(number: int, backend: str, rank: int, world_size: int) -> None:
-    """Give this rank a new default process group (see module contract)."""
+    """Give this rank a new default process group; returns once every rank has it."""
     import torch.distributed as dist
 
     close_group()
@@ -67,7 +51,7 @@ def regroup(number: int, backend: str, rank: int, world_size: int) -> None:
 
 
 def fresh_rendezvous() -> None:
-    """Prefix each later ``env://`` rendezvous of this process (see module contract)."""
+    """Prefix each later ``env://`` rendezvous of this process (``nbddp/init/<n>/``)."""
     import torch.distributed as dist
 
     # ``import torch.distributed.rendezvous`` names the function of that name.
@@ -80,7 +64,7 @@ def fresh_rendezvous() -> None:
         return
     count = itertools.count(1)
 
-    def env_handler(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    def env_handler(url: str, **kwargs: object) -> Iterator[tuple[object, int, int]]:
         prefix = f"nbddp/init/{next(count)}/"
         for store, rank, world_size in original(url, **kwargs):
             yield dist.PrefixStore(prefix, store), rank, world_size  # type: ignore[attr-defined]

@@ -1,21 +1,10 @@
 """A rank's Python stacks, as one block of text that shows the user's code first.
 
-Contract: ``format_stacks(rank)`` returns the stacks of every Python thread
-of this process: the main thread first, then the user's other threads, each
-with the frames that only launched the user's code (nbddp's worker, the
-forkserver that forked it, ``threading``'s bootstrap) left out; threads that
-run nothing but nbddp's own code (the link watcher, the metric flusher) are
-named on one line at the end. Frames of notebook cells are named as IPython
-names them (``Cell In[6], line 7``: ``wire.sources``). It is called on the rank's link-watcher
-thread when the notebook asks, so it works while the main thread waits in
-C code that released the GIL (a collective, a sleep, a lock); a thread that
-holds the GIL keeps it from running at all, which is why the notebook falls
-back to faulthandler's signal when no answer comes.
-
-Why not faulthandler alone: its dump starts with nbddp's frames, lists
-nbddp's threads like the user's, and is written in pieces that the notebook
-interleaves with other ranks' output; and it needs a signal that the user's
-code may have claimed for itself.
+``format_stacks(rank)``: every Python thread, main first, without the frames that only launched
+the user's code; threads running only nbddp's code are named on one line at the end, and notebook
+cells as IPython names them. Called on the link thread, so it answers while the main thread waits
+in C with the GIL released; a thread holding the GIL blocks it (the notebook then falls back to
+faulthandler's signal, whose dump is noisier and needs a signal the user may have claimed).
 """
 
 from __future__ import annotations
@@ -53,7 +42,7 @@ def user_frames(frame: FrameType) -> tuple[list[traceback.FrameSummary], bool]:
 
 
 def format_stacks(rank: int) -> str:
-    """Every thread's stack (see module contract); ends with a newline."""
+    """Every thread's stack; ends with a newline."""
     frames = sys._current_frames()  # the documented way to see other threads' frames
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident

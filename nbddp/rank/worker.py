@@ -1,24 +1,10 @@
-"""The worker: the entry point of one rank's process.
+"""The worker: one rank's process, whatever the start method (``run_forked``).
 
-Contract: ``serve(ctrl)`` waits for one ``RunOrder`` on ``ctrl``, sets up the
-rank (environment, ``sys.path``, working directory, the rank's context and
-channel, torch threads, CUDA device, optionally the process group), calls
-the function and sends back exactly one of ``result`` (the value with every
-tensor on the CPU, its large data in shared memory: ``values.pack``) /
-``error`` / ``exit``, then
-returns the process exit code. The worker is one-shot: it serves one order
-and exits. It takes every value from the order's typed fields; the
-environment it sets is for the user's code.
-
-Before ``serve`` the starter has already made the process the leader of its
-own process group (so stopping it can signal the whole group, DataLoader workers
-included) and pointed fd 1 and fd 2 at pipes the notebook reads, so C/C++
-output and faulthandler dumps reach the notebook like ``print`` does, and
-every byte written before a crash is already out of this process.
-
-The worker watches its link to the notebook: if the notebook goes away
-(kernel restart, kernel killed), the link reaches EOF and the worker kills
-its own process group at once.
+``run_rank(ctrl)`` waits for one ``RunOrder``, sets the rank up (environment, ``sys.path``, working
+directory, context, channel, torch threads, CUDA device, optionally the process group), calls the
+function and sends exactly one of ``result`` (``values.pack``), ``error`` or ``exit``; the rank
+then exits. Its starter has made it a process group leader and pointed fd 1/2 at the notebook's
+pipes. When its link to the notebook reaches EOF, the worker kills its own process group.
 """
 
 from __future__ import annotations
@@ -38,7 +24,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from nbddp import prctl
-from nbddp.rank import prompt, session
+from nbddp.rank import prompt, session_loop
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
@@ -52,13 +38,8 @@ log = logging.getLogger(__name__)
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
-    """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over them.
-
-    Line buffering matches a terminal: a line leaves the process when it ends
-    (one ``write`` per line), and ``flush()`` (which tqdm calls) sends partial
-    lines. ``write_through``: text goes straight to the binary buffer, which the
-    newline flushes, without a pending buffer of the text layer's own.
-    """
+    """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over them,
+    line-buffered as on a terminal (``flush()``, which tqdm calls, sends partial lines)."""
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     for fd in {out_fd, err_fd} - {1, 2}:
@@ -85,14 +66,14 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
 def _watch_link(incoming: Iterator[Message], channel: Channel, rank: int) -> None:
     """Block on the link and answer the notebook's requests (``stacks``: this
     process's Python stacks, see ``stacks``; a session's cells, see
-    ``nbddp.rank.session``); when the notebook is gone, take the whole group down."""
+    ``nbddp.rank.session_loop``); when the notebook is gone, take the whole group down."""
     for kind, body in incoming:
         if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
         elif kind == "answer":
             prompt.answer(body)
         else:
-            session.deliver(kind, body)
+            session_loop.deliver(kind, body)
     # Why SIGKILL to the group: the notebook that would collect our output and
     # stop our children no longer exists; nothing of this rank may outlive it.
     if os.getpgrp() == os.getpid():
@@ -133,16 +114,11 @@ _ALL_INITIALISED_KEY = "nbddp/all_initialised"
 
 
 def _wait_until_all_initialised(dist: types.ModuleType, world_size: int) -> None:
-    """Return once every rank's ``init_process_group`` has returned.
-
-    Why: ``init_process_group`` can return on one rank while another is still
-    completing gloo's connection mesh; if the first then fails at once (a
-    ``%%ddp`` cell that raises on every rank) and exits, the other's init
-    breaks with "Connection closed by peer" instead of raising the cell's own
-    error. Counting in the group's store costs one round trip. No bound of
-    our own: a rank that fails its init fails the run, and the notebook then
-    stops the others.
-    """
+    """Return once every rank's ``init_process_group`` has returned (one store round trip)."""
+    # Why: init can return on one rank while another still builds gloo's mesh; a rank that
+    # then fails at once and exits would break the other's init ("Connection closed by
+    # peer") instead of letting it raise the cell's own error. Unbounded: a rank that fails
+    # its init fails the run, and the notebook stops the others.
     store = dist.distributed_c10d._get_default_store()
     if store.add(_INITIALISED_KEY, 1) >= world_size:
         store.set(_ALL_INITIALISED_KEY, b"1")
@@ -159,8 +135,8 @@ def _call(order: RunOrder) -> object:
         mpobjects.flush()  # what it put on a Queue is out before it reports its end
 
 
-def serve(ctrl: socket.socket) -> int:
-    """Run one order received on ``ctrl`` (see module contract); returns the exit code."""
+def run_rank(ctrl: socket.socket) -> int:
+    """Run the one order received on ``ctrl``; the rank's exit code."""
     prctl.set_name("nbddp-worker")
     # One reader for the link's whole life: what it read beyond the order stays in it.
     incoming = protocol.messages(ctrl)
@@ -216,20 +192,11 @@ PEER_WAIT = 3.0  # seconds a returned rank waits for the others before exiting a
 
 
 def _wait_for_peers() -> None:
-    """Before a rank that returned exits, wait until every rank has returned.
-
-    Exiting closes this rank's gloo/nccl connections, and a peer may still
-    be using them: ``init_process_group`` returns on one rank while another
-    is still completing the connection mesh (it then fails with "Gloo
-    connectFullMesh failed ... Connection closed by peer"). So the ranks
-    count themselves out in the process
-    group's own store; the last one releases everybody. The wait is
-    bounded by ``PEER_WAIT``: a peer still blocked in a collective this
-    rank skipped (a bug in the function) must then see this rank leave and
-    fail at once, as it would without nbddp, rather than hang. Only when
-    the default group is still initialised (a function that destroyed it
-    has nothing left to break); any store error just lets the rank exit.
-    """
+    """Before a rank that returned exits, wait up to ``PEER_WAIT`` seconds until every rank
+    has returned (counted in the default group's store, if it is still initialised)."""
+    # Why: exiting closes this rank's gloo/nccl connections while a peer may still be
+    # completing its mesh ("connectFullMesh failed ... Connection closed by peer"). Bounded:
+    # a peer blocked in a collective this rank skipped must see it leave and fail, not hang.
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
@@ -244,13 +211,9 @@ def _wait_for_peers() -> None:
 
 
 def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
-    """In a child the function forked (``os.fork``) that came back here, exit at once.
-
-    Why: the child shares the rank's link, and whatever it sent (a value, an
-    error) would be taken for the rank's; nor may it count itself in the
-    process group's store. It ends as a forked child that reached its end
-    would: 0 after a return, else its exit code, a traceback on its stderr.
-    """
+    """In a child the function forked (``os.fork``) that came back here, exit at once, as a
+    forked child reaching its end would (0, its exit code, or 1 and a traceback): it shares
+    the rank's link, and what it sent would be taken for the rank's."""
     if os.getpid() == owner:
         return
     code = 0
@@ -300,18 +263,14 @@ def _flush() -> None:
 
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
-    """Serve one rank in a process its keeper forked (``nbddp.forkserver.keeper``), already
-    the leader of its own process group: point fd 1/2 at ``out``/``err``, serve ``ctrl``,
-    exit with the rank's code. Never returns.
-
-    Every start method ends here; it runs as ``nbddp.rank.worker`` (never
-    ``__main__``), so that the channel it installs is the one ``nbddp.log`` finds
-    (``nbddp.rank.channel``).
-    """
+    """Be the rank in a process its keeper forked, already leading its own process group:
+    point fd 1/2 at ``out``/``err``, run the order on ``ctrl``, exit with the rank's code.
+    Runs as ``nbddp.rank.worker`` (never ``__main__``), so that the channel it installs is
+    the one ``nbddp.log`` finds. Never returns."""
     code = 1
     try:
         redirect_stdio(out, err)
-        code = serve(socket.socket(fileno=ctrl))
+        code = run_rank(socket.socket(fileno=ctrl))
     except BaseException:
         traceback.print_exc()
     finally:

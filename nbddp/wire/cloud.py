@@ -1,9 +1,5 @@
-"""cloudpickle's ``Pickler``, typed for subclassing.
-
-cloudpickle ships no type information; its ``Pickler`` is a
-``pickle.Pickler`` that pickles functions and classes of ``__main__`` by
-value. Type checkers see it as that base class, so that nbddp's picklers
-(``shm``, ``tocpu``) subclass a typed class.
+"""cloudpickle's ``Pickler``, typed as the ``pickle.Pickler`` it is, so that nbddp's picklers
+(``shm``, ``tocpu``) subclass a typed class (cloudpickle ships no type information).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """File descriptors that travel beside a message's bytes, and the values that carry them.
 
-Contract: a ``Descriptors`` holds file descriptors in order: on the sending
-side the objects they belong to (``keep``) stay alive until the message is
-sent; on the receiving side (``owned``) it closes them when closed or
-dropped. It never pickles itself: the protocol sends its descriptors beside
-the bytes (``protocol.encode_with_fds``). ``OwnedFd`` is one descriptor a
-payload made and owns; ``memfd_with(data)`` makes a memory file holding
-``data``. ``Packed`` is a value on its way: its pickled bytes, its type's
-name, and the shared memory the bytes refer to (``values``). Only the
-standard library is imported here.
+``Descriptors`` holds fds in order: on the sending side the objects they belong to stay alive
+(``keep``) until sent; on the receiving side (``owned``) it closes them when closed or dropped.
+It never pickles itself (``protocol.encode_with_fds`` sends its fds). ``OwnedFd``: one fd a
+payload owns; ``memfd_with(data)``: a memory file holding ``data``; ``Packed``: a value on its
+way (bytes, type name, shared memory). Only the standard library is imported here.
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ class OwnedFd:
 
 @dataclass(frozen=True)
 class Packed:
-    """A value as a rank sends it (see module contract)."""
+    """A value as a rank sends it: bytes, its type's name, the shared memory they refer to."""
 
     data: bytes
     """The value pickled, large data referred to by position in ``fds``."""

@@ -1,34 +1,12 @@
 """multiprocessing objects in the payload: queues, pipes, locks, events, shared values.
 
-Contract: while ``sending(inherits)`` is active on a thread, payload pickling
-(``reduce``, given to ``shm.dumps`` as its extra reducer) sends what
-multiprocessing shares with a child it starts itself: pipe ``Connection``s
-and the shared-memory arenas behind ``Value``/``Array``/``Barrier`` as file
-descriptors (the payload keeps their objects alive, ``Sending.owned``), semaphores
-(``Lock``, ``RLock``, ``Semaphore``, inside ``Event``, ``Condition`` and the
-queues) by name, and ``Queue``/``SimpleQueue``/``JoinableQueue`` and
-manager proxies through their own pickling, which multiprocessing allows
-only while a process is being started (a "spawning popen": this module sets
-one, as ``popen_spawn_posix`` does). Objects of any context
-(``multiprocessing``, ``torch.multiprocessing``) work under every start method:
-a semaphore made in the ``fork`` context has no name (multiprocessing
-unlinks it at once), so its memory is sent as a descriptor opened from
-``/proc/self/map_files``; where that is not allowed (it needs
-``CAP_SYS_ADMIN``), it reaches only ranks forked from the notebook
-(``inherits``) and otherwise ``MpObjectError`` says what to do.
-
-Descriptors are appended to the payload's list after the shared-memory ones,
-in reverse order: the k-th one sent is ``fds[-1 - k]`` in the rank, so no
-count has to travel. In the rank, ``receiving(fds)`` (around the unpickling)
-resolves them; each object gets its own duplicate, so the caller may close
-``fds`` afterwards. A rank's connections get the notebook's authkey as their
-process's (as multiprocessing's children inherit it), so tensors put on a
-``torch.multiprocessing`` queue in a rank reach the notebook through
-multiprocessing's ``resource_sharer`` while that rank lives, as under
-torch's ``spawn``. ``flush()`` (the worker, after the call) pushes what a
-rank put on a ``Queue`` into its pipe before the rank reports its end.
-
-Non-goals: ``Pool`` and ``Process`` objects; Windows.
+While ``sending(inherits)`` is active on a thread, ``reduce`` (``shm.dumps``'s extra reducer)
+sends what multiprocessing shares with a child it starts: connections and ``Value``/``Array``
+arenas as fds, semaphores by name (or, unnamed in the ``fork`` context, as fds from
+``/proc/self/map_files``, else only to forked ranks; ``MpObjectError`` says what to do), queues
+and manager proxies through their own pickling. Their fds follow the shared-memory ones, reversed
+(the k-th sent is ``fds[-1 - k]``); in the rank ``receiving(fds)`` resolves them on duplicates.
+``flush()`` pushes what a rank put on a ``Queue`` into its pipe. Non-goals: ``Pool``, ``Process``.
 """
 
 from __future__ import annotations
@@ -41,9 +19,23 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    from multiprocessing import synchronize
 
 Reduced = tuple[Callable[..., object], tuple[object, ...]]
+
+
+class _Restorable(Protocol):
+    """An object made with ``object.__new__``, then given its pickled state."""
+
+    def __setstate__(self, state: tuple[object, ...], /) -> None: ...
+
+
+class _Queue(_Restorable, Protocol):
+    def close(self) -> None: ...
+    def join_thread(self) -> None: ...
 
 
 class MpObjectError(RuntimeError):
@@ -113,20 +105,20 @@ _SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
 _RECEIVED: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
     "nbddp_mp_received", default=None
 )
-_QUEUES: weakref.WeakSet[Any] = weakref.WeakSet()  # queues rebuilt in this rank
+_QUEUES: weakref.WeakSet[_Queue] = weakref.WeakSet()  # queues rebuilt in this rank
 _SEMAPHORE_FILES: dict[int, tuple[int, int, int]] = {}  # address -> _mapping_of, per lock
 _MAPPINGS: list[mmap.mmap] = []  # semaphore memory mapped in this rank: lives as long as it
 
 
 @contextlib.contextmanager
 def sending(inherits: bool) -> Iterator[Sending]:
-    """Pickle multiprocessing objects for ranks (see module contract) inside this block."""
+    """Pickle multiprocessing objects for ranks inside this block."""
     from multiprocessing import context
 
     sent = Sending(inherits)
     token = _SENDING.set(sent)
     previous = context.get_spawning_popen()
-    context.set_spawning_popen(cast(Any, sent))  # what it asks of one, Sending has
+    context.set_spawning_popen(sent)  # type: ignore[arg-type]  # it has what is asked of one
     try:
         yield sent
     finally:
@@ -161,8 +153,9 @@ def reduce(obj: object) -> Reduced | None:
         return _reduce_semlock(obj, sent)
     if isinstance(obj, queues.Queue):
         return _rebuild_queue, (type(obj), obj.__getstate__())
-    if _ctypes_data(obj) and isinstance(getattr(obj, "_wrapper", None), heap.BufferWrapper):
-        return _reduce_ctype(obj)
+    wrapper = getattr(obj, "_wrapper", None) if _ctypes_data(obj) else None
+    if isinstance(wrapper, heap.BufferWrapper):
+        return _reduce_ctype(obj, wrapper)
     return None
 
 
@@ -186,22 +179,21 @@ def _authkey() -> bytes:
     return bytes(multiprocessing.current_process().authkey)
 
 
-def _reduce_ctype(obj: Any) -> Reduced:
+def _reduce_ctype(obj: object, wrapper: object) -> Reduced:
     # A RawValue/RawArray (also inside Value/Array): the ctypes object over
     # shared memory; pickled as usual it would be a copy of its bytes.
     from multiprocessing import sharedctypes
 
     rebuild = vars(sharedctypes)["rebuild_ctype"]  # public there, missing from typeshed
-    wrapper = obj._wrapper
     if isinstance(obj, ctypes.Array):
         return rebuild, (obj._type_, wrapper, obj._length_)
     return rebuild, (type(obj), wrapper, None)
 
 
-def _reduce_semlock(lock: Any, sent: Sending) -> Reduced:
+def _reduce_semlock(lock: synchronize.SemLock, sent: Sending) -> Reduced:
     # ``_semlock`` is the C semaphore every multiprocessing lock wraps (its
     # own pickling reads it too); handle, kind, maxvalue and name are public.
-    sem = lock._semlock
+    sem = lock._semlock  # type: ignore[attr-defined]  # missing from typeshed
     state = (sem.kind, sem.maxvalue)
     if sem.name is not None:
         return _rebuild_named_semlock, (type(lock), *state, sem.name)
@@ -263,8 +255,8 @@ def _rebuild_connection(df: SentFd, readable: bool, writable: bool, authkey: byt
     return connection.Connection(df.detach(), readable, writable)
 
 
-def _semlock(cls: type, handle: int, kind: int, maxvalue: int, name: str | None) -> Any:
-    lock: Any = object.__new__(cls)
+def _semlock(cls: type, handle: int, kind: int, maxvalue: int, name: str | None) -> object:
+    lock = cast(_Restorable, object.__new__(cls))
     lock.__setstate__((handle, kind, maxvalue, name))
     return lock
 
@@ -279,7 +271,7 @@ def _rebuild_inherited_semlock(cls: type, kind: int, maxvalue: int, handle: int)
 
 def _rebuild_mapped_semlock(
     cls: type, kind: int, maxvalue: int, df: SentFd, offset: int, size: int
-) -> Any:
+) -> object:
     fd = df.detach()
     try:
         # The file may be shorter than the mapping's pages (a sem_t: 32 bytes).
@@ -292,7 +284,7 @@ def _rebuild_mapped_semlock(
 
 
 def _rebuild_queue(cls: type, state: tuple[object, ...]) -> object:
-    queue: Any = object.__new__(cls)
+    queue = cast(_Queue, object.__new__(cls))
     queue.__setstate__(state)
     _QUEUES.add(queue)
     return queue

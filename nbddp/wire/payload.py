@@ -1,32 +1,11 @@
 """The payload: the function and its arguments, serialised once with cloudpickle.
 
-Contract: ``Payload.serialize(fn, args, kwargs)`` returns the ``Payload``:
-the pickled bytes, plus the shared-memory descriptors they refer to. The
-ranks of a one-shot run and of a session's cell alike receive a
-``protocol.CallRef`` beside their order (``Payload.ref()``: the bytes in a
-memory file, written once for all of them, and those descriptors) and
-rebuild the ``Call`` with ``load_call(ref)``. Functions, lambdas, closures and
-classes defined in ``__main__`` (a notebook or a script) travel by value,
-so workers never re-import or re-run the script. When something cannot be
-pickled, ``PayloadError`` names the object, the path by which it was
-reached (``train -> closure 'conn' (sqlite3.Connection)``) and what to do;
-this happens before any process starts.
-
-Functions written in the notebook keep their source lines in the ranks: the
-``linecache`` entries of the notebook files whose code travels by value (an
-IPython cell's) go with the call, with the name IPython gives each cell
-(``wire.sources``), and ``load_call`` registers them in the rank before the
-call, so its tracebacks show ``Cell In[6], line 7`` and the line itself.
-
-Large CPU tensors are not copied into the bytes: they travel as shared
-memory (see ``shm``), returned beside the bytes as file descriptors.
-multiprocessing objects (queues, pipes, locks, events, ``Value``/``Array``)
-reach the ranks as they reach a child multiprocessing starts (see
-``mpobjects``): their descriptors follow the shared-memory ones.
-
-Non-goal: other objects that only make sense in one process (threading
-locks, open files, sockets, generators, database connections): those must be
-created inside the function.
+``Payload.serialize(fn, args, kwargs)`` pickles them (``__main__``'s functions and classes by
+value, large CPU tensors as shared memory: ``shm``; multiprocessing objects: ``mpobjects``), or
+raises ``PayloadError`` naming the object, the path to it and what to do, before any process
+starts. Ranks receive ``Payload.ref()`` beside their order and rebuild the ``Call`` with
+``load_call(ref)``, which also registers the notebook's cell sources (``wire.sources``).
+Non-goal: objects that only make sense in one process (locks, files, sockets, connections).
 """
 
 from __future__ import annotations
@@ -35,7 +14,7 @@ import io
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from nbddp.errors import PayloadError
 from nbddp.wire import mpobjects, shm
@@ -44,6 +23,9 @@ from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.protocol import CallRef
 from nbddp.wire.sources import Source, notebook_sources, register
 from nbddp.wire.values import type_name
+
+if TYPE_CHECKING:
+    from _pickle import _ReducedType
 
 LARGE_PAYLOAD_BYTES = 256 << 20
 
@@ -192,7 +174,7 @@ def _pickles(obj: object) -> bool:
 
 
 class _ProbePickler(CloudPickler):
-    def reducer_override(self, obj: object) -> Any:
+    def reducer_override(self, obj: object) -> _ReducedType:
         reduced = mpobjects.reduce(obj)
         return reduced if reduced is not None else super().reducer_override(obj)
 

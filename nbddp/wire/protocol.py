@@ -1,28 +1,12 @@
 """Messages between the notebook and a worker, over a private socketpair.
 
-Contract: a message is ``(kind, body)`` pickled and framed with an 8-byte
-length. The socketpair is created by the notebook and inherited by exactly
-one worker, so the only peer that can write to it is that worker: there is
-no address anyone else could connect to.
-
-Kinds, worker -> notebook: ``started`` (pid), ``result`` (the value,
-``descriptors.Packed``), ``error`` (``ErrorInfo``), ``metrics`` (a list of metric rows,
-dicts, in logging order), ``exit`` (code a rank asked for with
-``sys.exit``), ``stacks`` (the text of the rank's Python stacks, asked for),
-``cell_done`` (``CellReply``: a session rank back to idle), ``regrouped``
-(None, or the ``ErrorInfo`` of a failed ``regroup``), ``input``
-(``InputRequest``: the rank waits for a line from the user).
-Notebook -> worker: ``run`` (``RunOrder``), then ``stacks`` (None) and
-``answer`` (``InputAnswer``) at any time;
-to a session rank (``nbddp.rank.session``) also ``cell`` (``CellOrder``),
-``interrupt`` (the cell number), ``close_group`` (None), ``regroup`` (a
-number naming the new group) and ``end`` (None).
-
-File descriptors (shared memory) travel beside a message's bytes: a
-``Descriptors`` in a body is pickled as a count (``encode_with_fds``), its
-descriptors go with the first bytes of the message (SCM_RIGHTS,
-``send_with_fds``), and the ``FrameReader`` that is fed them hands the body a
-``Descriptors`` owning what it received, in order.
+A message is ``(kind, body)``, pickled and framed with an 8-byte length; only the one worker that
+inherited the socketpair can write to it. Worker -> notebook: ``started``, ``result``, ``error``,
+``metrics``, ``exit``, ``stacks``, ``cell_done``, ``regrouped``, ``input``. Notebook -> worker:
+``run`` first, ``stacks`` and ``answer`` at any time; to a session rank
+(``nbddp.rank.session_loop``) also ``cell``, ``interrupt``, ``close_group``, ``regroup``, ``end``.
+A ``Descriptors`` in a body travels as a count, its fds beside the first bytes (SCM_RIGHTS), and
+comes back owning what the ``FrameReader`` received.
 """
 
 from __future__ import annotations
@@ -136,7 +120,7 @@ class ErrorInfo:
 
 @dataclass(frozen=True)
 class CellOrder:
-    """One call for a session's ranks to make (``nbddp.rank.session``)."""
+    """One call for a session's ranks to make (``nbddp.rank.session_loop``)."""
 
     cell: int
     """The cell's number in its session, from 1."""

@@ -1,30 +1,11 @@
 """Large tensors in the payload travel through shared memory, not pickled bytes.
 
-Contract: ``dumps(obj)`` pickles like cloudpickle, except that every plain
-CPU tensor of at least ``SHARE_BYTES`` is moved to shared memory with
-``share_memory_()``, as torch.multiprocessing does when it sends a tensor
-(one copy; every view of it stays valid), and pickled as a reference to a
-file descriptor; it returns the bytes and those descriptors. The notebook sends
-the descriptors to each rank with its order (SCM_RIGHTS on the rank's
-socketpair); ``loads(data, fds)`` in the rank maps them copy-on-write
-(``MAP_PRIVATE``): the ranks and the notebook share the pages, and a rank
-that writes to its tensor changes only its own copy, as with fork.
-
-Numpy arrays of at least ``SHARE_BYTES`` (contiguous, no Python objects)
-are copied once into a memfd that every rank maps copy-on-write: their
-memory cannot be swapped in place as a tensor's can, so this costs one copy
-in the notebook for the launch instead of a pickled copy per rank.
-
-Results travel the other way the same way (``values``): there the pickler
-is a subclass that copies instead of moving (``_share``), and the notebook
-maps what it receives shared (``loads(..., shared=True)``). A
-``descriptors.Descriptors`` inside the pickled object (an already packed value
-inside another) adds its descriptors to the list and comes back owning
-duplicates of them.
-
-Non-goals: CUDA tensors (they are pickled as usual, through the CPU),
-sparse/quantized tensors, non-contiguous or object arrays, numpy
-subclasses (pickled as usual).
+``dumps(obj)`` pickles like cloudpickle, but moves each plain CPU tensor of at least
+``SHARE_BYTES`` to shared memory (``share_memory_()``: views stay valid) and copies such numpy
+arrays into a memfd, returning the bytes and those fds. ``loads(data, fds)`` maps them
+copy-on-write, so a rank's writes stay its own; the results' pickler (``values``) copies instead
+of moving, and the notebook maps them shared (``shared=True``). Non-goals: CUDA, sparse or
+quantized tensors, non-contiguous or object arrays, numpy subclasses (all pickled as usual).
 """
 
 from __future__ import annotations
@@ -37,7 +18,7 @@ import pickle
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.descriptors import Descriptors, OwnedFd
@@ -172,7 +153,7 @@ def dumps(
     return buf.getvalue(), pickler.fds, pickler.owned
 
 
-def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> Any:
+def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> object:
     """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write; ``shared``:
     map them shared (results: the sender is done with them), tensors as torch
     shared-memory storages."""
@@ -191,7 +172,7 @@ class _MappingUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._fds = _Received(tuple(fds), shared)
 
-    def find_class(self, module_name: str, global_name: str, /) -> Any:
+    def find_class(self, module_name: str, global_name: str, /) -> object:
         rebuild = _REBUILDERS.get(global_name) if module_name == __name__ else None
         if rebuild is not None:
             return functools.partial(rebuild, self._fds)
@@ -226,8 +207,8 @@ def _rebuild_tensor(
     if got.shared:
         # A torch shared-memory storage (MAP_SHARED, keeping a duplicate of the
         # descriptor): ``is_shared()``, so a later launch sends it without a copy.
-        storages: Any = torch.UntypedStorage  # the method is missing from torch's stubs
-        storage = storages._new_shared_fd_cpu(got.fds[index], nbytes)
+        new_shared = torch.UntypedStorage._new_shared_fd_cpu  # type: ignore[attr-defined]
+        storage = new_shared(got.fds[index], nbytes)  # (missing from torch's stubs)
     else:
         storage = torch.frombuffer(got.region(index, nbytes), dtype=torch.uint8).untyped_storage()
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)

@@ -1,18 +1,9 @@
-"""Notebook source lines that travel with the code written in them, and the name
-a traceback gives each notebook cell.
+"""Notebook source lines that travel with the code written in them, and cells' traceback names.
 
-Contract: in the notebook, ``notebook_sources(filenames)`` returns a ``Source``
-for each file that exists only in ``linecache`` (an IPython cell, whose
-``/tmp/ipykernel_<pid>/<hash>.py`` IPython registers there; a ``%%ddp``
-cell): its lines, and the name IPython's tracebacks give it (``Cell In[6]``,
-from the shell's own ``compile.format_code_name``; None outside IPython or for
-a file IPython did not compile). In any process, ``register(sources)`` puts
-them in ``linecache``, so that tracebacks and stack dumps show their lines,
-and remembers their names; ``named(text)`` rewrites the heads of formatted
-frames of named files, ``File "/tmp/ipykernel_1/2.py", line 7, in f``, as
-IPython writes them: ``Cell In[6], line 7, in f``.
-
-Nothing here imports IPython: a notebook's shell is found in ``sys.modules``.
+``notebook_sources(filenames)`` (in the notebook): a ``Source`` for each file only in
+``linecache`` (an IPython or ``%%ddp`` cell), with the name IPython's tracebacks give it
+(``Cell In[6]``). ``register(sources)`` (anywhere) puts them in ``linecache``; ``named(text)``
+rewrites formatted frame heads of those files as IPython writes them. IPython is not imported.
 """
 
 from __future__ import annotations
@@ -22,7 +13,6 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,7 +49,7 @@ def notebook_sources(filenames: Iterable[str]) -> tuple[Source, ...]:
     return tuple(found)
 
 
-def cell_name(filename: str, shell: Any = None) -> str | None:
+def cell_name(filename: str, shell: object = None) -> str | None:
     """``Cell In[6]``: what IPython's tracebacks call ``filename``, one of its cells;
     None when no IPython shell runs here or the file is not one of its cells.
     ``shell``: the shell to ask (default: the running one)."""

@@ -1,23 +1,10 @@
 """One way from a rank's values to the notebook: pickled with every tensor on the CPU.
 
-Contract: ``dumps(value)`` is ``cloudpickle.dumps(value)``, except that every
-tensor not on the CPU, wherever it sits (dicts and ``OrderedDict``s such as a
-``state_dict()``, lists, tuples, namedtuples, dataclasses, any object's
-attributes, an exception's arguments), is pickled as a copy on the CPU, so
-that the notebook can load it without a GPU or CUDA. The copy keeps what
-pickling a CPU tensor keeps: ``nn.Parameter`` stays a ``Parameter`` (with
-its ``requires_grad``), a tensor subclass keeps its type when its ``cpu()``
-does (the default ``__torch_function__`` does), attributes set on a tensor
-stay, a leaf tensor keeps ``requires_grad`` (a tensor in an autograd graph
-comes back detached). The same tensor reached twice is copied once and
-comes back as one object. The rank's own values are left as they are.
-
-Used for the exceptions of failing ranks; return values and ``--out``
-values go through ``values.pack``, which makes the same CPU copies
-(``cpu_reduction``), large ones straight into shared memory.
-
-Non-goals: views of one CUDA storage come back as separate tensors (each
-view is copied on its own); meta tensors stay meta (they hold no data).
+``dumps(value)`` is ``cloudpickle.dumps(value)``, except that every tensor not on the CPU,
+wherever it sits, is pickled as a CPU copy that keeps what pickling a CPU tensor keeps
+(``Parameter``, subclass, attributes, a leaf's ``requires_grad``); a tensor reached twice is
+copied once. The rank's own values are untouched. Used for failing ranks' exceptions (values go
+through ``values.pack``). Non-goals: views of one CUDA storage come back separate; meta stays meta.
 """
 
 from __future__ import annotations

@@ -1,37 +1,16 @@
 """A rank's value on its way to the notebook: small bytes, large data in shared memory.
 
-Contract: ``pack(value)`` (in the rank) pickles ``value`` with cloudpickle,
-every tensor not on the CPU copied to the CPU (``tocpu``), and every CPU
-tensor storage and numpy array of at least ``shm.SHARE_BYTES`` placed in
-shared memory (memfd) instead of in the bytes; it returns a ``Packed``: the
-bytes, the value's type name, and the descriptors (``descriptors.Descriptors``)
-that travel beside the message carrying it. Each large piece of data is
-copied once at most: a storage already in shared memory is sent as it is,
-any other storage or array is copied into fresh shared memory (never moved
-in place: the rank's own tensors, and numpy arrays viewing them, stay
-valid), and a GPU tensor is copied from the device straight into shared
-memory. ``unpack(packed)`` (in the notebook) rebuilds the value on those
-very pages, mapped shared: no copy, and writing to the value does not
-double it (the rank has finished with them). Its tensors are torch
-shared-memory storages, as torch.multiprocessing's are, each keeping one
-descriptor open while it lives; one that goes into another launch is
-shared again without a copy. ``unpack`` closes the received descriptors,
-whether the value could be rebuilt or not. ``trial(packed)`` (in the rank)
-rebuilds it there, to learn whether it will rebuild at all, without taking
-the descriptors from the message.
-
-A rank's exception travels the same way (``protocol.ErrorInfo.exc``): a
-large tensor it carries (the batch that broke a step) crosses in shared
-memory too, never through the control socket.
-
-Non-goals: large ``bytes`` or Python containers of many small objects go in
-the bytes, at the speed of the socket.
+``pack(value)`` (rank) pickles it with every tensor on the CPU (``tocpu``) and each storage or
+numpy array of at least ``shm.SHARE_BYTES`` in shared memory, copied at most once and never moved
+(the rank's tensors stay valid): a ``Packed``. ``unpack(packed)`` (notebook) rebuilds it on those
+pages mapped shared, without a copy, and always closes the received fds; ``trial(packed)`` (rank)
+rebuilds it privately, to learn whether it will. A rank's exception travels the same way.
 """
 
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nbddp.wire import shm, tocpu
 from nbddp.wire.descriptors import Descriptors, Packed
@@ -66,7 +45,7 @@ class _ValuePickler(shm.SharingPickler):
 
 
 def pack(value: object) -> Packed:
-    """``value`` ready to send to the notebook (see module contract)."""
+    """``value`` ready to send to the notebook."""
     buf = io.BytesIO()
     pickler = _ValuePickler(buf, None)
     pickler.dump(value)
@@ -74,8 +53,8 @@ def pack(value: object) -> Packed:
     return Packed(buf.getvalue(), type_name(value), fds)
 
 
-def unpack(packed: Packed) -> Any:
-    """The value, rebuilt on the shared memory it came with (see module contract)."""
+def unpack(packed: Packed) -> object:
+    """The value, rebuilt on the shared memory it came with."""
     try:
         if packed.fds.missing:
             raise OSError(
@@ -87,8 +66,8 @@ def unpack(packed: Packed) -> Any:
         packed.fds.close()
 
 
-def trial(packed: Packed) -> Any:
-    """``packed`` rebuilt where it was packed, on private mappings (see module contract)."""
+def trial(packed: Packed) -> object:
+    """``packed`` rebuilt where it was packed, on private mappings."""
     return shm.loads(packed.data, packed.fds.fds)
 
 

@@ -24,7 +24,7 @@ import pytest
 from tests.procs import MARKER, wait_procs_gone
 
 if TYPE_CHECKING:
-    from nbddp.cluster.nodes import Agents
+    from nbddp.cluster.agents import Agents
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -107,7 +107,7 @@ def describe(proc: psutil.Process) -> str:
 
 def newest() -> Agents:
     """The agents this process placed last (and has not handed back)."""
-    from nbddp.cluster import nodes
+    from nbddp.cluster import agents as nodes
 
     sets = nodes.kept()
     assert sets, "this process holds no agents"

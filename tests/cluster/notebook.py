@@ -58,7 +58,7 @@ time.sleep(600)
 SESSION = (
     CLUSTER
     + """
-from nbddp.cluster import nodes
+from nbddp.cluster import agents as nodes
 session = nbddp.session(nodes=2, procs=1, cluster=cluster)
 session.exec("import time\\nstarted = time.time()")
 agents = [info.pid for info in nodes.kept()[-1].infos]

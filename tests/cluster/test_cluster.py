@@ -142,7 +142,7 @@ def test_a_dead_kept_agent_is_replaced_at_the_next_launch(cluster: object) -> No
     address = cluster.address  # type: ignore[attr-defined]
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)
     kept = newest()
-    ray.kill(kept.handles[1])
+    ray.kill(kept.channels[1].handle)
     assert nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=address)["WORLD_SIZE"] == "2"
     assert newest() is not kept
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import nbddp
-from nbddp.cluster import nodes
+from nbddp.cluster import agents as nodes
 from nbddp.errors import RankExitedError
 from nbddp.notebook.session import Session
 from tests.cluster.conftest import WORKER, newest

@@ -9,15 +9,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.conftest import WORKER
-from tests.kernel.kernel import Kernel
+from tests.kernel.kernel import Kernel, ok
 from tests.procs import wait_gone, wait_procs_gone
 
 
 @pytest.fixture(scope="module")
 def kernel(cluster: object) -> Iterator[Kernel]:
     with Kernel() as k:
-        result = k.execute("%load_ext nbddp")
-        assert result.status == "ok", result.text()
+        ok(k, "%load_ext nbddp")
         yield k
 
 
@@ -103,7 +102,7 @@ def test_a_killed_kernel_with_a_session_across_nodes_leaves_nothing(cluster: obj
         assert result.status == "ok", result.text()
         ranks = [int(line.split()[-1]) for line in result.rank_output.splitlines() if "PID" in line]
         result = doomed.execute(
-            "from nbddp.cluster import nodes\nprint(*(i.pid for i in nodes.kept()[-1].infos))"
+            "from nbddp.cluster import agents as nodes\nprint(*(i.pid for i in nodes.kept()[-1].infos))"
         )
         assert result.status == "ok", result.text()
         agents = [int(pid) for pid in result.stdout.split()]

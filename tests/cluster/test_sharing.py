@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import nbddp
-from nbddp.cluster import nodes
+from nbddp.cluster import agents as nodes
 from tests.cluster.conftest import newest
 from tests.cluster.notebook import results_through
 from tests.cluster.ranks import env_of_rank, sleep_in_a_named_function, wait_for

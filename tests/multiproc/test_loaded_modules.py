@@ -56,5 +56,5 @@ def test_a_launched_rank_has_only_the_rank_side_loaded(method: str) -> None:
 def test_a_session_cell_rank_has_only_the_rank_side_loaded() -> None:
     with nbddp.session(procs=2, output="none") as session:
         found = session.exec("import sys\nsorted(sys.modules)")  # a %%ddp cell's program
-    assert "nbddp.rank.cell" in found and "nbddp.rank.session" in found
+    assert "nbddp.rank.cell" in found and "nbddp.rank.session_loop" in found
     only_the_rank_side(found)

@@ -15,23 +15,23 @@ import pytest
 import torch
 
 from nbddp import RayCluster, entry, notebook_launcher
-from nbddp.cluster.portable import land_payload, land_value, ship_payload, ship_value
-from nbddp.cluster.versions import mismatch
+from nbddp.agent.portable import land_payload, land_value, ship_payload, ship_value
+from nbddp.wire.versions import mismatch
 from nbddp.errors import ConfigError, PayloadError, RankExitedError
 from nbddp.launcher.config import LaunchConfig, NodeSlice
-from nbddp.launcher.devices import VisibleGpus
 from nbddp.launcher.events import Failure
 from nbddp.launcher.failures import rank_error
 from nbddp.launcher.spelling import FLAGS
 from nbddp.wire.payload import Payload, load_call
 from nbddp.wire.values import pack, unpack
+from tests.unit import configs
+from tests.unit.configs import NO_GPU
 
-NO_GPU = VisibleGpus((), "none in a test")
 ROOT = Path(__file__).parents[2]
 
 
 def build(**options: Any) -> LaunchConfig:
-    return LaunchConfig.build(visible=NO_GPU, environ={}, **options)
+    return configs.build(environ={}, **options)
 
 
 def test_ranks_per_node_times_nodes_is_the_world_and_gpus_are_the_nodes_own() -> None:
@@ -255,7 +255,7 @@ CLIENT_SERVER_FAILED = ConnectionAbortedError(
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
-    from nbddp.cluster import nodes
+    from nbddp.cluster import ray_engine as nodes
 
     monkeypatch.setattr(nodes, "probe", lambda address: None)
     monkeypatch.setattr(nodes, "_connected", None)
@@ -270,7 +270,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_a_client_server_that_fails_to_start_is_tried_again(fake_ray: Any) -> None:
-    from nbddp.cluster import nodes
+    from nbddp.cluster import ray_engine as nodes
 
     ray = fake_ray([CLIENT_SERVER_FAILED, CLIENT_SERVER_FAILED])
     assert nodes.connect(RayCluster("ray://127.0.0.2:10001")) is ray
@@ -278,7 +278,7 @@ def test_a_client_server_that_fails_to_start_is_tried_again(fake_ray: Any) -> No
 
 
 def test_a_client_server_that_never_starts_says_so_in_one_line(fake_ray: Any) -> None:
-    from nbddp.cluster import nodes
+    from nbddp.cluster import ray_engine as nodes
 
     ray = fake_ray([CLIENT_SERVER_FAILED] * nodes.CLIENT_START_TRIES)
     with pytest.raises(ConfigError) as info:
@@ -289,7 +289,7 @@ def test_a_client_server_that_never_starts_says_so_in_one_line(fake_ray: Any) ->
 
 
 def test_other_connection_failures_are_not_tried_again(fake_ray: Any) -> None:
-    from nbddp.cluster import nodes
+    from nbddp.cluster import ray_engine as nodes
 
     ray = fake_ray(
         [ConnectionAbortedError("Initialization failure from server:\nversion mismatch")]

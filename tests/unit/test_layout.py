@@ -2,7 +2,8 @@
 
 Packages by process: ``forkserver`` (the forkserver and the keepers of ranks),
 ``rank`` (the rank), ``wire`` (crosses processes: every process may load it),
-and the notebook side: ``launcher``, ``display``, ``notebook``, ``cluster`` and
+``agent`` (a cluster node's agent, which runs the launcher there), and the
+notebook side: ``launcher``, ``display``, ``notebook``, ``cluster`` and
 ``entry`` and ``prewarm``. ``prctl`` and ``errors`` are leaves every process may load.
 
 Checked here from the source (every import, also inside functions):
@@ -12,7 +13,9 @@ Checked here from the source (every import, also inside functions):
 - the launcher imports neither the display, the notebook package, the cluster
   package nor the entry points: they depend on it, never the reverse;
 - front ends are imported only inside functions on the notebook side, ray only
-  inside functions and only in ``cluster``;
+  inside functions and only in ``cluster`` and ``agent``;
+- the agent side imports nothing of the notebook's cluster side, the front ends or
+  the displays;
 - no import cycle among nbddp's modules, even through imports inside functions.
 
 And in a fresh interpreter, by what it has in ``sys.modules``: the
@@ -117,11 +120,22 @@ def test_front_ends_are_imported_only_inside_functions(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", modules("nbddp"), ids=module_name)
-def test_ray_is_imported_only_inside_functions_of_the_cluster_package(path: Path) -> None:
+def test_ray_is_imported_only_inside_functions_of_the_cluster_and_agent_packages(
+    path: Path,
+) -> None:
     ray = {n for n in imports(path) if under(n, ("ray",))}
     at_import = {n for n in imports(path, top_level_only=True) if under(n, ("ray",))}
     assert not at_import, f"{module_name(path)} imports {sorted(at_import)} at import time"
-    assert not ray or module_name(path).startswith("nbddp.cluster."), module_name(path)
+    assert not ray or under(module_name(path), ("nbddp.cluster", "nbddp.agent")), module_name(path)
+
+
+@pytest.mark.parametrize("path", modules("nbddp.agent"), ids=module_name)
+def test_the_agent_side_imports_nothing_of_the_notebooks_cluster_side_or_front_ends(
+    path: Path,
+) -> None:
+    above = ("nbddp.cluster", "nbddp.notebook", "nbddp.display", "nbddp.entry", *FRONTEND)
+    bad = {n for n in imports(path) if under(n, above)}
+    assert not bad, f"{module_name(path)} imports {sorted(bad)}"
 
 
 def _graph() -> dict[str, set[str]]:

@@ -58,21 +58,17 @@ def test_a_run_order_arrives_with_its_typed_values_and_its_call_beside_it() -> N
     assert body.call.fds.fds == ()  # the rank's copies are closed once the call is loaded
 
 
-def order_for(config: LaunchConfig, rank: int, env: dict[str, str]) -> protocol.RunOrder:
+def order_for(config: LaunchConfig, rank: int) -> protocol.RunOrder:
     """The notebook's side of a rank's order, without processes."""
     spec = config.job
-    return launching.order(spec, spec.local(), rank, env, Payload(b"call", (7, 8)).ref())
-
-
-def rank_env(config: LaunchConfig, rank: int, port: int) -> dict[str, str]:
-    return config.job.rank_env(config.job.local(), rank, port)
+    return launching.order(spec, spec.local(), rank, 29500, Payload(b"call", (7, 8)).ref(), "id")
 
 
 def test_the_job_orders_a_gpu_rank_with_its_device_and_thread_count() -> None:
     config = LaunchConfig.build(
         gpus=2, visible=VisibleGpus(("0", "1"), "test"), env={"OMP_NUM_THREADS": "3"}
     )
-    order = order_for(config, 1, rank_env(config, 1, 29500))
+    order = order_for(config, 1)
     assert order.place == protocol.Placement(
         rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
     )
@@ -85,10 +81,10 @@ def test_the_job_orders_cpu_and_inherit_ranks_without_a_cuda_device() -> None:
     cpu = LaunchConfig.build(
         procs=3, init_process_group=True, env={"OMP_NUM_THREADS": "not a number"}
     )
-    order = order_for(cpu, 2, rank_env(cpu, 2, 29500))
+    order = order_for(cpu, 2)
     assert order.place.device == "cpu" and order.place.cuda_index is None
     assert order.place.world_size == 3 and order.init_process_group
     assert order.backend == "gloo" and order.threads is None
     inherit = LaunchConfig.build(procs=2, inherit_devices=True)
-    order = order_for(inherit, 0, {})
+    order = order_for(inherit, 0)
     assert order.place.device == "inherit" and order.place.cuda_index is None

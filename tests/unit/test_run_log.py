@@ -8,7 +8,8 @@ import pytest
 
 from nbddp.launcher.config import JobSpec, LaunchConfig
 from nbddp.launcher.events import RankOutcome, RankState, RunStatus
-from nbddp.launcher.run import Run, last_lines
+from nbddp.launcher.logs import last_lines
+from nbddp.launcher.run import Run
 
 
 @pytest.mark.parametrize(

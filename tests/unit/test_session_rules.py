@@ -16,7 +16,7 @@ from nbddp.notebook.program import build_program, definitions_read
 from nbddp.notebook.runner import CellRunner
 from nbddp.notebook.session import Session
 from nbddp.rank import context
-from nbddp.rank import session as rank_session
+from nbddp.rank import session_loop as rank_session
 from nbddp.rank.cell import CellProgram, CellValues
 from nbddp.rank.namespace import Namespace
 from nbddp.wire.protocol import Placement
@@ -24,7 +24,7 @@ from nbddp.wire.protocol import Placement
 
 @pytest.fixture
 def in_session_rank() -> Iterator[rank_session.SessionState]:
-    """This process as rank 0 of a session (context and state as ``serve`` sets them)."""
+    """This process as rank 0 of a session (context and state as ``serve_session_rank`` sets them)."""
     context.install(Placement(0, 0, 2, 2, "cpu"))
     state = rank_session.SessionState()
     rank_session._STATE = state

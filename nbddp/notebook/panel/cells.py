@@ -1,18 +1,16 @@
 """Showing panels in a kernel, and closing them with their cell.
 
-Contract: ``show_panel`` makes a ``Panel``, displays it in the running
-cell (in a kernel) and remembers which cell that is. When that cell runs
-again, or the frontend reports it deleted (JupyterLab sends the ids of
-deleted cells with the next execution), the old panel is closed: its run
-is stopped, so re-running a panel cell never leaves a run going unseen.
-Outside a kernel the panel is returned without being shown.
+``show_panel`` makes a ``Panel``, displays it in the running cell (in a kernel) and remembers the
+cell; when that cell runs again or is reported deleted, the old panel is closed and its run
+stopped, so re-running a panel cell never leaves a run going unseen. Outside a kernel the panel
+is returned without being shown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from nbddp.entry import KernelShell
 from nbddp.entry import kernel_shell as _kernel_shell
 from nbddp.launcher.options import LaunchOptions
 from nbddp.notebook.panel.panel import Panel
@@ -49,7 +47,7 @@ def close_for_cells(cell_ids: list[str]) -> None:
             panel.close(wait=False)
 
 
-def _before_cell(info: Any) -> None:
+def _before_cell(info: object) -> None:
     shell = _kernel_shell()
     metadata = _request_metadata(shell) if shell is not None else {}
     ids = [getattr(info, "cell_id", None) or metadata.get("cellId")]
@@ -59,14 +57,14 @@ def _before_cell(info: Any) -> None:
     close_for_cells([i for i in ids if isinstance(i, str)])
 
 
-def _hook(shell: Any) -> None:
+def _hook(shell: KernelShell) -> None:
     if shell in _HOOKED:
         return
     shell.events.register("pre_run_cell", _before_cell)
     _HOOKED.append(shell)
 
 
-def _request_metadata(shell: Any) -> dict[str, object]:
+def _request_metadata(shell: KernelShell) -> dict[str, object]:
     """The running execute request's metadata (JupyterLab: cellId, deletedCells)."""
     try:
         parent = shell.kernel.get_parent()

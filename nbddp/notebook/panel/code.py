@@ -1,19 +1,11 @@
 """The panel's "Same run as code": source that makes the panel's call when pasted.
 
-Contract: ``call_source(fn, args, kwargs, namespace)`` writes each part of
-``fn(*args, **kwargs)`` as source for a cell of the notebook whose names are
-``namespace``: a value whose ``repr`` reads back as itself
-(``ast.literal_eval``, same types all the way down) is written as that
-literal when short; else by the notebook name bound to that very object
-(found by identity; ``_``-names such as IPython's output history are
-skipped); else as a longer literal. The function is written by its notebook
-name, as an attribute of a module the notebook holds, or imported from its
-module. What none of these can write becomes a placeholder name (its
-parameter's, never one the notebook binds to something else) and a comment
-line above the code says to define it first, so pasted code never runs with
-a wrong value. ``run_code`` turns that and the form's settings into the
-``%%ddp`` cell and the ``nbddp.launch(...)`` call, with only the options
-that differ from their defaults.
+``call_source(fn, args, kwargs, namespace)`` writes each part of ``fn(*args, **kwargs)`` for the
+notebook's ``namespace``: a short literal that reads back as itself, else the notebook name bound
+to that very object, else a longer literal; ``fn`` by name, module attribute or import. Anything
+else becomes a placeholder name with a comment saying to define it, so pasted code never runs with
+a wrong value. ``run_code`` adds the form's non-default settings as a ``%%ddp`` cell and a
+``nbddp.launch(...)`` call.
 """
 
 from __future__ import annotations
@@ -37,7 +29,7 @@ _LAUNCH_KEYWORDS = frozenset({*OPTIONS, "block"})
 
 @dataclass(frozen=True)
 class CallSource:
-    """``fn(*args, **kwargs)`` as source (see module contract)."""
+    """``fn(*args, **kwargs)`` as source."""
 
     fn: str
     """The function: ``train``, ``mylib.train``."""
@@ -81,7 +73,7 @@ def call_source(
     kwargs: Mapping[str, object],
     namespace: Mapping[str, object],
 ) -> CallSource:
-    """``fn(*args, **kwargs)`` as source for the notebook ``namespace`` (see module contract)."""
+    """``fn(*args, **kwargs)`` as source for the notebook ``namespace``."""
     writer = _Writer(namespace)
     fn_text = writer.function(fn)
     params = _parameter_names(fn, len(args))

@@ -1,15 +1,9 @@
 """What the panel shows of a run while it goes on: the ``Display`` a panel run is fed.
 
-Contract: ``PanelFeed`` implements ``launcher.display.Display``. Its event
-methods only record, in its view model (``model``, a ``RunModel``: each
-rank's output goes into a ``Screen``, so ``\\r`` and tqdm's cursor moves
-redraw in place and only the last ``tail`` lines are kept; metric rows go
-into a ``MetricHistory``). ``refresh()`` hands the sink a ``RankView`` per
-rank and the chart's HTML, at most once per ``interval`` seconds and only
-when something changed (or the elapsed seconds ticked over); ``close()``
-hands over the final state unconditionally. The sink is the panel's
-widgets, or a fake in tests; it is only ever called from the thread that
-pumps the run. Nothing here imports ipywidgets.
+``PanelFeed`` implements ``launcher.display.Display``: its events only record, in a ``RunModel``;
+``refresh()`` hands the sink a ``RankView`` per rank and the chart's HTML, at most once per
+``interval`` and only when something changed; ``close()`` hands over the final state. The sink
+(the panel's widgets, or a fake) is only called from the thread pumping the run. No ipywidgets.
 """
 
 from __future__ import annotations
@@ -59,7 +53,7 @@ class PanelSink(Protocol):
 
 
 class PanelFeed:
-    """Records a run's events and draws them into a ``PanelSink`` (see module contract)."""
+    """Records a run's events and draws them into a ``PanelSink``."""
 
     # The recording events are the model's own methods, bound per instance:
     # they run per printed line and per metric row, so no forwarding call.

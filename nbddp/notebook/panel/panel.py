@@ -1,33 +1,12 @@
 """``Panel``: configure, launch, stop and watch runs of one function from widgets.
 
-Contract: a ``Panel`` owns a ``PanelView`` and at most one run at a time.
-The form is validated once per change (``PanelSettings.validate``, which
-builds the launch's config). Launch (the button, or ``launch()``) starts the
-run with that same config and a ``PanelFeed`` as its display, and pumps it
-on a background thread, so the notebook stays usable; the outcome (summary,
-or the failing rank's error and traceback) is shown in the panel and the run
-stays reachable as ``panel.run``, rank 0's value as ``panel.value`` (the panel
-shows a short repr and says so, by the notebook's name for the panel). Stop
-(the button, or ``stop()``) stops every rank; the panel then shows
-``stopped``. Launch is disabled while the form is invalid or a run goes on;
-launching again after a run ends starts a fresh run. A rank waiting for
-input (``input()``, pdb) shows its prompt with a field and Send, one rank at
-a time; Stop or ``close()`` answers it with end of input.
-
-The call is ``fn(*args, **kwargs)`` with the form's keyword arguments over
-``kwargs``: those that can be written as literals start in that field, the
-others stay as given. *Same run as code* writes it for the notebook's
-namespace (``code.call_source``).
-
-Whatever goes wrong while a run is shown (its display, its result's
-``repr``, ``Run.wait`` itself), the panel ends in a final state with Launch
-and Stop set to match, and Stop and ``close()`` stop every rank of a run that
-has not ended, whether or not its pump thread is still alive.
-
-No processes are left behind: ``close()`` stops the run and closes the
-widgets; in a kernel, running the panel's cell again or deleting the cell
-(JupyterLab reports deleted cells with the next execution) closes it;
-and ranks end with the kernel in any case (each watches its link).
+A ``Panel`` owns a ``PanelView`` and at most one run. The form is validated on each change
+(``PanelSettings.validate``, which builds the config Launch uses); Launch (button or ``launch()``)
+runs ``fn(*args, **kwargs)``, the form's keyword arguments over ``kwargs``, with a ``PanelFeed``
+display pumped on a background thread, then shows the outcome and keeps ``panel.run`` and
+``panel.value``. Stop (button or ``stop()``) stops every rank, answering a waiting prompt with end
+of input. Whatever fails while a run is shown, the panel ends in a final state. ``close()``, or
+re-running or deleting its cell, stops the run and closes the widgets.
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ _MAX_TITLE = 100  # characters of the call in the panel's heading
 
 
 class Panel:
-    """A widget panel for ``fn(*args, **kwargs)`` (see module contract)."""
+    """A widget panel for ``fn(*args, **kwargs)``."""
 
     def __init__(
         self,
@@ -389,7 +368,7 @@ def _notebook_namespace() -> Mapping[str, object]:
     """The notebook's names: the kernel's user namespace, else ``__main__``'s."""
     shell = kernel_shell()
     if shell is not None:
-        return shell.user_ns  # type: ignore[no-any-return]
+        return shell.user_ns
     main = sys.modules.get("__main__")
     return vars(main) if main is not None else {}
 

@@ -1,18 +1,11 @@
 """The panel's settings form as plain data: validation and the options it launches.
 
-Contract: ``PanelSettings`` holds what the form's fields hold, as the user
-typed it (text fields stay text, numbers too: what was typed is never
-dropped). ``validate()`` checks the whole form once and reports every wrong
-field at once: it parses the text fields (a process count, a port, seconds,
-``NAME=VALUE`` lines, the function's ``epochs=3, lr=0.1``), checks each
-field's option with the config's own check (``checks.check_option``), checks
-the call with the keyword arguments, then builds the ``LaunchConfig`` from
-the fields that passed. A message maps to its field, or to ``launch`` when
-only the combination is wrong. Its errors are empty exactly when it carries
-the config, which is the one the panel launches. ``magic_cell`` and
-``launch_call`` write valid settings as ``%%ddp`` flags and ``launch``
-keywords (``code`` writes the call). Nothing here imports ipywidgets, starts
-a process or touches CUDA.
+``PanelSettings`` holds the fields as typed (text stays text). ``validate()`` checks the whole
+form once and reports every wrong field at once (by field name, or ``launch`` for a wrong
+combination): it parses the text fields, checks each option (``checks.check_option``) and the
+call, then builds the ``LaunchConfig``; errors are empty exactly when it carries the config the
+panel launches. ``magic_cell`` and ``launch_call`` write valid settings as ``%%ddp`` flags and
+``launch`` keywords. Nothing here imports ipywidgets, starts a process or touches CUDA.
 """
 
 from __future__ import annotations
@@ -61,7 +54,7 @@ FORM = ("kwargs", *FIELDS)
 
 @dataclass(frozen=True)
 class Validated:
-    """The form checked once (see module contract)."""
+    """The form checked once: every field's error, or the config to launch."""
 
     errors: dict[str, str]
     """Field (or ``launch``) -> what is wrong, in form order; empty when valid."""
@@ -75,7 +68,7 @@ class Validated:
 
 @dataclass(frozen=True)
 class PanelSettings:
-    """What the panel's form holds (see module contract)."""
+    """What the panel's form holds, as typed."""
 
     device: DeviceChoice = "cpu"
     gpus: tuple[int, ...] = ()
@@ -129,7 +122,7 @@ class PanelSettings:
     # -- validation -------------------------------------------------------
 
     def validate(self, call_check: Callable[[dict[str, object]], None] | None = None) -> Validated:
-        """Check the form once (see module contract); every wrong field at once.
+        """Check the form once; every wrong field at once.
 
         ``call_check(kwargs)`` raises ``TypeError`` or ``ValueError`` when the function
         cannot be called with the form's keyword arguments (``signature.check_call``).
@@ -224,7 +217,7 @@ def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | Non
     """The launch from the fields that parsed and passed their own checks.
 
     Run even while other fields are wrong, so that a field only the whole launch
-    judges (``_JUDGED_BY_LAUNCH``) is flagged together with them. Any other error
+    judges (``_JUDGED_BY_LAUNCH``) is flagged together with them. Every other error
     of the launch is about a combination: it goes to ``launch``, and only when
     every field is right (a combination with a wrong field left out means little).
     """

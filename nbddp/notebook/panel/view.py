@@ -1,24 +1,16 @@
 """The panel's widgets: the settings form, the buttons, and what a run shows.
 
-Contract: ``PanelView`` builds the ipywidgets tree (``root``) and nothing
-else: it reads the form into ``PanelSettings`` (``settings()``), shows
-every field's error next to it, flags its box red and counts them on the
-Launch button (``show_errors``), and implements
-``feed.PanelSink`` so a ``PanelFeed`` draws the ranks (a status table and
-one output tab per rank), the chart and notices into it. It never launches
-anything; ``panel.Panel`` wires the buttons. Every element a test or a user
-may look for carries a ``nbddp-*`` CSS class, and the run and rank states
-are in ``data-state`` attributes, so a browser test waits on them.
-
-Sink methods are called from the thread pumping the run; ipywidgets sends
-their changes through the kernel's thread-safe IOPub socket.
+``PanelView`` builds the ipywidgets tree (``root``) and nothing else: it reads the form
+(``settings()``), shows each field's error (``show_errors``), and is the ``feed.PanelSink`` a
+``PanelFeed`` draws ranks, chart and notices into; ``panel.Panel`` wires the buttons. Elements
+carry ``nbddp-*`` classes and states ``data-state`` attributes, for users and browser tests. Sink
+methods run on the run's pumping thread (ipywidgets sends through the thread-safe IOPub socket).
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from typing import Any
 
 import ipywidgets as W
 
@@ -49,11 +41,36 @@ _CSS = """<style>
 </style>"""
 
 
+_STYLE = {"description_width": "110px"}
+
+
+def _html(cls: str, value: str = "", **kwargs: W.Layout) -> W.HTML:
+    widget = W.HTML(value, **kwargs)
+    widget.add_class(cls)
+    return widget
+
+
 def _error_label(name: str) -> W.HTML:
-    label = W.HTML("", layout=W.Layout(max_width="600px"))
-    label.add_class("nbddp-error")
+    label = _html("nbddp-error", layout=W.Layout(max_width="600px"))
     label.add_class(f"nbddp-error-{name}")
     return label
+
+
+def _text(value: str, description: str, placeholder: str) -> W.Text:
+    # Text, not IntText, for numbers too: a number input drops letters without a word;
+    # here they stay visible and the field's error says what it takes.
+    layout = W.Layout(width="330px")
+    return W.Text(
+        value=value, placeholder=placeholder, description=description, style=_STYLE, layout=layout
+    )
+
+
+def _choice(option: str, value: str, description: str) -> W.Dropdown:
+    choices = OPTIONS[option].choices
+    layout = W.Layout(width="330px")
+    return W.Dropdown(
+        options=choices, value=value, description=description, style=_STYLE, layout=layout
+    )
 
 
 def _state_span(state: str, text: str, cls: str) -> str:
@@ -65,8 +82,6 @@ def _state_span(state: str, text: str, cls: str) -> str:
 
 
 class PanelView:
-    """The panel's widget tree (see module contract)."""
-
     def __init__(
         self,
         title: str,
@@ -88,31 +103,19 @@ class PanelView:
         self, title: str, settings: PanelSettings, gpus_note: str, kwargs_hint: str
     ) -> W.VBox:
         """The title, a row per field (the field and its error), the buttons."""
-        style = {"description_width": "110px"}
-        layout = W.Layout(width="330px")
         self.kwargs = W.Text(
             value=settings.kwargs,
             placeholder=kwargs_hint,
             description="Keyword args",
             tooltip="The function's keyword arguments, as Python literals",
-            style=style,
+            style=_STYLE,
             layout=W.Layout(width="460px"),
         )
-        self._build_device_fields(settings, gpus_note, style, layout)
-        self._build_run_fields(settings, style, layout)
-        self.fields: dict[str, W.Widget] = {
-            "device": self.device,
-            "gpus": self.gpus,
-            "procs": self.procs,
-            "nodes": self.nodes,
-            "cluster": self.cluster,
-            "start_method": self.start_method,
-            "port": self.port,
-            "mixed_precision": self.mixed_precision,
-            "timeout": self.timeout,
-            "max_restarts": self.max_restarts,
-            "env": self.env,
-        }
+        self._build_device_fields(settings, gpus_note)
+        self._build_run_fields(settings)
+        names = ["device", "gpus", "procs", "nodes", "cluster", "start_method", "port"]
+        names += ["mixed_precision", "timeout", "max_restarts", "env"]
+        self.fields: dict[str, W.Widget] = {name: getattr(self, name) for name in names}
         self.inputs: dict[str, W.Widget] = {"kwargs": self.kwargs, **self.fields}
         """Every field of the form (``settings.FORM``): the keyword arguments, then ``fields``."""
         self.errors = {name: _error_label(name) for name in [*self.inputs, "launch"]}
@@ -122,14 +125,11 @@ class PanelView:
             note = [self.gpus_note] if name == "device" else []
             rows[name] = W.HBox([widget, *note, self.errors[name]])
         self._gpu_row, self._procs_row = rows["gpus"], rows["procs"]
-        self.title = W.HTML("")
-        self.title.add_class("nbddp-title")
+        self.title = _html("nbddp-title")
         self.show_title(title)
         return W.VBox([self.title, *rows.values(), self.errors["launch"], self._build_buttons()])
 
-    def _build_device_fields(
-        self, settings: PanelSettings, gpus_note: str, style: dict[str, str], layout: W.Layout
-    ) -> None:
+    def _build_device_fields(self, settings: PanelSettings, gpus_note: str) -> None:
         """Where the ranks run: the device, the GPUs or the process count, and the nodes
         of a Ray cluster."""
         # Both choices always: a lone toggle reads as disabled. Without a GPU, choosing
@@ -144,90 +144,42 @@ class PanelView:
             value=settings.device,
             description="Devices",
             tooltips=[gpu_tip, "CPU processes (gloo); GPUs are hidden from them"],
-            style={**style, "button_width": "120px"},
+            style={**_STYLE, "button_width": "120px"},
             layout=W.Layout(width="auto"),
         )
-        self.gpus_note = W.HTML(f'<span style="{_NOTE}">{html.escape(gpus_note)}</span>')
-        self.gpus_note.add_class("nbddp-gpus-note")
+        note = f'<span style="{_NOTE}">{html.escape(gpus_note)}</span>'
+        self.gpus_note = _html("nbddp-gpus-note", note)
         self.gpus = W.SelectMultiple(
             options=[(f"GPU {i}", i) for i in range(settings.visible_gpus)],
             value=settings.gpus,
             rows=min(4, max(1, settings.visible_gpus)),
             description="GPUs",
-            style=style,
-            layout=layout,
+            style=_STYLE,
+            layout=W.Layout(width="330px"),
         )
-        # Text, not IntText: a number input drops letters without a word; here they
-        # stay visible and the field says what it takes.
-        self.procs = W.Text(
-            value=settings.procs,
-            placeholder="e.g. 2",
-            description="Processes",
-            style=style,
-            layout=layout,
-        )
-        self.nodes = W.Text(
-            value=settings.nodes,
-            placeholder="1 (this machine)",
-            description="Nodes",
-            style=style,
-            layout=layout,
-        )
-        self.cluster = W.Text(
-            value=settings.cluster,
-            placeholder="none, or ray://head:10001",
-            description="Ray cluster",
-            style=style,
-            layout=layout,
-        )
+        self.procs = _text(settings.procs, "Processes", "e.g. 2")
+        self.nodes = _text(settings.nodes, "Nodes", "1 (this machine)")
+        self.cluster = _text(settings.cluster, "Ray cluster", "none, or ray://head:10001")
 
-    def _build_run_fields(
-        self, settings: PanelSettings, style: dict[str, str], layout: W.Layout
-    ) -> None:
+    def _build_run_fields(self, settings: PanelSettings) -> None:
         """How the ranks are started and run: start method, port, precision, timeout,
         restarts, env."""
-        self.start_method = W.Dropdown(
-            options=OPTIONS["start_method"].choices,
-            value=settings.start_method,
-            description="Start method",
-            style=style,
-            layout=layout,
+        self.start_method = _choice("start_method", settings.start_method, "Start method")
+        self.port = _text(settings.port, "Master port", "auto (a free port per run)")
+        self.mixed_precision = _choice(
+            "mixed_precision", settings.mixed_precision, "Mixed precision"
         )
-        self.port = W.Text(
-            value=settings.port,
-            placeholder="auto (a free port per run)",
-            description="Master port",
-            style=style,
-            layout=layout,
-        )
-        self.mixed_precision = W.Dropdown(
-            options=OPTIONS["mixed_precision"].choices,
-            value=settings.mixed_precision,
-            description="Mixed precision",
-            style=style,
-            layout=layout,
-        )
-        self.timeout = W.Text(
-            value=settings.timeout,
-            placeholder="none (seconds)",
-            description="Timeout (s)",
-            style=style,
-            layout=layout,
-        )
-        self.max_restarts = W.Text(
-            value=settings.max_restarts,
-            placeholder="none (restarts after a failure)",
-            description="Max restarts",
-            style=style,
-            layout=layout,
+        self.timeout = _text(settings.timeout, "Timeout (s)", "none (seconds)")
+        self.max_restarts = _text(
+            settings.max_restarts, "Max restarts", "none (restarts after a failure)"
         )
         self.env = W.Textarea(
             value=settings.env,
             placeholder="NAME=VALUE, one per line",
             description="Environment",
             rows=2,
-            style=style,
-            layout=layout,
+            style=_STYLE,
+            layout=W.Layout(width="330px"),
         )
 
     def _build_buttons(self) -> W.HBox:
@@ -248,34 +200,21 @@ class PanelView:
 
     def _build_run_area(self) -> list[W.Widget]:
         """Under the form: notices, the rank table, output tabs, chart, result, the code."""
-        self.ranks = W.HTML("")
-        self.ranks.add_class("nbddp-ranks")
+        self.ranks = _html("nbddp-ranks")
         self.tabs = W.Tab(children=[])
         self.tabs.add_class("nbddp-outputs")
         self.tabs.layout.display = "none"  # an empty box until a run has ranks
-        self.chart = W.HTML("")
-        self.chart.add_class("nbddp-chart")
-        self.notices = W.HTML("")
-        self.notices.add_class("nbddp-notices")
-        self.result = W.HTML("")
-        self.result.add_class("nbddp-result")
-        self.code = W.HTML("")
-        self.code.add_class("nbddp-code")
+        self.chart = _html("nbddp-chart")
+        self.notices = _html("nbddp-notices")
+        self.result = _html("nbddp-result")
+        self.code = _html("nbddp-code")
         code_box = W.Accordion(children=[self.code], titles=("Same run as code",))
-        return [
-            self._build_prompt(),
-            self.notices,
-            self.ranks,
-            self.tabs,
-            self.chart,
-            self.result,
-            code_box,
-        ]
+        prompt = self._build_prompt()
+        return [prompt, self.notices, self.ranks, self.tabs, self.chart, self.result, code_box]
 
     def _build_prompt(self) -> W.HBox:
         """A rank's prompt (``input()``, pdb): its words, a field, Send; hidden until asked."""
-        self.prompt_label = W.HTML("")
-        self.prompt_label.add_class("nbddp-prompt-label")
+        self.prompt_label = _html("nbddp-prompt-label")
         self.prompt_input = W.Text(placeholder="the rank's input, then Send")
         self.prompt_input.add_class("nbddp-prompt-input")
         self.prompt_send = W.Button(description="Send", button_style="primary", icon="reply")
@@ -404,12 +343,7 @@ class PanelView:
         self.result.value = ""
         self.chart.value = ""
         self.ranks.value = ""
-        children = []
-        for _ in range(world_size):
-            out = W.HTML("")
-            out.add_class("nbddp-rank-output")
-            children.append(out)
-        self.tabs.children = children
+        self.tabs.children = [_html("nbddp-rank-output") for _ in range(world_size)]
         self._tab_titles = tuple(f"rank {r}" for r in range(world_size))
         self.tabs.titles = self._tab_titles
         self.tabs.layout.display = None
@@ -483,7 +417,7 @@ class PanelView:
         _close_tree(self.root)
 
 
-def _close_tree(widget: Any) -> None:
+def _close_tree(widget: W.Widget) -> None:
     for child in getattr(widget, "children", ()):
         _close_tree(child)
     widget.close()

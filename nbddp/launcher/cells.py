@@ -1,25 +1,17 @@
-"""A session's job: ranks that stay up and run one cell after another.
+"""A session's cells: ranks that stay up and run one cell after another.
 
-Contract: ``SessionJob(spec, payload)`` is a ``Job`` whose function is the
-rank's session loop (``nbddp.rank.session.serve``): starting, output, logs,
-stacks, stopping and the link watchdog are the job's, and it builds on the
-hooks and services the job declares. ``cell(payload, timeout)`` sends one
-call to every rank and returns a ``CellSource``, what a ``Run`` reads for
-that cell alone, so each cell gets its own display, value and error as a
-one-shot run does. Cell 0 is the start: it ends once every rank is idle with
-its process group (``ready``). One cell at a time (``SessionError``).
-
-A cell is done once every rank has replied (``CellReply``), its output up to
-the reply drained first. When a rank fails, the others get ``failure_grace``
-seconds to return, then are interrupted; ranks blocked in a collective the
-failed one never entered are freed after ``INTERRUPT_GRACE``, with gloo, by
-closing the idle ranks' process group and giving every rank a new one
-(``nbddp.rank.regroup``; ``note`` says what must be re-created). A rank still
-not back (or with nccl) ends the session, as a rank that dies does; ``lost``
-then says why. An interrupt (``CellSource.stop``) and a cell's ``timeout``
-(stacks first) take the same path. Between cells events wait (bounded) for
-the next one. Bookkeeping runs on the relay loop; other threads read frozen
-values.
+Contract: ``Cells(transport)`` drives the cells of a session whose ranks a
+transport started as a session's (``job.Job`` on this machine, a cluster job
+across nodes): ``start()`` starts them, ``cell(payload, timeout)`` sends one
+call to every rank and returns a ``CellSource``, what a ``Run`` reads for that
+cell alone (its own display, value and error). Cell 0 is the start: it ends
+once every rank is idle with its process group (``ready``). One cell at a time
+(``SessionError``). When a rank fails the others get ``failure_grace``, then
+are interrupted; ranks still blocked in a collective are freed by closing the
+idle ranks' group and regrouping every rank (gloo; ``note`` says what must be
+re-created), else the session ends and ``lost`` says why. Bookkeeping runs on
+the relay loop (the cells are the run core's listener); other threads read
+frozen values.
 """
 
 from __future__ import annotations
@@ -28,13 +20,13 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nbddp.errors import SessionError
 from nbddp.launcher.config import JobSpec
+from nbddp.launcher.core import STACKS_WAIT, RunCore
 from nbddp.launcher.events import (
     Done,
     Failure,
@@ -46,9 +38,8 @@ from nbddp.launcher.events import (
     StateChanged,
 )
 from nbddp.launcher.failures import describe_exit, local_time, root_cause
-from nbddp.launcher.job import STACKS_WAIT, Job
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Body, CellOrder, CellReply, ErrorInfo
+from nbddp.wire.protocol import Body, CellReply, ErrorInfo
 
 INTERRUPT_GRACE = 3.0  # seconds interrupted ranks get to return to idle
 REGROUP_WAIT = 30.0  # seconds every rank gets to join a new process group
@@ -60,6 +51,27 @@ REGROUPED = (
 )
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
 _KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
+
+
+class CellTransport(Protocol):
+    """What the cells need of the transport that carries the session's ranks."""
+
+    core: RunCore
+    spec: JobSpec
+
+    def start(self) -> None: ...
+    def send(self, rank: int, kind: str, body: object) -> bool: ...
+    def drain(self, rank: int) -> None: ...
+    def log(self, rank: int, text: str) -> None: ...
+    def ask_stacks(self, ranks: list[int]) -> list[int]: ...
+    def cell_order(self, number: int, payload: Payload, debug: bool) -> object:
+        """What carries cell ``number``'s call to the ranks (caller thread)."""
+
+    def send_cell(self, order: object, ranks: list[int]) -> None:
+        """Send ``order`` to ``ranks`` (none: drop it), then let it go (loop thread)."""
+
+    def where(self, rank: int) -> str:
+        """Where ``rank`` runs, as a message's words (empty: this machine)."""
 
 
 @dataclass
@@ -82,47 +94,15 @@ class _Cell:
 
 
 class Cells:
-    """A session's cells over ranks reached through services (see module contract).
+    """A session's cells over the ranks of one transport (see module contract)."""
 
-    The state machine of cells is this class's: a subclass starts the ranks and
-    provides the services it calls (``_call_soon``, ``_later``, ``_send``,
-    ``_drain``, ``_log``, ``_stop``, ``_ask_stacks`` and the reads ``outcomes``,
-    ``failures``, ``root_cause``, ``stop_reason``, ``wait``, ``pids``), routes
-    every event through ``_route`` and every rank message through ``_message``,
-    and calls ``_ending`` once before its last event, all on one thread (its
-    loop). ``SessionJob`` reaches ranks on this machine; a cluster session
-    reaches them through each node's agent. Hooks: ``_cell_order`` and
-    ``_send_cell`` (how a cell's call reaches the ranks), ``_where`` (where a
-    rank runs, for messages).
-    """
-
-    spec: JobSpec
-    log_dir: Path
-    run_id: str
-
-    if TYPE_CHECKING:
-        # Services of the class this is mixed into (a ``Job``, or a cluster job):
-        # declared for the type checker only, so that they never shadow its own.
-        def _call_soon(self, fn: Callable[..., object], *args: object) -> None: ...
-        def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None: ...
-        def _send(self, rank: int, kind: str, body: object) -> bool: ...
-        def _drain(self, rank: int) -> None: ...
-        def _log(self, rank: int, text: str) -> None: ...
-        def _stop(self, reason: RunStatus) -> None: ...
-        def _ask_stacks(self, ranks: Iterable[int]) -> list[int]: ...
-        def _put_off(self) -> float | None: ...
-        def answer(self, rank: int, number: int, text: str | None) -> None: ...
-        def outcomes(self) -> tuple[RankOutcome, ...]: ...
-        def failures(self) -> list[tuple[float, Failure]]: ...
-        def wait(self, timeout: float | None = None) -> bool: ...
-        def pids(self) -> dict[int, int]: ...
-        @property
-        def root_cause(self) -> Failure | None: ...
-        @property
-        def stop_reason(self) -> RunStatus | None: ...
-
-    def _init_cells(self, ranks: int) -> None:
-        """Set up the bookkeeping for ``ranks`` ranks (global ranks 0 on); cell 0 runs."""
+    def __init__(self, transport: CellTransport) -> None:
+        self.transport = transport
+        self.core = transport.core
+        self.core.listener = self
+        self.spec = transport.spec
+        self.log_dir: Path = self.core.log_dir
+        self.run_id = self.core.run_id
         self.names: tuple[str, ...] = ()
         """The names that belong to the ranks (rank 0's, after its last cell)."""
         self.device_bytes: dict[int, int | None] = {}
@@ -132,40 +112,24 @@ class Cells:
         self.cells_run = 0
         self.note: str | None = None
         """What the last cell changed in the session beyond its state (a new process group)."""
-        self._ranks_in_cells = ranks
+        self._ranks = len(self.core.records)
         self._asked_to_end = False
         self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
         self._one_cell = threading.Lock()  # one cell at a time
         first = CellSource(self, 0, None)
-        self._cell: _Cell | None = _Cell(0, first, None, set(range(ranks)))
+        self._cell: _Cell | None = _Cell(0, first, None, set(range(self._ranks)))
         self.ready = first
         """Cell 0: ends once every rank is idle with its process group."""
 
-    # -- hooks ---------------------------------------------------------------------
-
-    def _cell_order(self, number: int, payload: Payload, debug: bool) -> object:
-        """What carries cell ``number``'s call to the ranks (caller thread); ``debug``: a
-        rank that raises opens a debugger first."""
-        return CellOrder(number, payload.ref(), debug)
-
-    def _send_cell(self, order: object, ranks: list[int]) -> None:
-        """Send ``order`` to ``ranks`` (none: the cell is dropped), then let it go
-        (loop thread)."""
-        assert isinstance(order, CellOrder)
-        try:
-            for rank in ranks:
-                self._send(rank, "cell", order)  # a closed link ends the session
-        finally:
-            order.call.fds.close()  # every rank has its own copies of the descriptors now
-
-    def _where(self, rank: int) -> str:
-        """Where ``rank`` runs, as a message's words (empty: this machine)."""
-        return ""
+    def start(self) -> None:
+        """Start the session's ranks (caller thread)."""
+        self.transport.start()
 
     @property
     def alive(self) -> bool:
         """True until the session's ranks are gone (or going)."""
-        return not (self.wait(0) or self._asked_to_end or self.stop_reason is not None)
+        core = self.core
+        return not (core.wait(0) or self._asked_to_end or core.stop_reason is not None)
 
     def cell(self, payload: Payload, timeout: float | None, debug: bool = False) -> CellSource:
         """Run ``payload`` on every rank as the next cell (any thread, one at a time),
@@ -180,7 +144,8 @@ class Cells:
             )
         self.cells_run += 1
         source = CellSource(self, self.cells_run, timeout)
-        self._call_soon(self._begin, source, self._cell_order(self.cells_run, payload, debug))
+        order = self.transport.cell_order(self.cells_run, payload, debug)
+        self.core.call_soon(self._begin, source, order)
         return source
 
     def busy_ranks(self) -> frozenset[int]:
@@ -191,15 +156,28 @@ class Cells:
     def end(self) -> None:
         """Ask every rank to leave its session loop (it then exits as a finished run)."""
         self._asked_to_end = True
-        self._call_soon(self._send_all, "end", None)
+        self.core.call_soon(self._send_all, "end", None)
 
-    # -- the job's hooks (loop thread) ------------------------------------------
+    def interrupt(self, cell: CellSource, reason: RunStatus) -> None:
+        """Interrupt ``cell``'s busy ranks (any thread): ``stop`` of its reader."""
+        self.core.call_soon(self._interrupt, cell, reason)
 
-    def _ending(self) -> None:
+    def cell_stacks(self, cell: CellSource) -> None:
+        """Ask ``cell``'s busy ranks for their stacks (any thread); what came of it is in
+        the core's records."""
+        self.core.call_soon(self._cell_stacks, cell)
+
+    def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
+        """Each rank as ``cell`` left it (any thread: built from frozen values)."""
+        return tuple(_in_cell(record, cell) for record in self.core.outcomes())
+
+    # -- the core's listener (loop thread) --------------------------------------------
+
+    def ending(self) -> None:
         # Before ``Done`` reaches anyone: its reader reads why the session ended.
         self.lost = self.lost or self._why_over()
 
-    def _route(self, event: RunEvent) -> None:
+    def route(self, event: RunEvent) -> None:
         cell = self._cell
         if isinstance(event, Done):
             # Every rank is gone: the session is over.
@@ -211,7 +189,7 @@ class Cells:
         elif not isinstance(event, StateChanged):
             self._between.append(event)  # shown with the next cell
 
-    def _message(self, rank: int, kind: str, body: Body) -> None:
+    def message(self, rank: int, kind: str, body: Body) -> None:
         if kind == "cell_done" and isinstance(body, CellReply):
             self._replied(rank, body)
         elif kind == "regrouped":
@@ -222,41 +200,42 @@ class Cells:
     def _why_over(self) -> str:
         if self._asked_to_end:
             return "it was stopped"
-        cause = self.root_cause
+        cause = self.core.root_cause
         if cause is None:
-            return f"its ranks were {self.stop_reason or 'stopped'}"
+            return f"its ranks were {self.core.stop_reason or 'stopped'}"
         if cause.kind == "raised" and cause.error is not None:
             return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
-        code = self.outcomes()[cause.rank].exit_code
+        code = self.core.outcomes()[cause.rank].exit_code
         verb = "was killed by" if code is not None and code < 0 else "ended with"
-        what = (cause.cause or "").rstrip(",") or describe_exit(code) + self._where(cause.rank)
+        where = self.transport.where(cause.rank)
+        what = (cause.cause or "").rstrip(",") or describe_exit(code) + where
         return f"rank {cause.rank} {verb} {what}"
 
     def _begin(self, source: CellSource, order: object) -> None:
         if not self.alive:
-            self._send_cell(order, [])
+            self.transport.send_cell(order, [])
             source.events.put(Notice(f"the session has ended ({self.lost or 'stopped'})"))
             source._finish(RunStatus.STOPPED, None)
             self._one_cell.release()
             return
-        ranks = set(range(self._ranks_in_cells))
+        ranks = set(range(self._ranks))
         cell = _Cell(source.number, source, source.timeout, ranks)
         self.note = None
         self._cell = cell
         while self._between:
             source.events.put(self._between.popleft())
         for rank in sorted(ranks):
-            self._log(rank, f"---- nbddp session: cell {cell.number} ----\n")
+            self.transport.log(rank, f"---- nbddp session: cell {cell.number} ----\n")
             source.events.put(StateChanged(rank, RankState.RUNNING))
-        self._send_cell(order, sorted(ranks))
+        self.transport.send_cell(order, sorted(ranks))
         if cell.timeout is not None:
-            self._later(cell.timeout, self._cell_timeout, cell)
+            self.core.later(cell.timeout, self._cell_timeout, cell)
 
     def _replied(self, rank: int, reply: CellReply) -> None:
         cell = self._cell
         if cell is None or reply.cell != cell.number or rank not in cell.busy:
             return  # a reply to a cell already given up on: the session is ending
-        self._drain(rank)  # everything it printed before replying, first
+        self.transport.drain(rank)  # everything it printed before replying, first
         cell.busy.discard(rank)
         cell.replies[rank] = reply
         if rank == 0:
@@ -268,7 +247,7 @@ class Cells:
             when = local_time(error.raised_at) or time.monotonic()
             cell.failures.append((when, Failure(rank, "raised", error=error)))
             if len(cell.failures) == 1 and cell.busy:
-                self._later(self.spec.failure_grace, self._not_returned, cell)
+                self.core.later(self.spec.failure_grace, self._not_returned, cell)
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
         if not cell.busy:
             if cell.freeing:
@@ -278,33 +257,44 @@ class Cells:
 
     def _regroup(self, cell: _Cell) -> None:
         """Every rank is free again, their group closed: give them a new one."""
-        cell.regrouping = set(range(self._ranks_in_cells))
+        cell.regrouping = set(range(self._ranks))
         cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
         for rank in sorted(cell.regrouping):
-            self._send(rank, "regroup", cell.number)
-        self._later(REGROUP_WAIT, self._regroup_failed, cell, None)
+            self.transport.send(rank, "regroup", cell.number)
+        self.core.later(REGROUP_WAIT, self._end_session, cell, None)
 
     def _regrouped(self, rank: int, error: ErrorInfo | None) -> None:
         cell = self._cell
         if cell is None or rank not in cell.regrouping:
             return
         if error is not None:
-            self._regroup_failed(cell, f"rank {rank}: {error.type_name}: {error.message}")
+            self._end_session(cell, f"rank {rank}: {error.type_name}: {error.message}")
             return
         cell.regrouping.discard(rank)
         if not cell.regrouping:
             self.note = REGROUPED
             self._close_cell(cell)
 
-    def _regroup_failed(self, cell: _Cell, why: str | None) -> None:
-        if self._cell is not cell or not cell.regrouping:
+    def _end_session(self, cell: _Cell, why: str | None) -> None:
+        """The ranks could not be regrouped (``why``; None: not in time), or could not
+        be freed (``cell.busy``): the session ends, saying why."""
+        if self._cell is not cell:
             return
-        self.lost = (
-            f"the process group could not be re-initialised after freeing the blocked "
-            f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
-        )
+        if cell.regrouping:
+            self.lost = (
+                f"the process group could not be re-initialised after freeing the blocked "
+                f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
+            )
+        elif cell.busy:
+            busy = ", ".join(map(str, sorted(cell.busy)))
+            self.lost = (
+                f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of "
+                "being interrupted: blocked in a collective, or in C code"
+            )
+        else:
+            return
         cell.source.events.put(Notice(f"{self.lost}; ending the session"))
-        self._stop(RunStatus.FAILED)
+        self.core.halt(RunStatus.FAILED)
 
     def _close_cell(self, cell: _Cell) -> None:
         self._cell = None
@@ -334,18 +324,18 @@ class Cells:
 
     def _interrupt_busy(self, cell: _Cell) -> None:
         for rank in sorted(cell.busy):
-            self._send(rank, "interrupt", cell.number)
-        self._later(INTERRUPT_GRACE, self._give_up, cell)
+            self.transport.send(rank, "interrupt", cell.number)
+        self.core.later(INTERRUPT_GRACE, self._give_up, cell)
 
     def _give_up(self, cell: _Cell) -> None:
         """Interrupted ranks did not return: with gloo, free them by closing the process
         group on the idle ranks (``nbddp.rank.regroup``), once; else end the session."""
         if self._cell is not cell or not cell.busy:
             return
-        busy = ", ".join(map(str, sorted(cell.busy)))
-        idle = sorted(set(range(self._ranks_in_cells)) - cell.busy)
+        idle = sorted(set(range(self._ranks)) - cell.busy)
         if self.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
             cell.freeing = True
+            busy = ", ".join(map(str, sorted(cell.busy)))
             cell.source.events.put(
                 Notice(
                     f"rank(s) {busy} still blocked: closing the process group on the idle "
@@ -353,19 +343,10 @@ class Cells:
                 )
             )
             for rank in idle:
-                self._send(rank, "close_group", None)
-            self._later(INTERRUPT_GRACE, self._give_up, cell)
+                self.transport.send(rank, "close_group", None)
+            self.core.later(INTERRUPT_GRACE, self._give_up, cell)
             return
-        self.lost = (
-            f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of being "
-            "interrupted: blocked in a collective, or in C code"
-        )
-        cell.source.events.put(Notice(f"{self.lost}; ending the session"))
-        self._stop(RunStatus.FAILED)
-
-    def interrupt(self, cell: CellSource, reason: RunStatus) -> None:
-        """Interrupt ``cell``'s busy ranks (any thread): ``stop`` of its reader."""
-        self._call_soon(self._interrupt, cell, reason)
+        self._end_session(cell, None)
 
     def _interrupt(self, cell: CellSource, reason: RunStatus) -> None:
         current = self._cell
@@ -373,63 +354,43 @@ class Cells:
             return
         current.reason = reason
         if current.number == 0:
-            self._stop(reason)  # no state to keep yet
+            self.core.halt(reason)  # no state to keep yet
             return
         self._interrupt_busy(current)
 
     def _cell_timeout(self, cell: _Cell) -> None:
         if self._cell is not cell or cell.reason is not None:
             return
-        if (delay := self._put_off()) is not None:
-            self._later(delay, self._cell_timeout, cell)
+        if (delay := self.core.put_off()) is not None:
+            self.core.later(delay, self._cell_timeout, cell)
             return
         cell.reason = RunStatus.TIMEOUT
         cell.source.events.put(
             Notice(f"timeout of {cell.timeout:g}s reached: dumping stacks, interrupting")
         )
-        self._ask_cell_stacks(cell)
-        self._later(STACKS_WAIT, self._interrupt_busy, cell)
+        self._cell_stacks(cell.source)
+        self.core.later(STACKS_WAIT, self._interrupt_busy, cell)
 
-    def cell_stacks(self, cell: CellSource) -> None:
-        """Ask ``cell``'s busy ranks for their stacks (any thread)."""
-        self._call_soon(self._cell_stacks, cell)
-
-    def _cell_stacks(self, cell: CellSource) -> None:
-        current = self._cell
-        if current is not None and current.source is cell:
-            self._ask_cell_stacks(current)
-
-    def _ask_cell_stacks(self, cell: _Cell) -> None:
-        """As a run's (``Job._ask_stacks``); what came of it is in the job's outcomes."""
-        cell.stacks.update(dict.fromkeys(self._ask_stacks(sorted(cell.busy)), "asked"))
+    def _cell_stacks(self, source: CellSource) -> None:
+        """As a run's (``Job.ask_stacks``), for the ranks still in the cell."""
+        cell = self._cell
+        if cell is not None and cell.source is source:
+            asked = self.transport.ask_stacks(sorted(cell.busy))
+            cell.stacks.update(dict.fromkeys(asked, "asked"))
 
     def _send_all(self, kind: str, body: object) -> None:
-        for rank in range(self._ranks_in_cells):
-            self._send(rank, kind, body)
+        for rank in range(self._ranks):
+            self.transport.send(rank, kind, body)
 
     def _session_over(self, cell: _Cell) -> None:
         """Every rank is gone while ``cell`` ran: it ends with the session."""
         self._cell = None
-        cell.failures.extend(self.failures())
+        cell.failures.extend(self.core.failures())
         cell.ended_at = time.monotonic()
         status = cell.reason or (RunStatus.FAILED if cell.failures else RunStatus.STOPPED)
         cell.source._finish(status, cell)
         if cell.number > 0:
             self._one_cell.release()
-
-    def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
-        """Each rank as ``cell`` left it (any thread: built from frozen values)."""
-        return tuple(_in_cell(record, cell) for record in self.outcomes())
-
-
-class SessionJob(Cells, Job):
-    """A session's ranks on this machine (see module contract)."""
-
-    CTRL_RESTS = False  # a cell ends when its replies are read: they must not wait a tick
-
-    def __init__(self, spec: JobSpec, payload: Payload) -> None:
-        super().__init__(spec, payload)
-        self._init_cells(self.node.ranks)
 
 
 def _in_cell(record: RankOutcome, cell: _Cell | None) -> RankOutcome:
@@ -473,8 +434,8 @@ class CellSource:
         self._started_at = time.monotonic()
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number`` (``Job.answer``)."""
-        self._job.answer(rank, number, text)
+        """Send ``rank`` the user's line for its prompt ``number``."""
+        self._job.core.answer(rank, number, text)
 
     def _finish(self, status: RunStatus, cell: _Cell | None) -> None:
         """The cell has ended (loop thread)."""
@@ -487,7 +448,7 @@ class CellSource:
         """The cell's root-cause failure: the earliest rank that raised, or died."""
         cell = self._cell
         if cell is None:
-            return self._job.root_cause if self._done.is_set() else None
+            return self._job.core.root_cause if self._done.is_set() else None
         return root_cause(cell.failures, self._job.spec.failure_grace)
 
     @property
@@ -514,7 +475,7 @@ class CellSource:
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid (the session's)."""
-        return self._job.pids()
+        return self._job.core.pids()
 
     def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
         """Interrupt the cell on every rank (the session lives on if they return)."""

@@ -1,40 +1,12 @@
-"""A session rank: one process that runs cell after cell and keeps its state.
+"""A session rank's loop: one process that runs cell after cell and keeps its state.
 
-Contract: a session is an ordinary run whose function is ``serve``. The
-worker sets the rank up as for any run (environment, context, process
-group), then ``serve`` answers every ``CellOrder`` the notebook sends with
-exactly one ``CellReply`` (``cell_done``), in order, and returns None when
-told to ``end`` (so the rank exits as a finished run does). A cell's call
-runs in the main thread; what it returns is packed as a run's value is
-(``values.pack``), what it raises travels as an ``ErrorInfo``, and in both
-cases the rank is idle again afterwards, its globals kept.
-
-State: ``state()`` is the rank's one ``SessionState``; its ``space`` is the
-namespace every ``%%ddp`` cell and every function the notebook defined runs
-in, with the rules of what stays in it (``nbddp.rank.namespace``).
-
-Exits: ``sys.exit`` in a cell ends the cell, not the rank (it travels as the
-cell's error; the notebook names the rank and the code); ``os._exit`` ends
-the rank, and the notebook ends the session.
-
-Process group: a cell may destroy the default process group and initialise
-a new one (``dist.init_process_group``), in the same cell or a later one:
-every ``env://`` rendezvous after the session's first meets under a prefix
-of its own (``nbddp.rank.regroup.fresh_rendezvous``), so no rank reads a
-key the previous group left in the store.
-
-Interrupt: ``interrupt`` (with the cell's number) arrives on the link
-thread, which sends SIGINT to the main thread; the handler raises
-``KeyboardInterrupt`` only while that very cell's code runs, never while
-the rank is idle or sending its reply (a half-sent reply would corrupt the
-link). A rank blocked in C (a collective whose peer went away) cannot be
-interrupted: the notebook then has the idle ranks ``close_group`` and,
-once all are idle, every rank ``regroup`` (``nbddp.rank.regroup``), each
-answered as it comes in the idle loop; or it ends the session.
-
-Before each reply the rank flushes Python's and C's stdio, so everything
-the cell printed is in its pipes before the notebook reads the reply (the
-notebook drains them then: a cell's output is complete when it ends).
+A session is an ordinary run whose function is ``serve_session_rank``: it answers each
+``CellOrder`` with exactly one ``CellReply`` (``cell_done``), in order, in the main thread, and
+returns when told to ``end``. Globals live in ``state().space`` (``nbddp.rank.namespace``).
+``sys.exit`` in a cell ends the cell, not the rank. ``interrupt`` arrives on the link thread and
+raises ``KeyboardInterrupt`` only while that very cell runs, never while idle or replying; a rank
+stuck in C is recovered by ``close_group`` then ``regroup`` (``nbddp.rank.regroup``). Each reply
+is sent after stdio is flushed, so a cell's output is complete when the notebook reads it.
 """
 
 from __future__ import annotations
@@ -62,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SessionState:
-    """One session rank's state (see module contract)."""
+    """One session rank's state."""
 
     space: Namespace = field(default_factory=Namespace)
     """The globals every call runs in, and the names in it that are the ranks'."""
@@ -71,7 +43,7 @@ class SessionState:
     interrupt_for: int | None = None
     """The cell an interrupt was asked for (written by the link thread)."""
     last_failure: types.TracebackType | None = None
-    """Where the last cell raised, kept until the next cell for ``debug_last``."""
+    """Where the last cell raised, kept until the next cell for ``DebugLast``."""
 
 
 _STATE: SessionState | None = None
@@ -119,8 +91,8 @@ def _backend() -> str | None:
     return str(dist.get_backend())
 
 
-def serve() -> None:
-    """Answer cells until told to end (see module contract)."""
+def serve_session_rank() -> None:
+    """Answer cells until told to end; the function of a session's run."""
     global _STATE, _MAIN
     _STATE = SessionState()
     _MAIN = threading.get_ident()
@@ -129,10 +101,12 @@ def serve() -> None:
     # worker thread that blocks SIGINT, and an interrupt would then never arrive.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     channel = installed()
-    assert channel is not None, "serve runs in a rank, after the worker installed its channel"
+    assert channel is not None, "runs in a rank, after the worker installed its channel"
     global _BACKEND
     _BACKEND = _backend()
     if _BACKEND is not None:
+        # A cell may destroy the group and init another: each later rendezvous gets a
+        # prefix of its own, so no rank reads a key the previous group left in the store.
         regroup.fresh_rendezvous()
     channel.send("cell_done", CellReply(0, values.pack(None), None, ()))  # ready
     while True:

@@ -1,34 +1,17 @@
-"""The nbddp agent: one Ray actor per node, running nbddp's own local launcher there.
+"""The nbddp agent: one per node, running nbddp's own local launcher there.
 
-Contract: the notebook (``nodes``) creates one ``NodeAgent`` per node, in a
-placement group, and drives it with actor calls; Ray runs the methods on
-threads of the actor (it is created with ``max_concurrency``), so ``poll``
-may wait while ``stop`` arrives. ``describe()`` says where it runs and its
-versions (read without importing torch). A new agent starts the node's
-forkserver at once (a fresh process, never a fork of this multithreaded Ray
-worker), so that its torch import overlaps the rest of the start. An agent
-holds any number of runs at once, each under the notebook's run id with its
-own local job (``nodejobs``) and, on agent 0, its own
-rendezvous store (``host_store``, bound on the node address before any rank
-starts; ``close_store`` once the run has ended on every node). ``start``
-runs the node's slice of a run (global ranks ``node.first_rank`` on; a
-session's ranks with ``session=True``, then driven by ``send``,
-``send_cell`` and ``ask_stacks``). ``poll(wait)`` is the one long poll for
-all of them: it returns at once when events are queued, else after at most
-``wait`` seconds, a ``Batch`` per run with events (global ranks), the new
-failures, and once the run's ranks on this node are all gone, their
-outcomes and the node's status. ``stop``/``dump_stacks`` go to one run.
-
-Lifetime: ranks are this agent's local jobs' children; each rank watches its
-link to the agent and ends its process group when the agent goes. Ray ends
-the agent when the notebook's driver goes. The agent also ends itself
-(``os._exit``, so every rank's link closes at once) when it loses the
-notebook whatever the cause: no poll for ``QUIET`` seconds (the notebook
-polls every agent it keeps, between runs too, and counts a node as lost
-after about as long without an answer), or its raylet gone (Ray's worker
-process outlives a raylet killed under it). Values, exceptions and the
-call's arguments cross as plain bytes (``portable``), landing in shared
-memory on the other side.
+Contract: an engine places one ``NodeAgent`` per node (``ray_node.RayNodeAgent``
+as a Ray actor) and the notebook calls its methods through a channel, from
+several threads at once, so ``poll`` may wait while ``stop`` arrives.
+``describe()`` says where it runs and its versions (read without importing
+torch); a new agent starts the node's forkserver at once. It holds any number
+of runs, each under the notebook's run id with its own ``noderun.NodeRun`` and,
+on agent 0, its own rendezvous store (``host_store``/``close_store``).
+``poll(wait)`` is the one long poll for all of them: a ``Batch`` per run with
+its events (global ranks), new failures and, once its ranks here have all
+ended, their outcomes. The agent ends itself (``os._exit``, so every rank's link
+closes) once it has lost the notebook: no poll for ``QUIET`` seconds, or its
+engine's process on the node gone (``engine_lost``).
 """
 
 from __future__ import annotations
@@ -39,11 +22,10 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from nbddp.cluster.nodejobs import Inbox, NodeJob, NodeSessionJob, Reply
-from nbddp.cluster.portable import (
+from nbddp.agent.noderun import Inbox, NodeRun, Reply
+from nbddp.agent.portable import (
     ShippedFailure,
     ShippedOutcome,
     ShippedPayload,
@@ -51,10 +33,10 @@ from nbddp.cluster.portable import (
     ship_failure,
     ship_outcome,
 )
-from nbddp.cluster.versions import local_versions
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import Done, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
+from nbddp.wire.versions import local_versions
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +79,7 @@ class Batch:
 class _Held:
     """One run this agent holds."""
 
-    job: NodeJob
+    job: NodeRun
     sent: int = 0  # failures already sent
 
 
@@ -109,7 +91,7 @@ class NodeAgent:
         self._runs: dict[str, _Held] = {}
         self._stores: dict[str, object] = {}
         self._inbox: Inbox = queue.SimpleQueue()
-        self._parent = os.getppid()  # the raylet
+        self._parent = os.getppid()  # the engine's process on the node (Ray's raylet)
         self._last_poll: float | None = None
         self._born = time.monotonic()
         threading.Thread(target=self._watch, name="nbddp-agent-watch", daemon=True).start()
@@ -117,20 +99,37 @@ class NodeAgent:
 
     def describe(self) -> NodeInfo:
         """Where this agent runs (the node's forkserver is starting meanwhile)."""
-        import ray
-
         return NodeInfo(
-            address=_node_address(),
+            address=self.node_address(),
             hostname=socket.gethostname(),
             pid=os.getpid(),
-            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+            gpu_ids=self.gpu_ids(),
             versions=local_versions(),
-            node_id=str(ray.get_runtime_context().get_node_id()),
+            node_id=self.node_id(),
         )
+
+    # -- what the engine says of this node (overridden by each engine's agent) --------
+
+    def node_address(self) -> str:
+        """This node's address in the cluster."""
+        return socket.gethostbyname(socket.gethostname())
+
+    def gpu_ids(self) -> tuple[str, ...]:
+        """The GPUs the engine gave this agent (``CUDA_VISIBLE_DEVICES`` entries)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return tuple(t for t in visible.split(",") if t)
+
+    def node_id(self) -> str:
+        """The engine's id of this node."""
+        return ""
+
+    def engine_lost(self) -> str | None:
+        """Why the engine's process on this node is gone, if it is."""
+        return "the engine's process on this node is gone" if os.getppid() != self._parent else None
 
     def host_store(self, run: str, port: int | None) -> int:
         """Host ``run``'s rendezvous store on this node's address; its port."""
-        sock, _ = listen(_node_address(), port, fallback=False)
+        sock, _ = listen(self.node_address(), port, fallback=False)
         bound = int(sock.getsockname()[1])
         store = host_store(sock.getsockname()[0], sock)
         with self._lock:
@@ -147,21 +146,18 @@ class NodeAgent:
     ) -> dict[int, int]:
         """Start this node's ranks of ``run`` (``node``, on the GPUs Ray gave this agent);
         global rank -> pid."""
-        import ray
-
         if spec.device == "cuda":
-            node = replace(node, gpu_tokens=tuple(str(g) for g in ray.get_gpu_ids()))
-        kind = NodeSessionJob if session else NodeJob
-        job = kind(spec, land_payload(payload), node, run, self._inbox)
+            node = replace(node, gpu_tokens=self.gpu_ids())
+        job = NodeRun(spec, land_payload(payload), node, run, self._inbox, session)
         with self._lock:
             self._runs[run] = _Held(job)
         try:
-            job.start()
+            job.job.start()
         except BaseException:
             with self._lock:
                 self._runs.pop(run, None)
             raise
-        return {rank + node.first_rank: pid for rank, pid in job.pids().items()}
+        return {rank + node.first_rank: pid for rank, pid in job.core.pids().items()}
 
     def poll(self, wait: float) -> dict[str, Batch]:
         """The long poll (see module contract): run id -> its batch."""
@@ -186,7 +182,7 @@ class NodeAgent:
         with self._lock:
             held = list(self._runs.items())
         for run, record in held:
-            failures = record.job.failures()
+            failures = record.job.core.failures()
             if len(failures) > record.sent:
                 first = record.job.first
                 batch = batches.setdefault(run, Batch())
@@ -204,29 +200,29 @@ class NodeAgent:
         if record is None:
             return
         job = record.job
-        failures = job.failures()
+        failures = job.core.failures()
         batch.failures.extend(
             ship_failure(_wall(at), f, job.first) for at, f in failures[record.sent :]
         )
-        batch.outcomes = [ship_outcome(o, job.first) for o in job.outcomes()]
-        batch.status = job.status
+        batch.outcomes = [ship_outcome(o, job.first) for o in job.core.outcomes()]
+        batch.status = job.core.status
 
     def stop(self, run: str, reason: RunStatus) -> None:
         """Stop ``run``'s ranks here (SIGTERM to each group, SIGKILL after the grace)."""
         job = self._job(run)
         if job is not None:
-            job.stop(reason)
+            job.core.stop(reason)
 
     def dump_stacks(self, run: str) -> None:
         """Have ``run``'s running ranks here write their stacks into their output."""
         job = self._job(run)
         if job is not None:
-            job.dump_stacks()
+            job.core.dump_stacks()
 
     def send(self, run: str, rank: int, kind: str, body: object) -> None:
         """A session's request to its global ``rank`` here (``interrupt``, ``end``...)."""
         job = self._job(run)
-        if isinstance(job, NodeSessionJob):
+        if job is not None and job.session:
             job.send(rank, kind, body)
 
     def send_cell(
@@ -239,27 +235,27 @@ class NodeAgent:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
         job = self._job(run)
-        if isinstance(job, NodeSessionJob):
+        if job is not None and job.session:
             job.send_cell(number, land_payload(payload), debug)
 
     def ask_stacks(self, run: str, ranks: list[int]) -> None:
         """Ask a session's global ``ranks`` here for their stacks."""
         job = self._job(run)
-        if isinstance(job, NodeSessionJob):
+        if job is not None and job.session:
             job.ask_stacks(ranks)
 
     def answer(self, run: str, rank: int, number: int, text: str | None) -> None:
         """The user's line for ``run``'s global ``rank`` here, at its prompt ``number``."""
         job = self._job(run)
         if job is not None:
-            job.answer(rank - job.first, number, text)
+            job.answer(rank, number, text)
 
     def close_store(self, run: str) -> None:
         """``run`` has ended on every node: its store goes."""
         with self._lock:
             self._stores.pop(run, None)
 
-    def _job(self, run: str) -> NodeJob | None:
+    def _job(self, run: str) -> NodeRun | None:
         with self._lock:
             record = self._runs.get(run)
         return record.job if record is not None else None
@@ -278,8 +274,9 @@ class NodeAgent:
                 os._exit(1)
 
     def _lost_why(self) -> str | None:
-        if os.getppid() != self._parent:
-            return "this node's raylet is gone"
+        lost = self.engine_lost()
+        if lost is not None:
+            return lost
         now = time.monotonic()
         last = self._last_poll
         if last is None:
@@ -298,14 +295,6 @@ def _prewarm() -> None:
 
     FORKSERVER.prewarm()
     import torch.distributed  # noqa: F401
-
-
-def _node_address() -> str:
-    """This node's address in the cluster, as Ray knows it."""
-    from ray.util import get_node_ip_address
-
-    address: Callable[[], str] = get_node_ip_address
-    return address()
 
 
 def _wall(monotonic: float) -> float:

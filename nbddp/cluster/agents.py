@@ -1,0 +1,297 @@
+"""The agents a notebook holds on a cluster, whatever engine placed them.
+
+Contract: an engine (``ray_engine``) supplies only placement and a channel:
+``Agents(shape, engine, hold, channels, infos)``, one agent per node in
+node-rank order, each reached through a ``Channel``, with the engine's hold
+on the nodes (``hold``) given back through ``engine.give_back``. Everything
+else is here and engine-neutral: agents serve any number of runs at once
+(``attach``); one follower thread per agent takes its long poll from
+placement until release and hands each run its batches; an agent that does
+not answer ends every run attached as a lost node (``Listener.node_lost``)
+and the set is not used again. Kept sets no run uses are handed back
+``NBDDP_CLUSTER_IDLE`` seconds after their last run, when another job waits
+for the engine's resources, on ``release_agents()``, and with the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nbddp.agent.node import Batch, NodeInfo
+from nbddp.errors import ConfigError
+from nbddp.launcher import settings
+
+log = logging.getLogger(__name__)
+
+POLL_WAIT = 1.0  # seconds an agent's long poll waits when nothing happens
+LOST_AFTER = 10.0  # seconds beyond POLL_WAIT without an answer before a node counts as lost
+KEEP_TICK = 1.0  # seconds between the keeper's looks at idle agents
+
+Shape = tuple[str, int, int, int]
+"""(cluster address, nodes, GPUs per node, CPUs per node): what agents were placed for."""
+
+
+class Pending(Protocol):
+    """A call on its way to an agent."""
+
+    def result(self, timeout: float) -> object:
+        """Its value, or what the agent raised; ``TimeoutError``-like after ``timeout``."""
+
+
+class Channel(Protocol):
+    """One agent, as the notebook reaches it."""
+
+    def call(self, method: str, *args: object) -> Pending:
+        """Call the agent's ``method`` with ``args`` (raises when the agent is gone)."""
+
+
+class Engine(Protocol):
+    """What places agents: the only engine-specific part besides each ``Channel``."""
+
+    def share(self, value: object) -> object:
+        """What to pass to every agent for ``value`` so it travels to each node once."""
+
+    def connected(self) -> bool:
+        """False once this process has left the cluster (its agents went with it)."""
+
+    def give_back(self, hold: object, channels: list[Channel]) -> None:
+        """End the agents and give their nodes back."""
+
+    def others_waiting(self, holds: list[object]) -> bool:
+        """Whether another job waits for the cluster's resources (not ``holds``)."""
+
+
+class Listener(Protocol):
+    """A run attached to a set of agents (``client.ClusterJob``)."""
+
+    def take(self, node: int, batch: Batch) -> None:
+        """Node ``node``'s agent sent this run ``batch`` (a follower thread)."""
+
+    def node_lost(self, node: int, exc: BaseException) -> None:
+        """Node ``node``'s agent no longer answers (a follower thread)."""
+
+
+@dataclass
+class Agents:
+    """A set of agents, one per node, in node-rank order (see module contract)."""
+
+    shape: Shape
+    engine: Engine
+    hold: object
+    """The engine's hold on the nodes (a Ray placement group)."""
+    channels: list[Channel]
+    infos: list[NodeInfo]
+    runs: dict[str, Listener] = field(default_factory=dict)
+    """The runs attached, by run id."""
+    broken: bool = False
+    """An agent was lost: no new run is placed on this set."""
+    released: bool = False
+    idle_since: float = field(default_factory=time.monotonic)
+    sessions: set[str] = field(default_factory=set)
+    """The attached runs that are sessions (``describe``)."""
+    served: int = 0
+    """Runs attached so far."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attach(self, run: str, listener: Listener, *, session: bool = False) -> bool:
+        """Hand ``run`` its batches from now on; True for the set's first run."""
+        with self._lock:
+            self.runs[run] = listener
+            if session:
+                self.sessions.add(run)
+            self.served += 1
+            return self.served == 1
+
+    def detach(self, run: str) -> None:
+        """``run`` has ended: its batches are not wanted any more."""
+        with self._lock:
+            self.runs.pop(run, None)
+            self.sessions.discard(run)
+            if not self.runs:
+                self.idle_since = time.monotonic()
+        _keeper_wake.set()
+
+    def in_use(self) -> bool:
+        with self._lock:
+            return bool(self.runs)
+
+    def follow(self) -> None:
+        """Start following every agent's long poll (one thread each)."""
+        for index in range(len(self.channels)):
+            threading.Thread(
+                target=self._follow, args=(index,), name=f"nbddp-node{index}", daemon=True
+            ).start()
+
+    def _follow(self, index: int) -> None:
+        channel = self.channels[index]
+        while not self.released:
+            if not self.engine.connected():  # left the cluster: the agents went with it
+                self.released = True
+                return
+            try:
+                polled = channel.call("poll", POLL_WAIT).result(POLL_WAIT + LOST_AFTER)
+            except Exception as exc:  # the agent or its node is gone
+                if not self.released and self.engine.connected():
+                    self._lost(index, exc)
+                return
+            assert isinstance(polled, dict)
+            for run, batch in polled.items():
+                with self._lock:
+                    listener = self.runs.get(run)
+                if listener is not None:
+                    listener.take(index, batch)
+
+    def _lost(self, index: int, exc: BaseException) -> None:
+        log.warning("nbddp: node %d's agent is lost: %s", index, exc)
+        self.broken = True
+        with self._lock:
+            listeners = list(self.runs.values())
+        for listener in listeners:
+            listener.node_lost(index, exc)
+        _keeper_wake.set()
+
+    def release(self) -> None:
+        """Hand the agents and their nodes back (their ranks go with them)."""
+        if not self.released:
+            self.released = True
+            self.engine.give_back(self.hold, self.channels)
+
+
+_sets: list[Agents] = []  # every set not yet released, newest last
+_sets_lock = threading.Lock()
+
+
+def reuse(shape: Shape, alive: Callable[[Agents], bool]) -> Agents | None:
+    """A kept set of ``shape`` whose agents all answer (``alive(agents)``), if any;
+    sets that do not answer are marked broken."""
+    with _sets_lock:
+        candidates = [s for s in reversed(_sets) if s.shape == shape and not s.broken]
+    for agents in candidates:
+        if alive(agents):
+            return agents
+        agents.broken = True
+    return None
+
+
+def keep(agents: Agents) -> Agents:
+    """Hold ``agents`` for later runs: follow their polls, hand them back when idle."""
+    with _sets_lock:
+        _sets.append(agents)
+    agents.follow()
+    _start_keeper()
+    return agents
+
+
+def release_agents(*, everything: bool = False) -> None:
+    """Hand back every set of agents no run uses (``everything``: all of them, their
+    runs' ranks with them)."""
+    with _sets_lock:
+        going = [s for s in _sets if everything or not s.in_use()]
+        for agents in going:
+            _sets.remove(agents)
+    for agents in going:
+        agents.release()
+
+
+def kept() -> list[Agents]:
+    """The sets of agents not yet handed back, oldest first."""
+    with _sets_lock:
+        return list(_sets)
+
+
+def holders() -> str:
+    """Who holds the resources this process waited for, as far as it knows."""
+    mine = [s for s in kept() if s.in_use()]
+    if not mine:
+        return "other jobs hold them"
+    runs = sum(len(s.runs) for s in mine)
+    sessions = sum(len(s.sessions) for s in mine)
+    return (
+        f"other jobs, or this notebook's {runs} running run(s) on other agents "
+        f"({sessions} of them sessions), hold them"
+    )
+
+
+def describe() -> str:
+    """What this notebook holds on its cluster, in a few lines."""
+    sets = kept()
+    if not sets:
+        return "no agents held on any cluster"
+    idle = settings.read().cluster_idle
+    lines = []
+    for agents in sets:
+        address, count, gpus, _ = agents.shape
+        nodes = ", ".join(f"node {i} {info.address}" for i, info in enumerate(agents.infos))
+        what = f"{gpus} GPUs per node" if gpus else "a CPU per node"
+        with agents._lock:
+            runs, sessions = len(agents.runs), len(agents.sessions)
+        if runs:
+            use = f"held by {runs} run(s), {sessions} of them session(s)"
+        else:
+            left = max(0.0, idle - (time.monotonic() - agents.idle_since))
+            use = f"idle, handed back in {left:.0f}s or when another job waits for them"
+        if agents.broken:
+            use += "; a node was lost: handed back once its runs end"
+        lines.append(f"{address}: {count} agents ({what}) on {nodes}; {use}")
+    return "\n".join(lines)
+
+
+# -- handing idle agents back -------------------------------------------------------
+
+_keeper: threading.Thread | None = None
+_keeper_wake = threading.Event()
+
+
+def _start_keeper() -> None:
+    global _keeper
+    with _sets_lock:
+        if _keeper is not None and _keeper.is_alive():
+            return
+        if _keeper is None:
+            # Registered after the engine connected (ray.init), so it runs before the
+            # engine's own exit handler: the followers stop calling an engine that is
+            # shutting down (Ray's core worker ends the process when called then).
+            atexit.register(_stop_following)
+        _keeper = threading.Thread(target=_keep, name="nbddp-cluster-keeper", daemon=True)
+        _keeper.start()
+
+
+def _stop_following() -> None:
+    """This process is ending: the engine ends its agents; the followers stop now."""
+    for agents in kept():
+        agents.released = True
+
+
+def _keep() -> None:
+    """Hand back idle agents when their time is up or another job waits (module contract)."""
+    while True:
+        _keeper_wake.wait(KEEP_TICK)
+        _keeper_wake.clear()
+        sets = kept()
+        if not sets:
+            return
+        idle = [s for s in sets if not s.in_use()]
+        if not idle:
+            continue
+        try:
+            limit = settings.read().cluster_idle
+        except ConfigError:
+            limit = settings.CLUSTER_IDLE.default
+        now = time.monotonic()
+        due = [s for s in idle if s.broken or now - s.idle_since >= limit]
+        if len(due) < len(idle) and idle[0].engine.others_waiting([s.hold for s in sets]):
+            due = idle
+        for agents in due:
+            with _sets_lock:
+                if agents in _sets and not agents.in_use():
+                    _sets.remove(agents)
+                else:
+                    continue
+            log.info("nbddp: handing back idle agents of %s", agents.shape[0])
+            agents.release()

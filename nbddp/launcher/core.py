@@ -1,0 +1,277 @@
+"""The run core: one run's bookkeeping, whatever carries its ranks.
+
+Contract: a transport (``job.Job`` on this machine, ``cluster.client.ClusterJob``
+across nodes) holds one ``RunCore`` and tells it what its ranks did, on the
+relay loop thread only: ``route`` an event, ``fail``, ``end``. Other threads
+read typed values (``events``, ``outcomes()``, ``root_cause``, ``status``,
+``elapsed()``, ``wait``) and ask through ``stop``, ``dump_stacks`` and
+``answer``, which the core hands to its transport on the loop. A ``Listener``
+(a session's cells, an agent's forwarder) takes the events, rank messages and
+the end instead of ``events``. Once the run has ended the core holds only
+typed values: its timers are cancelled and its transport and listener let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from threading import Event
+from typing import Protocol
+
+from nbddp.launcher.events import (
+    Done,
+    Failure,
+    Notice,
+    RankOutcome,
+    RankState,
+    RunEvent,
+    RunStatus,
+    StateChanged,
+    run_status,
+)
+from nbddp.launcher.failures import root_cause
+from nbddp.launcher.logs import new_run_dir
+from nbddp.launcher.prompts import WaitClock
+from nbddp.launcher.ranks import RankRecord
+from nbddp.launcher.relay import loop
+from nbddp.wire.protocol import Body
+
+STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
+STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
+PROMPT_RECHECK = 1.0  # seconds between timeout checks while a rank waits at a prompt
+
+
+class Transport(Protocol):
+    """What carries a run's ranks; every method runs on the loop thread."""
+
+    def stop_ranks(self, reason: RunStatus) -> None:
+        """Stop every rank (SIGTERM, then SIGKILL after the grace)."""
+
+    def ask_stacks(self, ranks: Iterable[int]) -> list[int]:
+        """Ask ``ranks`` to write their stacks; the ranks asked."""
+
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` the user's line for its prompt ``number``."""
+
+    def release(self) -> None:
+        """The run has ended: let go of what only a running run needs."""
+
+
+class Listener(Protocol):
+    """Takes a run's events in place of its queue (loop thread)."""
+
+    def route(self, event: RunEvent) -> None: ...
+    def message(self, rank: int, kind: str, body: Body) -> None: ...
+    def ending(self) -> None: ...
+
+
+def new_run_id() -> str:
+    """A run id: when it started, and six random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+class RunCore:
+    """One run's bookkeeping (see module contract)."""
+
+    def __init__(self, ranks: int, failure_grace: float) -> None:
+        self.run_id = new_run_id()
+        self._run_dir = new_run_dir(self.run_id)  # locked until the run ends; old runs pruned
+        self.log_dir = self._run_dir.path
+        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
+        self.records = [RankRecord(r) for r in range(ranks)]
+        self.failure_grace = failure_grace
+        self.waits = WaitClock()  # ranks at a prompt: their wait is not the run's time
+        self.stop_reason: RunStatus | None = None
+        """Why the ranks are being (or were) stopped: asked to, a failure, the timeout,
+        an interrupt; None while nothing stops them."""
+        self.transport: Transport | None = None
+        self.listener: Listener | None = None
+        self._loop = loop()
+        self._done = Event()
+        self._failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
+        self._stop_scheduled = False
+        self._started_at = time.monotonic()
+        self._ended_at: float | None = None
+        self._timers: list[asyncio.TimerHandle] = []  # cancelled when the run ends
+
+    # -- reads (any thread) ----------------------------------------------------
+
+    def outcomes(self) -> tuple[RankOutcome, ...]:
+        """Each rank as last seen, by rank; final once ``wait`` returns True."""
+        return tuple(record.outcome() for record in self.records)
+
+    def failures(self) -> list[tuple[float, Failure]]:
+        """Every rank failure so far as ``(time.monotonic(), failure)``, in arrival order."""
+        return list(self._failures)
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The failure that ended the run, if any (``failures.root_cause``)."""
+        return root_cause(list(self._failures), self.failure_grace)
+
+    @property
+    def status(self) -> RunStatus:
+        """Where the run is; once it has ended, how it ended."""
+        ended = self._done.is_set()
+        failed = ended and self.root_cause is not None
+        return run_status(ended, (r.state for r in self.records), self.stop_reason, failed)
+
+    def elapsed(self) -> float:
+        """Seconds from the start until the run ended (or until now, while it goes on)."""
+        return (self._ended_at or time.monotonic()) - self._started_at
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid (on its own node) of the ranks started so far."""
+        return {r.rank: r.pid for r in self.records if r.pid is not None}
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every rank has ended and all its output has been read."""
+        return self._done.wait(timeout)
+
+    # -- requests (any thread) -----------------------------------------------------
+
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
+        """Stop every rank: SIGTERM to each, SIGKILL after the grace."""
+        self.call_soon(self.halt, reason)
+
+    def dump_stacks(self) -> None:
+        """Ask every running rank to write all its threads' Python stacks to its stderr."""
+        self.call_soon(self._dump_stacks)
+
+    def answer(self, rank: int, number: int, text: str | None) -> None:
+        """Send ``rank`` the user's line for its prompt ``number``."""
+        self.call_soon(self._answer, rank, number, text)
+
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the loop thread."""
+        self._loop.call(fn, *args)
+
+    # -- what the transport says (loop thread) -----------------------------------
+
+    def route(self, event: RunEvent) -> None:
+        """Hand ``event`` to the listener, or to ``events``."""
+        if self.listener is not None:
+            self.listener.route(event)
+        else:
+            self.events.put(event)
+
+    def message(self, rank: int, kind: str, body: Body) -> None:
+        """A rank's message that only the listener knows (a session's reply)."""
+        if self.listener is not None:
+            self.listener.message(rank, kind, body)
+
+    def later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
+
+        Why not ``loop.call_later`` directly: a pending timer holds the run, and would
+        keep a finished run's memory for its whole delay; spent timers are dropped
+        here, so a long session does not pile them up."""
+        if self._done.is_set():
+            return
+        now = self._loop.loop.time()
+        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+        self._timers.append(self._loop.call_later(delay, fn, *args))
+
+    def fail(self, failure: Failure, when: float | None = None) -> None:
+        """Record ``failure`` (``when``: the rank's own time of it, on this process's
+        monotonic clock; default now) and stop the others after the grace."""
+        if not self.has_failed(failure.rank):
+            self._failures.append((time.monotonic() if when is None else when, failure))
+        if not self._stop_scheduled:
+            self._stop_scheduled = True
+            self.later(self.failure_grace, self.halt, RunStatus.FAILED)
+
+    def name_deaths(self, ranks: range, how: Callable[[int | None], str]) -> None:
+        """Give each of ``ranks`` that died, unexplained, the cause ``how(exit_code)``."""
+        for i, (when, failure) in enumerate(self._failures):
+            if failure.rank in ranks and failure.kind == "died" and failure.cause is None:
+                code = self.records[failure.rank].exit_code
+                self._failures[i] = (when, replace(failure, cause=how(code)))
+
+    def has_failed(self, rank: int) -> bool:
+        """True once ``rank`` has a recorded failure."""
+        return any(f.rank == rank for _, f in self._failures)
+
+    def halt(self, reason: RunStatus) -> None:
+        """Stop every rank now, for ``reason`` (the first reason stands)."""
+        self.stop_reason = self.stop_reason or reason
+        self._stop_scheduled = True
+        if self.transport is not None and not self._done.is_set():
+            self.transport.stop_ranks(reason)
+
+    def put_off(self) -> float | None:
+        """For a timeout that fires: how much later to look again, as time ranks spent
+        at a prompt is the user's, not the run's; None: it stands."""
+        owed = self.waits.owed()
+        return max(owed, PROMPT_RECHECK) if owed > 0 or self.waits.waiting else None
+
+    def arm_timeout(self, seconds: float) -> None:
+        """Dump every rank's stacks after ``seconds`` (less time spent at prompts), then
+        stop, once every rank has written them or their C-level dumps had time."""
+        self.later(seconds, self._expire, seconds)
+
+    def stacks_in(self) -> None:
+        """A rank wrote its stacks: a timed-out run stops once every rank asked has."""
+        if self.stop_reason is RunStatus.TIMEOUT and all(
+            r.stacks in (None, "written") or r.exited for r in self.records
+        ):
+            self.halt(RunStatus.TIMEOUT)
+
+    def end(self) -> None:
+        """Every rank's output is complete: the run has ended."""
+        if self._done.is_set():
+            return
+        self._ended_at = time.monotonic()
+        self._run_dir.release()  # its logs are complete: prunable from now on
+        timers, self._timers = self._timers, []
+        for timer in timers:
+            # A cancelled handle drops its callback at once, though the loop keeps the
+            # handle itself until it would have fired.
+            timer.cancel()
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.release()
+        if self.listener is not None:
+            self.listener.ending()  # before ``Done``: its reader reads why it ended
+        self._done.set()
+        self.route(Done())
+        self.listener = None
+
+    # -- internals (loop thread) ------------------------------------------------
+
+    def _answer(self, rank: int, number: int, text: str | None) -> None:
+        record = self.records[rank]
+        self.waits.end(rank)
+        if record.state is RankState.WAITING:
+            record.state = RankState.RUNNING
+            self.route(StateChanged(rank, RankState.RUNNING))
+        if self.transport is not None:
+            self.transport.answer(rank, number, text)
+
+    def _dump_stacks(self) -> list[int]:
+        # Only ranks that said "started": before that, no thread answers and
+        # faulthandler has not claimed the fallback signal (whose default action
+        # would kill them).
+        if self.transport is None:
+            return []
+        running = (RankState.RUNNING, RankState.WAITING)
+        return self.transport.ask_stacks(
+            r.rank for r in self.records if r.state in running and not r.exited
+        )
+
+    def _expire(self, seconds: float) -> None:
+        if self._done.is_set():
+            return
+        if (delay := self.put_off()) is not None:
+            self.later(delay, self._expire, seconds)
+            return
+        self.route(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+        self.stop_reason = self.stop_reason or RunStatus.TIMEOUT
+        if self._dump_stacks():
+            self.later(STACKS_WAIT + STACKS_SIGNAL_WAIT, self.halt, RunStatus.TIMEOUT)
+        else:
+            self.halt(RunStatus.TIMEOUT)
