@@ -1,10 +1,8 @@
 """Runs across machines (``launch(..., nodes=2, cluster=...)``): the notebook's side.
 
-Contract: an engine (``ray_engine``) places one agent per node (``nbddp.agent``)
-and gives a channel to each; ``agents`` keeps them, engine-neutral, and
-``client.ClusterJob`` is the transport of a run or session over them, holding a
-``launcher.core.RunCore`` as a local job does. This package depends on the
-launcher, never the reverse; engines are imported only when a cluster run starts.
+An engine places one agent per node; ``agents`` keeps them, and
+``client.ClusterJob`` runs over them. Depends on the launcher, never the
+reverse; engines are imported only when a cluster run starts.
 """
 
 from __future__ import annotations

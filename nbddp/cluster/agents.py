@@ -6,7 +6,7 @@ node-rank order, each reached through a ``Channel``, with the engine's hold
 on the nodes (``hold``) given back through ``engine.give_back``. Everything
 else is here and engine-neutral: agents serve any number of runs at once
 (``attach``); one follower thread per agent takes its long poll from
-placement until release and hands each run its batches; an agent that does
+placement until release and hands each run its batches on the relay loop; an agent that does
 not answer ends every run attached as a lost node (``Listener.node_lost``)
 and the set is not used again. Kept sets no run uses are handed back
 ``NBDDP_CLUSTER_IDLE`` seconds after their last run, when another job waits
@@ -26,6 +26,7 @@ from typing import Protocol
 from nbddp.agent.node import Batch, NodeInfo
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
+from nbddp.launcher.relay import loop
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,10 @@ class Listener(Protocol):
     """A run attached to a set of agents (``client.ClusterJob``)."""
 
     def take(self, node: int, batch: Batch) -> None:
-        """Node ``node``'s agent sent this run ``batch`` (a follower thread)."""
+        """Node ``node``'s agent sent this run ``batch`` (the relay loop's thread)."""
 
     def node_lost(self, node: int, exc: BaseException) -> None:
-        """Node ``node``'s agent no longer answers (a follower thread)."""
+        """Node ``node``'s agent no longer answers (the relay loop's thread)."""
 
 
 @dataclass
@@ -145,7 +146,7 @@ class Agents:
                 with self._lock:
                     listener = self.runs.get(run)
                 if listener is not None:
-                    listener.take(index, batch)
+                    loop().call(listener.take, index, batch)
 
     def _lost(self, index: int, exc: BaseException) -> None:
         log.warning("nbddp: node %d's agent is lost: %s", index, exc)
@@ -153,7 +154,7 @@ class Agents:
         with self._lock:
             listeners = list(self.runs.values())
         for listener in listeners:
-            listener.node_lost(index, exc)
+            loop().call(listener.node_lost, index, exc)
         _keeper_wake.set()
 
     def release(self) -> None:

@@ -163,16 +163,6 @@ class ClusterJob:
         """The node global ``rank`` runs on."""
         return next(n.place for n in self._nodes if rank in n.place.global_ranks)
 
-    # -- what the agents send (a follower thread per node, onto the loop) -----------
-
-    def take(self, index: int, batch: Batch) -> None:
-        """Node ``index``'s agent sent this run ``batch``."""
-        self.core.call_soon(self._take, index, batch)
-
-    def node_lost(self, index: int, exc: BaseException) -> None:
-        """Node ``index``'s agent is gone: its ranks ended with it (module contract)."""
-        self.core.call_soon(self._node_lost, index, exc)
-
     # -- the transport (loop thread) ---------------------------------------------
 
     def stop_ranks(self, reason: RunStatus) -> None:
@@ -196,7 +186,7 @@ class ClusterJob:
                 self.core.records[rank].stacks = "asked"
             if mine:
                 self._tell(node.place.node_rank, "ask_stacks", self.run_id, mine)
-        self.core.later(STACKS_WAIT, self._signalled, asked)
+        self.core.later(STACKS_WAIT, _signalled, self.core, asked)
         return asked
 
     def send(self, rank: int, kind: str, body: object) -> bool:
@@ -248,12 +238,8 @@ class ClusterJob:
         for node in self._nodes:
             self._tell(node.place.node_rank, method, *args)
 
-    def _signalled(self, ranks: list[int]) -> None:
-        for rank in ranks:
-            if self.core.records[rank].stacks == "asked":
-                self.core.records[rank].stacks = "signalled"
-
-    def _take(self, index: int, batch: Batch) -> None:
+    def take(self, index: int, batch: Batch) -> None:
+        """Node ``index``'s agent sent this run ``batch`` (loop thread)."""
         node, core = self._nodes[index], self.core
         if node.ended:
             return
@@ -275,9 +261,9 @@ class ClusterJob:
             core.fail(replace(shipped.failure, error=error), local_time(shipped.at))
         if batch.outcomes is not None:
             self._close_node(node, batch)
-            self._node_ended(node)
 
-    def _node_lost(self, index: int, exc: BaseException) -> None:
+    def node_lost(self, index: int, exc: BaseException) -> None:
+        """Node ``index``'s agent is gone: its ranks ended with it (loop thread)."""
         node, core = self._nodes[index], self.core
         if node.ended:
             return
@@ -295,14 +281,7 @@ class ClusterJob:
             for rank in ranks:
                 core.route(StateChanged(rank, RankState.FAILED))
         core.halt(RunStatus.FAILED)
-        self._node_ended(node)
-
-    def _node_ended(self, node: _Node) -> None:
-        node.ended = True
-        if all(n.ended for n in self._nodes):
-            core = self.core
-            core.stop_reason = core.stop_reason or _node_reason([n.status for n in self._nodes])
-            core.end()
+        self._close_node(node, None)
 
     def _reply(self, reply: Reply) -> None:
         """A session rank's answer: landed, to the cells."""
@@ -315,28 +294,33 @@ class ClusterJob:
             body = land_error(reply.body)
         self.core.message(reply.rank, reply.kind, body)
 
-    def _close_node(self, node: _Node, batch: Batch) -> None:
-        assert batch.outcomes is not None
-        node.status = batch.status
+    def _close_node(self, node: _Node, batch: Batch | None) -> None:
+        """Node ``node``'s ranks have all ended (``batch``: their outcomes; None: lost
+        with it); the run has once every node's have."""
         core = self.core
-        for shipped in batch.outcomes:
+        node.ended = True
+        for shipped in batch.outcomes or () if batch is not None else ():
             outcome = shipped.outcome
             record = core.records[outcome.rank]
             core.waits.end(outcome.rank)
             record.error = self._land(outcome.rank, shipped.error)
             record.value = land_value(shipped.value) if shipped.value is not None else None
-            record.state, record.pid, record.exit_code = (
-                outcome.state,
-                outcome.pid,
-                outcome.exit_code,
-            )
-            record.exited, record.ended_at, record.stacks = True, outcome.ended_at, outcome.stacks
+            record.state, record.pid = outcome.state, outcome.pid
+            record.exit_code, record.exited = outcome.exit_code, True
+            record.ended_at, record.stacks = outcome.ended_at, outcome.stacks
             if record.error is not None:
-                self._logs.write(outcome.rank, record.error.logged)  # as the relay keeps it locally
-        # A rank that died says on which node (and its exit says how).
-        core.name_deaths(
-            node.place.global_ranks, lambda code: f"{describe_exit(code)} on {node.place}"
-        )
+                self._logs.write(outcome.rank, record.error.logged)  # as the relay keeps it
+        if batch is not None:
+            node.status = batch.status
+            # A rank that died says on which node (and its exit says how).
+            for i, (when, failure) in enumerate(core.failed):
+                if failure.rank in node.place.global_ranks and failure.kind == "died":
+                    code = core.records[failure.rank].exit_code
+                    how = failure.cause or f"{describe_exit(code)} on {node.place}"
+                    core.failed[i] = (when, replace(failure, cause=how))
+        if all(n.ended for n in self._nodes):
+            core.stop_reason = core.stop_reason or _node_reason([n.status for n in self._nodes])
+            core.end()
 
     def _land(self, rank: int, shipped: ShippedError | None) -> ErrorInfo | None:
         """A rank's error, landed once (its failure and its outcome share it)."""
@@ -357,3 +341,10 @@ def _node_reason(statuses: list[RunStatus | None]) -> RunStatus | None:
         if reason in statuses:
             return reason
     return None
+
+
+def _signalled(core: RunCore, ranks: list[int]) -> None:
+    """The agents signal ranks that did not answer for their stacks in time."""
+    for rank in ranks:
+        if core.records[rank].stacks == "asked":
+            core.records[rank].stacks = "signalled"

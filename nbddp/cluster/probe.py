@@ -1,16 +1,9 @@
 """Asking an address whether it is the Ray endpoint the notebook was given, in seconds.
 
-Contract: ``probe(cluster)`` returns None when ``cluster``'s address answers
-as the Ray service its form names (``ray://host:port``: a Ray Client
-server; ``host:port``: a GCS), else one line saying what answers there
-instead and what to use: nothing listening, a listener that never answers
-(``PROBE_TIMEOUT``), something that does not speak gRPC, or the other Ray
-service (the GCS port given as ``ray://``, the Ray Client port given as a
-GCS address). Why a gRPC call and not a TCP connect: ``ray.init`` at a live
-but wrong port waits 20-35 s before it fails, and a silent listener holds
-it as long. The call is one unary request with a deadline, through the
-grpcio that Ray brings; an answer of "unauthenticated" counts as Ray's (token
-authentication is on), and TLS (``RAY_USE_TLS``) skips the gRPC call.
+``probe(cluster)`` returns None when the address answers as the Ray service its
+form names (``ray://``: Ray Client; ``host:port``: a GCS), else one line saying
+what answers instead and what to use. A gRPC call with a deadline, since
+``ray.init`` at a wrong port waits 20-35 s before failing; skipped under TLS.
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
 
 def probe(address: str) -> str | None:
-    """Why ``address`` (as ``ray.init`` takes it) is not the Ray endpoint it names, or
-    None (see module contract). ``auto`` is not probed."""
+    """Why ``address`` is not the Ray endpoint it names, or None; ``auto`` is not probed."""
     if address == "auto":
         return None
     client = address.startswith("ray://")

@@ -17,27 +17,25 @@ frozen values.
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from nbddp.errors import SessionError
+from nbddp.launcher.cellsource import CellSource, CellState
 from nbddp.launcher.config import JobSpec
 from nbddp.launcher.core import STACKS_WAIT, RunCore
 from nbddp.launcher.events import (
     Done,
     Failure,
     Notice,
-    RankOutcome,
     RankState,
     RunEvent,
     RunStatus,
     StateChanged,
 )
-from nbddp.launcher.failures import describe_exit, local_time, root_cause
+from nbddp.launcher.failures import describe_exit, local_time
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import Body, CellReply, ErrorInfo
 
@@ -74,25 +72,6 @@ class CellTransport(Protocol):
         """Where ``rank`` runs, as a message's words (empty: this machine)."""
 
 
-@dataclass
-class _Cell:
-    """One cell's bookkeeping (loop thread), and its reader."""
-
-    number: int
-    source: CellSource
-    timeout: float | None
-    busy: set[int]
-    replies: dict[int, CellReply] = field(default_factory=dict)
-    failures: list[tuple[float, Failure]] = field(default_factory=list)
-    reason: RunStatus | None = None  # INTERRUPTED, STOPPED or TIMEOUT once asked
-    escalated: bool = False  # the busy ranks were interrupted after a failure
-    freeing: bool = False  # the idle ranks were told to close their group (gloo)
-    regrouping: set[int] = field(default_factory=set)  # ranks not yet in the new group
-    stacks: dict[int, str] = field(default_factory=dict)  # the ranks asked for their stacks
-    started_at: float = field(default_factory=time.monotonic)
-    ended_at: float | None = None
-
-
 class Cells:
     """A session's cells over the ranks of one transport (see module contract)."""
 
@@ -117,8 +96,9 @@ class Cells:
         self._between: collections.deque[RunEvent] = collections.deque(maxlen=BETWEEN_CELLS)
         self._one_cell = threading.Lock()  # one cell at a time
         first = CellSource(self, 0, None)
-        self._cell: _Cell | None = _Cell(0, first, None, set(range(self._ranks)))
+        self._cell: CellState | None = CellState(0, first, None, set(range(self._ranks)))
         self.ready = first
+        self._rescue = _Rescue(self)
         """Cell 0: ends once every rank is idle with its process group."""
 
     def start(self) -> None:
@@ -156,7 +136,8 @@ class Cells:
     def end(self) -> None:
         """Ask every rank to leave its session loop (it then exits as a finished run)."""
         self._asked_to_end = True
-        self.core.call_soon(self._send_all, "end", None)
+        for rank in range(self._ranks):
+            self.core.call_soon(self.transport.send, rank, "end", None)
 
     def interrupt(self, cell: CellSource, reason: RunStatus) -> None:
         """Interrupt ``cell``'s busy ranks (any thread): ``stop`` of its reader."""
@@ -167,15 +148,11 @@ class Cells:
         the core's records."""
         self.core.call_soon(self._cell_stacks, cell)
 
-    def cell_outcomes(self, cell: _Cell | None) -> tuple[RankOutcome, ...]:
-        """Each rank as ``cell`` left it (any thread: built from frozen values)."""
-        return tuple(_in_cell(record, cell) for record in self.core.outcomes())
-
     # -- the core's listener (loop thread) --------------------------------------------
 
     def ending(self) -> None:
         # Before ``Done`` reaches anyone: its reader reads why the session ended.
-        self.lost = self.lost or self._why_over()
+        self.lost = self.lost or _why_over(self)
 
     def route(self, event: RunEvent) -> None:
         cell = self._cell
@@ -193,23 +170,9 @@ class Cells:
         if kind == "cell_done" and isinstance(body, CellReply):
             self._replied(rank, body)
         elif kind == "regrouped":
-            self._regrouped(rank, body)
+            self._rescue.regrouped(rank, body)
 
     # -- cells (loop thread) ----------------------------------------------------
-
-    def _why_over(self) -> str:
-        if self._asked_to_end:
-            return "it was stopped"
-        cause = self.core.root_cause
-        if cause is None:
-            return f"its ranks were {self.core.stop_reason or 'stopped'}"
-        if cause.kind == "raised" and cause.error is not None:
-            return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
-        code = self.core.outcomes()[cause.rank].exit_code
-        verb = "was killed by" if code is not None and code < 0 else "ended with"
-        where = self.transport.where(cause.rank)
-        what = (cause.cause or "").rstrip(",") or describe_exit(code) + where
-        return f"rank {cause.rank} {verb} {what}"
 
     def _begin(self, source: CellSource, order: object) -> None:
         if not self.alive:
@@ -219,7 +182,7 @@ class Cells:
             self._one_cell.release()
             return
         ranks = set(range(self._ranks))
-        cell = _Cell(source.number, source, source.timeout, ranks)
+        cell = CellState(source.number, source, source.timeout, ranks)
         self.note = None
         self._cell = cell
         while self._between:
@@ -251,52 +214,11 @@ class Cells:
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
         if not cell.busy:
             if cell.freeing:
-                self._regroup(cell)
+                self._rescue.regroup(cell)
             else:
                 self._close_cell(cell)
 
-    def _regroup(self, cell: _Cell) -> None:
-        """Every rank is free again, their group closed: give them a new one."""
-        cell.regrouping = set(range(self._ranks))
-        cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
-        for rank in sorted(cell.regrouping):
-            self.transport.send(rank, "regroup", cell.number)
-        self.core.later(REGROUP_WAIT, self._end_session, cell, None)
-
-    def _regrouped(self, rank: int, error: ErrorInfo | None) -> None:
-        cell = self._cell
-        if cell is None or rank not in cell.regrouping:
-            return
-        if error is not None:
-            self._end_session(cell, f"rank {rank}: {error.type_name}: {error.message}")
-            return
-        cell.regrouping.discard(rank)
-        if not cell.regrouping:
-            self.note = REGROUPED
-            self._close_cell(cell)
-
-    def _end_session(self, cell: _Cell, why: str | None) -> None:
-        """The ranks could not be regrouped (``why``; None: not in time), or could not
-        be freed (``cell.busy``): the session ends, saying why."""
-        if self._cell is not cell:
-            return
-        if cell.regrouping:
-            self.lost = (
-                f"the process group could not be re-initialised after freeing the blocked "
-                f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
-            )
-        elif cell.busy:
-            busy = ", ".join(map(str, sorted(cell.busy)))
-            self.lost = (
-                f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of "
-                "being interrupted: blocked in a collective, or in C code"
-            )
-        else:
-            return
-        cell.source.events.put(Notice(f"{self.lost}; ending the session"))
-        self.core.halt(RunStatus.FAILED)
-
-    def _close_cell(self, cell: _Cell) -> None:
+    def _close_cell(self, cell: CellState) -> None:
         self._cell = None
         status = cell.reason
         if status is None:
@@ -307,7 +229,7 @@ class Cells:
         if cell.number > 0:
             self._one_cell.release()
 
-    def _not_returned(self, cell: _Cell) -> None:
+    def _not_returned(self, cell: CellState) -> None:
         """A rank failed ``failure_grace`` ago and others are still busy: interrupt them."""
         if self._cell is not cell or not cell.busy or cell.escalated:
             return
@@ -322,31 +244,10 @@ class Cells:
         )
         self._interrupt_busy(cell)
 
-    def _interrupt_busy(self, cell: _Cell) -> None:
+    def _interrupt_busy(self, cell: CellState) -> None:
         for rank in sorted(cell.busy):
             self.transport.send(rank, "interrupt", cell.number)
-        self.core.later(INTERRUPT_GRACE, self._give_up, cell)
-
-    def _give_up(self, cell: _Cell) -> None:
-        """Interrupted ranks did not return: with gloo, free them by closing the process
-        group on the idle ranks (``nbddp.rank.regroup``), once; else end the session."""
-        if self._cell is not cell or not cell.busy:
-            return
-        idle = sorted(set(range(self._ranks)) - cell.busy)
-        if self.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
-            cell.freeing = True
-            busy = ", ".join(map(str, sorted(cell.busy)))
-            cell.source.events.put(
-                Notice(
-                    f"rank(s) {busy} still blocked: closing the process group on the idle "
-                    "ranks to free them"
-                )
-            )
-            for rank in idle:
-                self.transport.send(rank, "close_group", None)
-            self.core.later(INTERRUPT_GRACE, self._give_up, cell)
-            return
-        self._end_session(cell, None)
+        self.core.later(INTERRUPT_GRACE, self._rescue.give_up, cell)
 
     def _interrupt(self, cell: CellSource, reason: RunStatus) -> None:
         current = self._cell
@@ -358,10 +259,10 @@ class Cells:
             return
         self._interrupt_busy(current)
 
-    def _cell_timeout(self, cell: _Cell) -> None:
+    def _cell_timeout(self, cell: CellState) -> None:
         if self._cell is not cell or cell.reason is not None:
             return
-        if (delay := self.core.put_off()) is not None:
+        if (delay := self.core.waits.put_off()) is not None:
             self.core.later(delay, self._cell_timeout, cell)
             return
         cell.reason = RunStatus.TIMEOUT
@@ -378,11 +279,7 @@ class Cells:
             asked = self.transport.ask_stacks(sorted(cell.busy))
             cell.stacks.update(dict.fromkeys(asked, "asked"))
 
-    def _send_all(self, kind: str, body: object) -> None:
-        for rank in range(self._ranks):
-            self.transport.send(rank, kind, body)
-
-    def _session_over(self, cell: _Cell) -> None:
+    def _session_over(self, cell: CellState) -> None:
         """Every rank is gone while ``cell`` ran: it ends with the session."""
         self._cell = None
         cell.failures.extend(self.core.failures())
@@ -393,94 +290,88 @@ class Cells:
             self._one_cell.release()
 
 
-def _in_cell(record: RankOutcome, cell: _Cell | None) -> RankOutcome:
-    """A rank's outcome of ``cell`` (None: before any cell began)."""
-    if cell is None:
-        state = record.state if record.exited else RankState.RUNNING
-        return replace(record, state=state, value=None, ended_at=None, stacks=None)
-    reply = cell.replies.get(record.rank)
-    if reply is not None:
-        state = RankState.FAILED if reply.error is not None else RankState.DONE
-    else:
-        state = record.state if record.exited else RankState.STOPPED
-    return replace(
-        record,
-        state=state,
-        value=reply.value if reply is not None else None,
-        error=reply.error if reply is not None else record.error,
-        started_at=cell.started_at,
-        ended_at=cell.ended_at,
-        # What became of the stacks this cell asked for is in the job's record.
-        stacks=record.stacks if record.rank in cell.stacks else None,
-    )
+class _Rescue:
+    """Frees ranks blocked in a collective whose peer failed (gloo): the idle ranks
+    close their process group, then every rank joins a new one; else the session
+    ends, saying why (loop thread)."""
+
+    def __init__(self, cells: Cells) -> None:
+        self.cells = cells
+
+    def regroup(self, cell: CellState) -> None:
+        """Every rank is free again, their group closed: give them a new one."""
+        cell.regrouping = set(range(self.cells._ranks))
+        cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
+        for rank in sorted(cell.regrouping):
+            self.cells.transport.send(rank, "regroup", cell.number)
+        self.cells.core.later(REGROUP_WAIT, self.end_session, cell, None)
+
+    def regrouped(self, rank: int, error: ErrorInfo | None) -> None:
+        cell = self.cells._cell
+        if cell is None or rank not in cell.regrouping:
+            return
+        if error is not None:
+            self.end_session(cell, f"rank {rank}: {error.type_name}: {error.message}")
+            return
+        cell.regrouping.discard(rank)
+        if not cell.regrouping:
+            self.cells.note = REGROUPED
+            self.cells._close_cell(cell)
+
+    def end_session(self, cell: CellState, why: str | None) -> None:
+        """The ranks could not be regrouped (``why``; None: not in time), or could not
+        be freed (``cell.busy``): the session ends, saying why."""
+        if self.cells._cell is not cell:
+            return
+        if cell.regrouping:
+            self.cells.lost = (
+                f"the process group could not be re-initialised after freeing the blocked "
+                f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
+            )
+        elif cell.busy:
+            busy = ", ".join(map(str, sorted(cell.busy)))
+            self.cells.lost = (
+                f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of "
+                "being interrupted: blocked in a collective, or in C code"
+            )
+        else:
+            return
+        cell.source.events.put(Notice(f"{self.cells.lost}; ending the session"))
+        self.cells.core.halt(RunStatus.FAILED)
+
+    def give_up(self, cell: CellState) -> None:
+        """Interrupted ranks did not return: with gloo, free them by closing the process
+        group on the idle ranks (``nbddp.rank.regroup``), once; else end the session."""
+        if self.cells._cell is not cell or not cell.busy:
+            return
+        idle = sorted(set(range(self.cells._ranks)) - cell.busy)
+        if self.cells.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
+            cell.freeing = True
+            busy = ", ".join(map(str, sorted(cell.busy)))
+            cell.source.events.put(
+                Notice(
+                    f"rank(s) {busy} still blocked: closing the process group on the idle "
+                    "ranks to free them"
+                )
+            )
+            for rank in idle:
+                self.cells.transport.send(rank, "close_group", None)
+            self.cells.core.later(INTERRUPT_GRACE, self.give_up, cell)
+            return
+        self.end_session(cell, None)
 
 
-class CellSource:
-    """One cell of a session, as a ``Run`` reads it (``run.RunSource``)."""
-
-    def __init__(self, job: Cells, number: int, timeout: float | None) -> None:
-        self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
-        self.timeout = timeout
-        """Seconds before the cell is interrupted (stacks first); None: never."""
-        self.number = number
-        self.log_dir: Path = job.log_dir
-        """The session's log directory (one log per rank, a marker line per cell)."""
-        self.run_id = f"{job.run_id}.{number}"
-        """The session's run id and the cell's number."""
-        self._job = job
-        self._done = threading.Event()
-        self._status: RunStatus | None = None
-        self._cell: _Cell | None = None
-        self._started_at = time.monotonic()
-
-    def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
-        self._job.core.answer(rank, number, text)
-
-    def _finish(self, status: RunStatus, cell: _Cell | None) -> None:
-        """The cell has ended (loop thread)."""
-        self._cell = cell
-        self._status = status
-        self._done.set()
-
-    @property
-    def root_cause(self) -> Failure | None:
-        """The cell's root-cause failure: the earliest rank that raised, or died."""
-        cell = self._cell
-        if cell is None:
-            return self._job.core.root_cause if self._done.is_set() else None
-        return root_cause(cell.failures, self._job.spec.failure_grace)
-
-    @property
-    def status(self) -> RunStatus:
-        """Running until every rank replied; then done, failed, interrupted, timeout."""
-        if not self._done.is_set():
-            return RunStatus.RUNNING
-        assert self._status is not None
-        return self._status
-
-    def outcomes(self) -> tuple[RankOutcome, ...]:
-        """Each rank's part in this cell (its value and error)."""
-        return self._job.cell_outcomes(self._cell)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once every rank has replied (or the session is gone)."""
-        return self._done.wait(timeout)
-
-    def elapsed(self) -> float:
-        """Seconds since the cell was sent."""
-        cell = self._cell
-        end = cell.ended_at if cell is not None and cell.ended_at else time.monotonic()
-        return end - self._started_at
-
-    def pids(self) -> dict[int, int]:
-        """Rank -> pid (the session's)."""
-        return self._job.core.pids()
-
-    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
-        """Interrupt the cell on every rank (the session lives on if they return)."""
-        self._job.interrupt(self, reason)
-
-    def dump_stacks(self) -> None:
-        """Have the ranks still in this cell write their stacks."""
-        self._job.cell_stacks(self)
+def _why_over(cells: Cells) -> str:
+    """Why the session ended, in words."""
+    if cells._asked_to_end:
+        return "it was stopped"
+    cause = cells.core.root_cause
+    if cause is None:
+        return f"its ranks were {cells.core.stop_reason or 'stopped'}"
+    if cause.kind == "raised" and cause.error is not None:
+        return f"rank {cause.rank} raised {cause.error.type_name} outside a cell"
+    code = cells.core.outcomes()[cause.rank].exit_code
+    verb = "was killed by" if code is not None and code < 0 else "ended with"
+    where = cells.transport.where(cause.rank)
+    what = (cause.cause or "").rstrip(",") or describe_exit(code) + where
+    return f"rank {cause.rank} {verb} {what}"

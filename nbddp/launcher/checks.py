@@ -1,13 +1,9 @@
 """Each launch option's value, checked on its own, before any process starts.
 
-Contract: ``Values.check(options)`` returns every option of
-``options.LaunchOptions`` as its checked, typed value, or raises
-``OptionError`` (``launcher.spelling``) for the first that is wrong in
-itself: the option, its value, and a one-line message in the words of
-whichever entry point shows it, saying what is wrong and what to do.
-``check_option(name, value)`` is the same check of one option (the panel
-checks each field with it). What only a combination shows (gpus and procs,
-GPUs that are not visible) is ``config.LaunchConfig.build``'s.
+``Values.check(options)`` returns every launch option as its checked, typed
+value, or raises ``OptionError`` for the first wrong in itself, saying what to
+do; ``check_option(name, value)`` checks one (the panel's fields). Combinations
+(gpus and procs, GPUs not visible) are ``LaunchConfig.build``'s.
 """
 
 from __future__ import annotations
@@ -78,8 +74,7 @@ class Values:
 
 
 def check_option(name: str, value: object) -> None:
-    """Raise ``OptionError`` if ``value`` is wrong for option ``name`` in itself (whatever
-    the other options are); ``LaunchConfig.build`` may still refuse a combination."""
+    """Raise ``OptionError`` if ``value`` is wrong for option ``name`` in itself."""
     if name not in OPTIONS:
         raise ValueError(f"no launch option is named {name!r}")
     Values.check(cast(LaunchOptions, {**DEFAULTS, name: value}))
@@ -226,7 +221,6 @@ def environment(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _env_entry(env: Mapping[str, object], key: object, value: object) -> str:
-    """One variable of the ``env`` option: its value as a string."""
     if not isinstance(key, str) or not key or "=" in key or "\0" in key:
         raise OptionError(
             "env",

@@ -1,14 +1,10 @@
 """What became of a rank that failed only because another did, in plain words.
 
-Contract: ``collateral(outcome, cause)`` says why a rank failed or was stopped
-only because the root cause's rank failed ("stopped in a collective after
-rank 1 failed (gloo: connection closed by peer)"), or None when its failure
-is its own; ``broken_link(error)`` says whether an error is a process group's
-(gloo, nccl) or store's connection broken by a peer, summarised to one plain
-line ("gloo: connection closed by peer"); ``plain(message)`` makes any error
-message one plain line (no source places such as ``[/path/pair.cc:553]``, no
-emoji, no sign-off). All are pure, over the job's typed values: the display
-may ask them of any rank. The backend's own text stays in the rank's log.
+``collateral(outcome, cause)`` says why a rank failed or was stopped only
+because the root cause's rank failed, or None; ``broken_link(error)`` says
+whether an error is a process group's connection broken by a peer, in one
+line; ``plain(message)`` makes any error message one plain line. All are pure
+over the job's typed values; the backend's own text stays in the rank's log.
 """
 
 from __future__ import annotations
@@ -20,15 +16,8 @@ from nbddp.wire.protocol import ErrorInfo
 
 
 def collateral(outcome: RankOutcome, cause: Failure | None) -> str | None:
-    """Why ``outcome``'s rank failed only because the root cause's rank did, in words
-    (``stopped in a collective after rank 1 failed (gloo: connection closed by
-    peer)``, ``stopped after rank 1 failed``); None when it did not fail, its failure
-    is its own, or nothing failed first (``cause`` None, or its own).
-
-    Collateral: a rank nbddp stopped once another had failed; a rank interrupted
-    by nbddp (a session's cell); a rank whose process group or store lost its
-    connection to a peer (``broken_link``).
-    """
+    """Why ``outcome``'s rank failed only because ``cause``'s did (``stopped after rank 1
+    failed``): stopped or interrupted by nbddp, or its link to a peer broke; else None."""
     if cause is None or outcome.rank == cause.rank:
         return None
     after = f"after rank {cause.rank} failed"
@@ -62,9 +51,8 @@ the backend's own wording of it."""
 
 
 def broken_link(error: ErrorInfo | None) -> str | None:
-    """``gloo: connection closed by peer``: the error a process group (gloo, nccl) or
-    its store raises when a peer is gone, summarised to one plain line; None for
-    any other error (a user's own ``ConnectionResetError`` included)."""
+    """``gloo: connection closed by peer`` for a process group's or store's error when a
+    peer is gone; None for any other (a user's own ``ConnectionResetError`` included)."""
     if error is None:
         return None
     text = error.message
@@ -90,8 +78,7 @@ _CHATTER = re.compile(r"\s*(GLHF!?|This is typically caused by[^.]*\.|Check the 
 
 
 def plain(message: str, limit: int = 160) -> str:
-    """``message`` as one plain line: its first line, without source places
-    (``[/path/pair.cc:553]``), emoji or a backend's sign-off, cut to ``limit``."""
+    """``message``'s first line without source places, emoji or sign-off, cut to ``limit``."""
     first = next((line for line in message.splitlines() if line.strip()), "")
     text = _CHATTER.sub("", _SOURCE_PLACE.sub("", first))
     text = " ".join(_NOT_PLAIN.sub(" ", text).split())

@@ -18,7 +18,6 @@ import queue
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from threading import Event
 from typing import Protocol
 
@@ -42,7 +41,6 @@ from nbddp.wire.protocol import Body
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
-PROMPT_RECHECK = 1.0  # seconds between timeout checks while a rank waits at a prompt
 
 
 class Transport(Protocol):
@@ -92,7 +90,9 @@ class RunCore:
         self.listener: Listener | None = None
         self._loop = loop()
         self._done = Event()
-        self._failures: list[tuple[float, Failure]] = []  # (when, what), in arrival order
+        self.failed: list[tuple[float, Failure]] = []
+        """Every rank failure as ``(time.monotonic(), failure)``, in arrival order (loop
+        thread; others read ``failures()``)."""
         self._stop_scheduled = False
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
@@ -106,12 +106,12 @@ class RunCore:
 
     def failures(self) -> list[tuple[float, Failure]]:
         """Every rank failure so far as ``(time.monotonic(), failure)``, in arrival order."""
-        return list(self._failures)
+        return list(self.failed)
 
     @property
     def root_cause(self) -> Failure | None:
         """The failure that ended the run, if any (``failures.root_cause``)."""
-        return root_cause(list(self._failures), self.failure_grace)
+        return root_cause(list(self.failed), self.failure_grace)
 
     @property
     def status(self) -> RunStatus:
@@ -140,7 +140,7 @@ class RunCore:
 
     def dump_stacks(self) -> None:
         """Ask every running rank to write all its threads' Python stacks to its stderr."""
-        self.call_soon(self._dump_stacks)
+        self.call_soon(self.dump_running)
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
         """Send ``rank`` the user's line for its prompt ``number``."""
@@ -179,22 +179,11 @@ class RunCore:
     def fail(self, failure: Failure, when: float | None = None) -> None:
         """Record ``failure`` (``when``: the rank's own time of it, on this process's
         monotonic clock; default now) and stop the others after the grace."""
-        if not self.has_failed(failure.rank):
-            self._failures.append((time.monotonic() if when is None else when, failure))
+        if all(f.rank != failure.rank for _, f in self.failed):
+            self.failed.append((time.monotonic() if when is None else when, failure))
         if not self._stop_scheduled:
             self._stop_scheduled = True
             self.later(self.failure_grace, self.halt, RunStatus.FAILED)
-
-    def name_deaths(self, ranks: range, how: Callable[[int | None], str]) -> None:
-        """Give each of ``ranks`` that died, unexplained, the cause ``how(exit_code)``."""
-        for i, (when, failure) in enumerate(self._failures):
-            if failure.rank in ranks and failure.kind == "died" and failure.cause is None:
-                code = self.records[failure.rank].exit_code
-                self._failures[i] = (when, replace(failure, cause=how(code)))
-
-    def has_failed(self, rank: int) -> bool:
-        """True once ``rank`` has a recorded failure."""
-        return any(f.rank == rank for _, f in self._failures)
 
     def halt(self, reason: RunStatus) -> None:
         """Stop every rank now, for ``reason`` (the first reason stands)."""
@@ -202,24 +191,6 @@ class RunCore:
         self._stop_scheduled = True
         if self.transport is not None and not self._done.is_set():
             self.transport.stop_ranks(reason)
-
-    def put_off(self) -> float | None:
-        """For a timeout that fires: how much later to look again, as time ranks spent
-        at a prompt is the user's, not the run's; None: it stands."""
-        owed = self.waits.owed()
-        return max(owed, PROMPT_RECHECK) if owed > 0 or self.waits.waiting else None
-
-    def arm_timeout(self, seconds: float) -> None:
-        """Dump every rank's stacks after ``seconds`` (less time spent at prompts), then
-        stop, once every rank has written them or their C-level dumps had time."""
-        self.later(seconds, self._expire, seconds)
-
-    def stacks_in(self) -> None:
-        """A rank wrote its stacks: a timed-out run stops once every rank asked has."""
-        if self.stop_reason is RunStatus.TIMEOUT and all(
-            r.stacks in (None, "written") or r.exited for r in self.records
-        ):
-            self.halt(RunStatus.TIMEOUT)
 
     def end(self) -> None:
         """Every rank's output is complete: the run has ended."""
@@ -252,7 +223,8 @@ class RunCore:
         if self.transport is not None:
             self.transport.answer(rank, number, text)
 
-    def _dump_stacks(self) -> list[int]:
+    def dump_running(self) -> list[int]:
+        """Ask every running rank for its stacks (loop thread); the ranks asked."""
         # Only ranks that said "started": before that, no thread answers and
         # faulthandler has not claimed the fallback signal (whose default action
         # would kill them).
@@ -263,15 +235,31 @@ class RunCore:
             r.rank for r in self.records if r.state in running and not r.exited
         )
 
-    def _expire(self, seconds: float) -> None:
-        if self._done.is_set():
-            return
-        if (delay := self.put_off()) is not None:
-            self.later(delay, self._expire, seconds)
-            return
-        self.route(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
-        self.stop_reason = self.stop_reason or RunStatus.TIMEOUT
-        if self._dump_stacks():
-            self.later(STACKS_WAIT + STACKS_SIGNAL_WAIT, self.halt, RunStatus.TIMEOUT)
-        else:
-            self.halt(RunStatus.TIMEOUT)
+
+def arm_timeout(core: RunCore, seconds: float) -> None:
+    """Dump every rank's stacks after ``seconds`` (less time spent at prompts), then stop
+    the run once every rank asked has written them or their C-level dumps had time
+    (``stacks_written``). Loop thread."""
+    core.later(seconds, _expire, core, seconds)
+
+
+def stacks_written(core: RunCore) -> None:
+    """A rank wrote its stacks: a timed-out run stops once every rank asked has."""
+    if core.stop_reason is RunStatus.TIMEOUT and all(
+        r.stacks in (None, "written") or r.exited for r in core.records
+    ):
+        core.halt(RunStatus.TIMEOUT)
+
+
+def _expire(core: RunCore, seconds: float) -> None:
+    if core.wait(0):
+        return
+    if (delay := core.waits.put_off()) is not None:
+        core.later(delay, _expire, core, seconds)
+        return
+    core.route(Notice(f"timeout of {seconds:g}s reached: dumping stacks, stopping"))
+    core.stop_reason = core.stop_reason or RunStatus.TIMEOUT
+    if core.dump_running():
+        core.later(STACKS_WAIT + STACKS_SIGNAL_WAIT, core.halt, RunStatus.TIMEOUT)
+    else:
+        core.halt(RunStatus.TIMEOUT)

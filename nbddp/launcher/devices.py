@@ -1,14 +1,10 @@
 """Which GPUs the notebook can see, found without initialising CUDA here.
 
-Contract: ``visible_gpus()`` returns the GPUs as the notebook addresses them
-(ordinals 0..n-1 after ``CUDA_VISIBLE_DEVICES``), each paired with the token
-that selects it in a child's ``CUDA_VISIBLE_DEVICES``. It never creates a
-CUDA context in the notebook process: ``torch.cuda.device_count()`` calls
-``cudaGetDeviceCount``, which initialises the driver, and a driver that was
-initialised before a fork is what breaks fork-based launchers. So we count
-the GPUs the NVIDIA kernel driver lists under ``/proc`` and apply
-``CUDA_VISIBLE_DEVICES`` the way the CUDA runtime does. When the notebook
-has already initialised CUDA itself, asking torch costs nothing more.
+``visible_gpus()`` returns the notebook's GPUs (ordinals after
+``CUDA_VISIBLE_DEVICES``), each with the token that selects it in a child's
+``CUDA_VISIBLE_DEVICES``. It never creates a CUDA context in the notebook (that
+breaks fork): it reads the driver's list under ``/proc``, unless the notebook
+has already initialised CUDA.
 """
 
 from __future__ import annotations
@@ -38,12 +34,7 @@ class VisibleGpus:
 
 
 def parse_visible_devices(value: str, physical_count: int) -> tuple[str, ...]:
-    """Apply ``CUDA_VISIBLE_DEVICES`` as the CUDA runtime does.
-
-    Entries are integers or UUID/MIG names; the runtime stops at the first
-    entry that is invalid (an index out of range, a negative number, garbage)
-    and ignores the rest. An empty value hides every GPU.
-    """
+    """Apply ``CUDA_VISIBLE_DEVICES`` as the CUDA runtime does: up to the first invalid entry."""
     tokens: list[str] = []
     for raw in value.split(","):
         entry = raw.strip()
@@ -80,7 +71,7 @@ def cuda_initialised() -> bool:
 def visible_gpus(
     environ: Mapping[str, str] | None = None, proc_dir: Path = NVIDIA_PROC_DIR
 ) -> VisibleGpus:
-    """The GPUs this process may use, without initialising CUDA (see module doc)."""
+    """The GPUs this process may use, without initialising CUDA."""
     env = os.environ if environ is None else environ
     if cuda_initialised():
         torch = sys.modules["torch"]

@@ -1,9 +1,7 @@
 """``Display``: what a run's display implements (text, kernel blocks, the panel).
 
-Contract: ``Run`` calls ``attach`` once, then the event methods as events
-arrive (on the thread that waits for the run), ``refresh`` between batches,
-and ``close`` once the run's output is complete. The event methods record
-and must be cheap; drawing that can be batched belongs in ``refresh``.
+``Run`` calls ``attach`` once, then the event methods (cheap: they record) on
+the thread that waits, ``refresh`` between batches, ``close`` at the end.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from nbddp.wire.protocol import MetricRow
 
 
 class Display(Protocol):
-    """What ``Run.wait`` feeds (see module contract)."""
+    """What ``Run.wait`` feeds."""
 
     def attach(self, log_dir: Path, world_size: int) -> None:
         """The run's log directory and rank count, before any event."""

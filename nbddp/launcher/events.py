@@ -1,20 +1,11 @@
 """What a run reports while it goes on, and what each rank came to: typed, immutable.
 
-Contract: the job (``launcher.job``) is the only producer. It puts
-``RunEvent`` values on its event queue, in the order they happened per
-rank, and ends every run with exactly one ``Done``. Consumers (``Run``,
-its display, the ``%%ddp`` back end, the panel) read these, each rank's
-``RankOutcome`` and the run's root-cause ``Failure``; they never read the
-job's own bookkeeping. Every value here is frozen, so a consumer on
-another thread can keep it.
-
-States are ``RankState`` and ``RunStatus`` members. Both are ``str``
-enums: they compare equal to their names (``RankState.DONE == "done"``),
-print as them and cross processes as plain strings. The job reports a
-rank as starting, running, done, failed or stopped; once the run is over,
-``rank_end`` says how each rank ended in the terms a user reads (it raised,
-it exited or was killed, it was stopped on request, by an interrupt, by the
-timeout, or because another rank failed), as a ``RankEnd``.
+The job (``launcher.job``) is the only producer: it queues ``RunEvent`` values
+in order per rank and ends every run with exactly one ``Done``. Consumers read
+these, each rank's ``RankOutcome`` and the root-cause ``Failure``, never the
+job's bookkeeping; every value is frozen, so any thread may keep it.
+``RankState``/``RunStatus`` are ``str`` enums equal to their words;
+``rank_end`` says how a rank ended in a user's terms (``RankEnd``).
 """
 
 from __future__ import annotations
@@ -40,12 +31,9 @@ class _Word(str, Enum):
 
 
 class RankState(_Word):
-    """Where one rank is: starting, running, then how it ended.
+    """Where one rank is; ``rank_end`` refines an ended rank into the later members.
 
-    The job uses the first five; ``rank_end`` refines an ended rank into the
-    others once the run is over. A new live state (a rank waiting for input)
-    is one more member here, a colour in ``display.style`` and whatever
-    reports it; an ended one also goes into ``_ENDED``.
+    A new state needs a colour in ``display.style``; an ended one goes into ``_ENDED``.
     """
 
     STARTING = "starting"
@@ -111,8 +99,6 @@ class Text:
 
 @dataclass(frozen=True)
 class StateChanged:
-    """``rank`` is now in ``state``."""
-
     rank: int
     state: RankState
 
@@ -151,9 +137,7 @@ RunEvent = Text | StateChanged | MetricRows | Notice | InputAsked | Done
 
 
 StacksTaken = Literal["asked", "written", "signalled"]
-"""A rank's stacks: asked for and not yet in; written (its Python stacks, the
-user's code first); signalled (it did not answer, so faulthandler was asked
-for a C-level dump, which a signal handler of the user's own may have taken)."""
+"""A rank's stacks: asked for; written; signalled (no answer: a C-level dump was asked for)."""
 
 
 @dataclass(frozen=True)
@@ -197,9 +181,7 @@ class Failure:
 def run_status(
     ended: bool, states: Iterable[RankState], reason: RunStatus | None, failed: bool
 ) -> RunStatus:
-    """A run's status from its ranks' states while it goes on; once it has ``ended``,
-    from how it was stopped (``reason``, None if it was not) and whether a rank
-    ``failed``: a failure wins unless the run was stopped for another reason first."""
+    """A run's status; once ``ended``, a failure wins unless stopped for another ``reason``."""
     if not ended:
         started = any(state is not RankState.STARTING for state in states)
         return RunStatus.RUNNING if started else RunStatus.STARTING
@@ -216,8 +198,7 @@ class RankEnd:
     state: RankState
     """An ended state: done, failed, exited, stopped, interrupted, timed out, cancelled."""
     detail: str = ""
-    """What the state alone does not say: the exception's type (``ValueError``), the
-    exit (``code 3``, ``SIGKILL``), or the rank whose failure stopped this one."""
+    """The exception's type, the exit (``code 3``, ``SIGKILL``), or the rank that failed."""
     ended_at: float | None = None
     """``time.monotonic()`` when it ended, when known."""
     cause: int | None = None
@@ -234,17 +215,8 @@ _STOPPED_BY = {
 def rank_end(
     outcome: RankOutcome, status: RunStatus, root: Failure | None, *, stopped_by: bool = False
 ) -> RankEnd:
-    """How ``outcome``'s rank ended, given how its run ended (``status``, an ended
-    ``RunStatus``) and the run's root-cause failure (``root``, if any); ``stopped_by``:
-    its failure came only from ``root``'s (``collateral.collateral``: its collective
-    broke), so it was cancelled by it like a rank nbddp stopped.
-
-    A rank that failed raised (``failed``, with the exception's type) or did not
-    (``exited``, with its exit code or signal). A rank the job stopped, or that
-    was still going when the run ended, was stopped for the run's reason:
-    interrupted, timed out, stopped on request, or cancelled when another rank
-    failed (``cause``: that rank).
-    """
+    """How ``outcome``'s rank ended, given the run's ended ``status`` and ``root`` cause;
+    ``stopped_by``: its failure came only from ``root``'s, so it counts as cancelled."""
     rank, state, ended_at = outcome.rank, outcome.state, outcome.ended_at
     if state is RankState.DONE:
         return RankEnd(rank, RankState.DONE, ended_at=ended_at)

@@ -1,19 +1,9 @@
-"""What a new process can be given: the checks a launch's environment and working
-directory must pass before any process starts.
+"""What a new process can be given: checks on a launch's environment and working directory.
 
-Contract: ``working_directory()`` is the notebook's working directory, or a
-``ConfigError`` when it no longer exists (every rank starts in it).
-``exec_env_problem(env)`` is None when ``env`` can be handed to a new
-program (``execve``: spawn's ranks, the forkserver), else a one-line reason
-naming the variable at fault. ``fits_exec(key, value)``: one variable alone
-can be. Nothing here starts a process.
-
-Why: Linux refuses an ``execve`` whose single ``KEY=value`` string exceeds
-``MAX_ARG_STRLEN`` (32 pages) or whose strings and pointers in all exceed
-``ARG_MAX`` with ``E2BIG`` ("Argument list too long"), which names neither
-the variable nor a way out. Forked ranks (forkserver, fork) get their
-environment in their run order, not through ``execve``: the limits are
-spawn's alone.
+``working_directory()`` is the notebook's, or a ``ConfigError`` when it no
+longer exists. ``exec_env_problem(env)`` is None when ``env`` can be handed to
+``execve`` (spawn, the forkserver), else a one-line reason naming the variable
+(Linux's ``E2BIG`` names none); ``fits_exec(key, value)`` checks one variable.
 """
 
 from __future__ import annotations
@@ -50,7 +40,7 @@ def fits_exec(key: str, value: str) -> bool:
 
 
 def exec_env_problem(env: Mapping[str, str]) -> str | None:
-    """Why ``env`` cannot be handed to a new program, or None (see module contract)."""
+    """Why ``env`` cannot be handed to a new program, or None."""
     sizes = {key: _size(key, value) for key, value in env.items()}
     for key, size in sizes.items():
         if size > MAX_ARG_STRLEN:

@@ -1,35 +1,13 @@
 """The one place that turns how a run failed into the exception the user sees.
 
-Contract: ``root_cause(failures, grace)`` names the failure that ended a
-run among those the job saw. ``run_error(cause, status, outcomes, log_dir,
-timeout)`` is the exception a finished run raises (None if it succeeded),
-built from the job's typed values only: for a rank that raised, its own
-exception with its original type when it can be rebuilt here (once: its
-large tensors are mapped from the shared memory they came in, whose
-descriptors the rebuilt exception takes; ``release(outcomes)`` closes those
-of the errors never rebuilt), else ``RemoteError``; for a rank that exited
-or died, ``RankExitedError`` (a signal named by name); for a run past its
-timeout, ``LaunchTimeout``; for a stopped run, ``RankError``. What Python
-shows is carried by the exception: the rank's traceback as its
-``__cause__`` and a note naming the rank and its log. What IPython shows is
-carried too (``presentable``), so ``nbddp.launch`` and ``%%ddp`` fail alike in a
-notebook: the rank's own traceback and no frame of nbddp's.
-
-``presentable(exc, cause, outcomes, log_dir)`` is that failure as IPython
-shows it, through ``_render_traceback_``: the rank's own traceback once
-(formatted in the rank: the cells' lines, named ``Cell In[6]`` as IPython
-names them, none of nbddp's frames), then "raised on rank R of N", a line
-for the other ranks that failed or were stopped, and "full output in
-.../rankR.log" (a path ends its line, so that it copies as it is);
-``rendered(exc, lines)`` attaches such lines to any exception (nbddp's own
-classes keep them themselves); ``interrupted(log_dir)`` is the
-``KeyboardInterrupt`` of a run whose ranks an interrupt stopped, shown as
-one line saying so. ``summary(exc, cause)`` is the failure as the panel
-shows it: a headline and the rank's traceback.
-
-A rank that failed only because another did is said to, in the words of
-``launcher.collateral`` ("rank 0: stopped in a collective after rank 1 failed
-(gloo: connection closed by peer)"); the rank's log keeps the backend's own text.
+``root_cause`` names the failure that ended a run; ``run_error`` is the
+exception a finished run raises (None if it succeeded): a rank's own exception
+with its original type when it rebuilds here (once; ``release`` closes the
+shared memory of those never rebuilt), else ``RemoteError``; ``RankExitedError``
+for a rank that exited or died, ``LaunchTimeout``, or ``RankError`` for a stopped
+run. ``presentable``/``rendered`` make it show in IPython as the rank's own
+traceback, its rank and its log, with no frame of nbddp's; ``summary`` is the
+failure as the panel shows it.
 """
 
 from __future__ import annotations
@@ -63,20 +41,10 @@ NOT_RENDERED: tuple[type[BaseException], ...] = (
 
 
 def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failure | None:
-    """The run's root cause among ``(when, failure)``: the earliest, except that a
-    rank that died or exited wins over ranks that raised within ``grace`` seconds
-    of the first. A raised failure's ``when`` is the rank's own time of it, so a
-    rank whose collective broke because another rank raised comes second even when
-    the notebook reads its message first.
-
-    Among raised failures, one whose error is a connection broken by a peer
-    (``broken_link``) comes after any other in the window: it is what the other
-    rank's failure did to this one.
-
-    Why: a rank that crashes breaks the others' collectives, and their
-    "connection reset" errors can reach the notebook in the same instant
-    as the news of the crash; a raised error never makes another rank die.
-    """
+    """The run's root cause among ``(when, failure)``: the earliest, except that
+    within ``grace`` seconds of it a rank that died or exited comes first, and a
+    connection broken by a peer (``broken_link``) last: a crash breaks the others'
+    collectives, and their errors can arrive in the same instant."""
     if not failures:
         return None
     ordered = sorted(failures, key=lambda entry: entry[0])  # stable: ties keep arrival order
@@ -116,8 +84,7 @@ def run_error(
     log_dir: Path,
     timeout: float | None,
 ) -> BaseException | None:
-    """The exception a finished run raises, or None if it succeeded (see module
-    contract); made to show in IPython as ``presentable`` says, keeping its type."""
+    """The exception a finished run raises (None if it succeeded), shown as ``presentable``."""
     error: BaseException | None = None
     if cause is not None:
         error = rank_error(cause, outcomes[cause.rank].exit_code, log_dir)
@@ -142,7 +109,6 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def _where_stacks(stuck: Sequence[RankOutcome], log_dir: Path) -> str:
-    """Where the stuck ranks' stacks are, or which ones could not be taken and why."""
     written = [o.rank for o in stuck if o.stacks == "written"]
     signalled = [o.rank for o in stuck if o.stacks == "signalled"]
     missing = [o.rank for o in stuck if o.stacks not in ("written", "signalled")]
@@ -208,14 +174,8 @@ def presentable(
     log_dir: Path,
     after: Sequence[str] = (),
 ) -> BaseException:
-    """``exc`` (a run's failure) made to show in IPython as the failing rank's traceback, once.
-
-    The lines are the rank's own traceback (formatted in the rank: the cells'
-    lines, no frame of nbddp's), then which rank it was, what became of each
-    other rank that failed or was stopped, and where the full log is, then
-    ``after`` (what became of a session). Exceptions IPython would not render
-    this way (syntax errors, exception groups) are replaced by a ``RemoteError``.
-    """
+    """``exc`` made to show in IPython as the rank's own traceback, its rank, what became
+    of the others, its log, then ``after``; a ``NOT_RENDERED`` type becomes ``RemoteError``."""
     info = cause.error if cause is not None else None
     if cause is None or info is None:
         lines = [f"{type(exc).__name__}: {exc}"]
@@ -236,9 +196,7 @@ def presentable(
 
 
 def other_failures(outcomes: Sequence[RankOutcome], cause: Failure) -> list[str]:
-    """A line for each group of other ranks that failed or were stopped, saying what
-    became of them: ``rank 0: stopped in a collective after rank 1 failed (gloo:
-    connection closed by peer)``, ``ranks 2, 3: the same error``."""
+    """A line per group of other ranks that failed or were stopped (``ranks 2, 3: ...``)."""
     said: dict[str, list[int]] = {}
     for outcome in outcomes:
         if outcome.rank == cause.rank:
@@ -262,13 +220,7 @@ def _own_failure(outcome: RankOutcome, cause: Failure) -> str | None:
 
 
 def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseException:
-    """``exc`` made to show in IPython as ``lines`` (default: its one line), not local frames.
-
-    nbddp's own exceptions keep the lines themselves (``NbddpError.show_as``);
-    any other exception gets them as a ``_render_traceback_`` attribute, the
-    hook IPython calls instead of formatting the local traceback (the one
-    ipyparallel uses for remote errors).
-    """
+    """``exc`` made to show in IPython as ``lines`` (default: its one line), not local frames."""
     shown = tuple(lines) if lines is not None else (f"{type(exc).__name__}: {exc}",)
     if isinstance(exc, NbddpError):
         exc.show_as(shown)
@@ -284,16 +236,14 @@ def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseExce
 
 
 def interrupted_line(log_dir: Path | None) -> str:
-    """The one line an interrupted run shows: every rank was stopped (``log_dir``:
-    where their output is; None: the run was still starting, and no rank is left)."""
+    """The one line an interrupted run shows (``log_dir`` None: it was still starting)."""
     if log_dir is None:
         return "KeyboardInterrupt: interrupted while the ranks were starting; none was left"
     return f"KeyboardInterrupt: every rank was stopped; their output is in {log_dir}"
 
 
 def interrupted(log_dir: Path | None) -> BaseException:
-    """The ``KeyboardInterrupt`` to raise once an interrupt has stopped every rank of a
-    run: it shows in IPython as ``interrupted_line(log_dir)``, without frames."""
+    """The ``KeyboardInterrupt`` of a run an interrupt stopped, shown as ``interrupted_line``."""
     return rendered(KeyboardInterrupt(), [interrupted_line(log_dir)])
 
 
@@ -307,8 +257,7 @@ def summary(exc: BaseException, cause: Failure | None) -> tuple[str, str]:
 
 
 def _rebuilt(info: ErrorInfo) -> BaseException | None:
-    """The rank's exception itself, when it rebuilds here (on the shared memory it
-    came with: ``values.unpack``, which takes the descriptors, so at most once)."""
+    """The rank's exception itself, when it rebuilds here (at most once: it takes the fds)."""
     if info.exc is None:
         return None
     try:
@@ -319,8 +268,7 @@ def _rebuilt(info: ErrorInfo) -> BaseException | None:
 
 
 def release(outcomes: Sequence[RankOutcome]) -> None:
-    """Close the shared memory of the ranks' exceptions not rebuilt: once a run's
-    error is built, no other will be (see module contract)."""
+    """Close the shared memory of the ranks' exceptions not rebuilt (after ``run_error``)."""
     for outcome in outcomes:
         if outcome.error is not None and outcome.error.exc is not None:
             outcome.error.exc.fds.close()

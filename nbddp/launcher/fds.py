@@ -1,17 +1,9 @@
 """The file descriptors the notebook keeps for itself, which no forked rank may hold.
 
-Contract: whoever opens an fd that must stay the notebook's alone (a rank's
-link end and pipe read ends, its exit-status fd, the forkserver link) calls
-``NOTEBOOK_FDS.keep`` at once, and ``release`` when it closes it. The fork
-starter forks inside ``NOTEBOOK_FDS.frozen()``, which holds the lock across
-the fork, so the child closes exactly the fds kept at that instant: none can
-be added half-way, from the relay thread or another launch.
-
-Why it matters: a rank that inherited another rank's pipe, or its own link's
-notebook end, would keep those from ever reaching EOF, and the run would
-never be seen to end. Only ``fork`` needs this (the forkserver and spawn
-start from processes that never held these fds); it is one process-wide set
-because runs overlap and the fork of any one of them copies them all.
+Whoever opens an fd that must stay the notebook's alone calls
+``NOTEBOOK_FDS.keep`` at once and ``release`` when closing it. The fork starter
+forks inside ``NOTEBOOK_FDS.frozen()`` and the child closes exactly those fds:
+a rank holding another's pipe would keep it from ever reaching EOF.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ from contextlib import contextmanager
 
 
 class NotebookFds:
-    """A thread-safe set of fds (see module contract)."""
+    """A thread-safe set of fds."""
 
     def __init__(self) -> None:
         self._fds: set[int] = set()

@@ -1,14 +1,10 @@
 """The notebook's link to nbddp's forkserver: it starts the forkserver and asks it for ranks.
 
-Contract: ``FORKSERVER`` is this process's one forkserver (``nbddp.forkserver``),
-started on first use (or by ``prewarm``) with the notebook's environment, less
-what ``execve`` cannot take (``forkserver_env``); it exits when this end of its
-link closes (``close``, or this process's exit). ``fork(fds, pool)`` asks it
-for one rank, whose keeper reports the pid on the returned ``status_r``
-(``ForkserverStarting``); each request also tells it the pool to keep
-(``pool_request``: the launch's ranks on this machine, capped by
-``NBDDP_POOL``). ``ForkserverLaunch`` is the forkserver as one launch's
-``starters.Starter``.
+``FORKSERVER`` is this process's one forkserver, started on first use (or by
+``prewarm``) with ``forkserver_env``; it exits when this end of its link closes.
+``fork(fds, pool)`` asks it for one rank, whose keeper reports the pid on the
+returned ``status_r``; each request also says what pool to keep
+(``pool_request``). ``ForkserverLaunch`` is it as one launch's ``Starter``.
 """
 
 from __future__ import annotations
@@ -40,13 +36,8 @@ from nbddp.launcher.starters import (
 
 
 def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The forkserver's environment: the notebook's, less any variable too long for
-    ``execve`` (``execenv.fits_exec``).
-
-    Why it may leave those out: the forkserver only imports torch with it; every
-    rank it forks gets the notebook's whole environment in its run order. A
-    variable too long would only make its ``execve`` fail with ``E2BIG``.
-    """
+    """The notebook's environment less any variable too long for ``execve`` (``E2BIG``);
+    its ranks still get the whole environment with each request."""
     env = {key: value for key, value in environ.items() if fits_exec(key, value)}
     env["NBDDP_ROLE"] = "forkserver"
     env["PYTHONPATH"] = package_pythonpath(env)
@@ -55,8 +46,7 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def interrupts_after() -> Iterator[None]:
-    """Hold a Ctrl-C (a kernel's interrupt) that comes during the block, and raise it
-    once the block is done. Only the main thread is interrupted, so only there."""
+    """Hold a Ctrl-C that comes during the block and raise it after (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -81,20 +71,12 @@ class PoolRequest:
 
 
 def pool_request(spec: JobSpec, ranks: int) -> PoolRequest:
-    """The pool to ask the forkserver for while starting ``ranks`` ranks of ``spec``: as
-    many idle workers as the launch starts on this machine, capped by ``spec.pool_max``
-    (``NBDDP_POOL``; 0 turns the pool off), waiting ``spec.pool_idle`` seconds."""
+    """The pool to ask for while starting ``ranks`` ranks, capped by ``spec.pool_max``."""
     return PoolRequest(min(ranks, spec.pool_max), spec.pool_idle)
 
 
 class ForkserverStarter:
-    """Fork from the forkserver: a server process with torch imported that never touches CUDA.
-
-    One forkserver per notebook process, started on first use (or by
-    ``prewarm``). It exits when the notebook closes the link or dies.
-    Each request also tells it how large a pool of idle workers to keep
-    (a ``PoolRequest``; see ``nbddp.forkserver.pool``).
-    """
+    """Fork from the forkserver: a server process with torch imported that never touches CUDA."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -105,7 +87,6 @@ class ForkserverStarter:
 
     @property
     def pid(self) -> int | None:
-        """The forkserver's pid while it runs."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
@@ -160,8 +141,7 @@ class ForkserverStarter:
         return ours
 
     def fork(self, fds: ChildFds, pool: PoolRequest) -> ForkserverStarting:
-        """Ask the forkserver for one worker; afterwards it keeps ``pool``. Returns once
-        the request is sent: the pid comes on the returned ``status_r``."""
+        """Ask for one worker, then keep ``pool``; returns once sent (the pid comes later)."""
         with self._lock:
             for attempt in (1, 2):
                 request = REQUEST.pack(b"F", pool.size, pool.idle)
@@ -183,8 +163,7 @@ class ForkserverStarter:
         raise AssertionError("unreachable")
 
     def read_pid(self, status_r: int) -> int:
-        """The pid of the worker asked for with ``status_r``; raises if none comes
-        (``status_r`` is then closed, and so is this forkserver)."""
+        """The pid of the worker asked for with ``status_r``; if none comes, closes both, raises."""
         # Why a timeout: the first request waits for the forkserver's torch import
         # (seconds); a forkserver that never answers must not hang the notebook.
         try:
@@ -213,9 +192,8 @@ class ForkserverStarter:
             self._sock = None
         if self._proc is not None:
             if not self._asked:
-                # Never asked, it has forked nothing, and it may still be seconds
-                # into its torch import, before it reads the closed link: waiting
-                # for that made a script that never launched take seconds to exit.
+                # Never asked, it has forked nothing; waiting out its torch import
+                # would make a script that never launched take seconds to exit.
                 self._proc.kill()
             try:
                 self._proc.wait(timeout=5)  # it ends its idle workers, waits for its ranks
@@ -236,7 +214,6 @@ class ForkserverStarting:
     status_r: int
 
     def child(self) -> Child:
-        """The worker, once its pid has come."""
         return Child(self.server.read_pid(self.status_r), self.status_r)
 
     def abandon(self) -> None:

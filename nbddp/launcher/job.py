@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from nbddp.launcher import launching
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.core import STACKS_WAIT, RunCore
+from nbddp.launcher.core import STACKS_WAIT, RunCore, arm_timeout, stacks_written
 from nbddp.launcher.events import (
     Failure,
     InputAsked,
@@ -34,6 +34,7 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import local_time
 from nbddp.launcher.ports import rendezvous
+from nbddp.launcher.ranks import RankRecord
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
@@ -101,7 +102,7 @@ class Job:
         finally:
             call.fds.close()
         if self.spec.timeout is not None:
-            self.core.call_soon(self.core.arm_timeout, self.spec.timeout)
+            self.core.call_soon(arm_timeout, self.core, self.spec.timeout)
 
     def _start_ranks(self, port: int, call: CallRef) -> list[tuple[socket.socket, RunOrder]]:
         """Ask the starter for every rank, then take each (``launching``); each rank's
@@ -176,7 +177,7 @@ class Job:
             core.route(Text(rank, "stderr", body))
             self._relay.log_now(rank, body)
             core.message(rank, kind, None)
-            core.stacks_in()
+            stacks_written(core)
         else:
             core.message(rank, kind, body)
 
@@ -203,7 +204,7 @@ class Job:
             record.state = RankState.FAILED
         elif code == 0:
             record.state = RankState.DONE
-        elif self.core.stop_reason is not None and not self.core.has_failed(rank):
+        elif self.core.stop_reason is not None and all(f.rank != rank for _, f in self.core.failed):
             record.state = RankState.STOPPED  # we ended it; the run's root cause is elsewhere
         else:
             record.state = RankState.FAILED
@@ -229,8 +230,8 @@ class Job:
 
     def stop_ranks(self, reason: RunStatus) -> None:
         """SIGTERM to every rank's processes, SIGKILL after ``kill_grace``."""
-        if self._signal_all(signal.SIGTERM):
-            self.core.later(self.spec.kill_grace, self._signal_all, signal.SIGKILL)
+        if _signal_all(self._ranks, signal.SIGTERM):
+            self.core.later(self.spec.kill_grace, _signal_all, self._ranks, signal.SIGKILL)
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
         """Send ``rank`` the user's line for its prompt ``number``."""
@@ -280,10 +281,6 @@ class Job:
 
     # -- internals (loop thread) ---------------------------------------------
 
-    def _signal_all(self, sig: int) -> bool:
-        """Signal each rank's processes (``RankRecord.signal``); True if any was there."""
-        return any([record.signal(sig) for record in self._ranks])
-
     def _signal_for_stacks(self, asked: list[int]) -> None:
         # A rank that did not answer has a thread holding the GIL (C code that
         # never releases it): faulthandler can still dump from the signal handler.
@@ -306,3 +303,8 @@ class Job:
         if not record.closed:
             record.signal(signal.SIGKILL)
             self.core.later(ORPHAN_GRACE, self._relay.force_close, rank)
+
+
+def _signal_all(records: list[RankRecord], sig: int) -> bool:
+    """Signal each rank's processes (``RankRecord.signal``); True if any was there."""
+    return any([record.signal(sig) for record in records])

@@ -1,16 +1,10 @@
 """Starting a job's ranks: each one's link, pipes and order, asked for side by side.
 
-Contract: ``starter(spec, ranks)`` starts ``ranks`` ranks of ``spec`` on this
-machine by its start method (``starters``, ``forkserver_link``).
-``order(spec, node, rank, port, call, run_id)`` is the ``RunOrder`` of
-``node``'s ``rank``-th rank (its typed place, environment and call).
-``ask(start, order)`` makes the rank's link (a socketpair) and its stdout and
-stderr pipes, keeps the notebook's ends (``NOTEBOOK_FDS``) and asks the
-starter for the process, without waiting for it; ``Asked.take()`` then waits
-for its pid and returns the notebook's ends as ``RankPipes``. Asking for every
-rank before taking any lets their forks go on side by side. Until it is
-taken, ``Asked.give_up()`` releases everything: a process started for it
-finds its link closed and ends.
+``starter(spec, ranks)`` is the start method's starter; ``order(...)`` is a
+rank's ``RunOrder``. ``ask(start, order)`` makes the rank's link and pipes,
+keeps the notebook's ends and asks for the process without waiting;
+``Asked.take()`` waits for its pid and returns ``RankPipes``. Ask for every
+rank before taking any. Until taken, ``Asked.give_up()`` releases everything.
 """
 
 from __future__ import annotations
@@ -43,8 +37,6 @@ def starter(spec: JobSpec, ranks: int) -> Starter:
 def order(
     spec: JobSpec, node: NodeSlice, rank: int, port: int, call: CallRef, run_id: str
 ) -> RunOrder:
-    """What ``node``'s ``rank``-th rank is told to do: the notebook's environment under
-    its torchrun variables (``JobSpec.rank_env``)."""
     env = {
         **os.environ,
         "NBDDP_ROLE": "worker",
@@ -95,8 +87,7 @@ class Asked:
         return child.pid, RankPipes(self.out_r, self.err_r, self.ours, child.status_fd)
 
     def give_up(self) -> None:
-        """Close the notebook's ends: a worker started for this rank (the forkserver
-        may fork it later) finds its link closed, so it knows no order will come."""
+        """Close the notebook's ends: a worker started for this rank finds its link closed."""
         if self.starting is not None:
             self.starting.abandon()
         for fd in (self.ours.fileno(), self.out_r, self.err_r):
@@ -107,7 +98,7 @@ class Asked:
 
 
 def ask(start: Starter, run: RunOrder) -> Asked:
-    """Ask ``start`` for the process of the rank ``run`` is for (see module contract)."""
+    """Ask ``start`` for the process of the rank ``run`` is for, without waiting."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()

@@ -1,24 +1,12 @@
 """The user-facing launch options, defined once.
 
-Contract: ``LaunchOptions`` is the one definition of every option a user
-gives a launch: its name and type (a ``TypedDict`` key), and in the key's
-``Annotated`` metadata (an ``Opt``) its default, one-line help, whether the
-panel has a field for it, and how the magics spell it (a ``Magic``, or none).
-``OPTIONS`` reads that definition back as ``Option`` records, taking the
-choices from the ``Literal`` types. Everything else derives from it:
-``LaunchConfig.build(**options)``, ``Launcher(**options)``, the
-``%%ddp``/``%ddp_config``/``%ddp_panel`` flags and their ``%%ddp?`` help,
-``merge_options``/``format_options`` and the panel's choices. ``launch()``
-spells its options out as parameters (for users' IDEs, and because its other
-keywords go to the function); a unit test holds them to this definition.
-
-Adding an option is one key here plus the code that uses it; a place that
-forgets it fails ``tests/unit/test_options.py``.
-
-Validation is ``LaunchConfig.build``'s, not this module's: a ``Magic``'s
-``parse`` only turns the text of a magic line into the typed value. Nothing
-here imports IPython, torch or ray; of nbddp only the wire's ``Backend``, the type
-every process shares, and the ``cluster`` option's value type (``cluster.spec``).
+``LaunchOptions`` defines every option: its type, and in its ``Opt`` metadata
+its default, help, panel field and magic spelling (``Magic``). ``OPTIONS``
+reads it back as ``Option`` records; ``LaunchConfig.build``, ``Launcher``, the
+magics' flags and help, ``merge_options``/``format_options`` and the panel all
+derive from it (``tests/unit/test_options.py`` holds ``launch()``'s parameters
+to it). Validation is ``LaunchConfig.build``'s; nothing here imports IPython,
+torch or ray.
 """
 
 import argparse
@@ -80,8 +68,7 @@ def show_value(value: object) -> list[str]:
 
 @dataclass(frozen=True)
 class Magic:
-    """How ``%%ddp``, ``%ddp_config`` and ``%ddp_panel`` spell an option:
-    ``--`` and its name with dashes, then one value."""
+    """How the magics spell an option: ``--`` and its name with dashes, then one value."""
 
     metavar: str | None = None
     parse: Callable[[str], object] | None = None
@@ -105,14 +92,13 @@ class Opt:
     panel: bool = False
     """The panel's form has a field for it."""
     group: str | None = None
-    """Options of one group replace each other when merged (a cell's ``--procs``
-    drops the session's ``--gpus``)."""
+    """Options of one group replace each other when merged (``--procs``, ``--gpus``)."""
     merges: bool = False
     """Merged key by key instead of replaced (``env``)."""
 
 
 class LaunchOptions(TypedDict, total=False):
-    """Every user-facing launch option (see module contract); all optional."""
+    """Every user-facing launch option; all optional."""
 
     gpus: Annotated[
         int | Sequence[int] | None,
@@ -274,7 +260,6 @@ OPTIONS: Mapping[str, Option] = _read(LaunchOptions)
 """Every launch option by name, in definition order (the order ``%%ddp?`` lists them)."""
 
 DEFAULTS = cast(LaunchOptions, {name: option.default for name, option in OPTIONS.items()})
-"""Every option at its default."""
 
 
 def magic_options() -> list[Option]:
@@ -283,8 +268,7 @@ def magic_options() -> list[Option]:
 
 
 def merge_options(defaults: LaunchOptions, given: LaunchOptions) -> LaunchOptions:
-    """``given`` over ``defaults``: an option of a group replaces the whole group
-    (``--procs`` drops ``--gpus``), a merging option (``env``) merges."""
+    """``given`` over ``defaults``: a group is replaced whole, a merging option merges."""
     merged: dict[str, object] = dict(defaults)
     groups = {OPTIONS[key].group for key in given} - {None}
     for key in list(merged):

@@ -1,12 +1,9 @@
 """Choosing the rendezvous port (``MASTER_PORT``) for a run.
 
-Contract: ``rendezvous(spec, node)`` is a run's port and store. ``listen``
-binds the port on ``master_addr`` and returns the listening socket: the
-notebook hosts the rendezvous store on it (``host_store``), so the port
-cannot be taken between the choice and its use. ``choose_port`` returns a
-port that was free a moment ago, for runs where rank 0 binds it itself
-(``spawn``); there another program could take it in between, as with
-torchrun.
+``rendezvous(spec, node)`` is a run's port and store. ``listen`` binds the port
+and the notebook hosts the store on it (``host_store``), so it cannot be taken
+meanwhile; ``choose_port`` returns a port free a moment ago, for runs where
+rank 0 binds it itself (``spawn``), which another program may take in between.
 """
 
 from __future__ import annotations
@@ -36,19 +33,14 @@ def port_is_free(addr: str, port: int) -> bool:
 
 
 def free_port(addr: str) -> int:
-    """A port the OS reports free on ``addr``."""
     with socket.socket(_family(addr), socket.SOCK_STREAM) as sock:
         sock.bind((addr, 0))
         return int(sock.getsockname()[1])
 
 
 def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, str | None]:
-    """Pick ``MASTER_PORT``: ``port`` if free, else a free one when ``fallback``.
-
-    Returns the port and a notice for the user when the requested port was
-    replaced (``None`` otherwise). Raises ``OptionError`` when ``port`` is
-    busy and ``fallback`` is false, or ``addr`` cannot be bound at all.
-    """
+    """``port`` if free, else a free one when ``fallback``, with a notice if replaced;
+    ``OptionError`` when it is busy without ``fallback``, or ``addr`` cannot be bound."""
     try:
         if port is None:
             return free_port(addr), None
@@ -109,9 +101,8 @@ def _unusable(addr: str, what: str, exc: OSError) -> OptionError:
 
 
 def rendezvous(spec: JobSpec, node: NodeSlice) -> tuple[int, str | None, object | None]:
-    """A run's rendezvous on this machine: its port, a notice if the port asked for was
-    busy and another was taken, and the store when this process hosts it (``JobSpec``;
-    a node of a cluster run meets at its slice's port, hosted elsewhere)."""
+    """A run's rendezvous: its port, a notice if the one asked for was busy, and the
+    store when this process hosts it."""
     if node.port is not None:
         return node.port, None, None
     if not spec.host_store:
@@ -126,11 +117,8 @@ STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch
 
 
 def host_store(address: str, sock: socket.socket) -> object:
-    """A rendezvous ``TCPStore`` served on ``sock`` (bound and listening on ``address``).
-
-    The store takes the socket over and closes it when it is destroyed: dropping
-    the returned object shuts the server down. Bound before any rank starts, so
-    no rank can race another process for the port."""
+    """A rendezvous ``TCPStore`` served on ``sock``, which it takes over: dropping it
+    shuts the server down."""
     import torch.distributed as dist  # not CUDA: safe in the notebook and in an agent
 
     return dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime

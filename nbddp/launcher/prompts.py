@@ -1,15 +1,9 @@
 """Ranks waiting for the user: the prompt in the notebook, and the time it takes.
 
-Contract: ``ask_user(prompt, password)`` asks whoever runs the notebook for
-one line, where ``input()`` would (Jupyter's stdin request in a kernel, the
-terminal in a script); None when nobody can answer (end of input, a
-frontend without stdin), which the rank reads as end of input.
-``prompt_for(rank, prompt)`` names the rank in the prompt; ``ask_rank`` is
-both, the default ``Asker`` of a run.
-
-``WaitClock`` keeps which ranks wait at a prompt and for how long: the
-job's timeout leaves that time out (``owed``), as a debugger's pause is not
-the run's.
+``ask_user(prompt, password)`` asks for one line where ``input()`` would; None
+when nobody can answer (the rank reads end of input). ``ask_rank`` names the
+rank in the prompt (``prompt_for``). ``WaitClock`` keeps which ranks wait and
+for how long: the run's timeout leaves that time out (``owed``).
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ def ask_rank(rank: int, prompt: str, password: bool) -> str | None:
 
 
 def ask_user(prompt: str, password: bool = False) -> str | None:
-    """One line from the user (see module contract)."""
+    """One line from the user, or None when nobody can answer."""
     try:
         return getpass.getpass(prompt) if password else input(prompt)
     except EOFError:
@@ -44,8 +38,11 @@ def ask_user(prompt: str, password: bool = False) -> str | None:
         return None
 
 
+PROMPT_RECHECK = 1.0  # seconds between timeout checks while a rank waits at a prompt
+
+
 class WaitClock:
-    """Ranks at a prompt, and the time spent there (see module contract)."""
+    """Ranks at a prompt, and the time spent there."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -66,6 +63,12 @@ class WaitClock:
         self.waiting.discard(rank)
         if not self.waiting:
             self._owed += self._clock() - self._since
+
+    def put_off(self) -> float | None:
+        """For a timeout that fires: how much later to look again (time at a prompt is
+        the user's); None: it stands."""
+        owed = self.owed()
+        return max(owed, PROMPT_RECHECK) if owed > 0 or self.waiting else None
 
     def owed(self) -> float:
         """Seconds some rank waited since the last call, the current wait included."""

@@ -19,6 +19,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -97,8 +98,17 @@ class Shown(Protocol):
 class Pump:
     """Shows one run (see module contract)."""
 
+    @property
+    def run(self) -> Shown:
+        """The run shown (alive while it is shown: its caller or watcher holds it)."""
+        run = self._run()
+        assert run is not None
+        return run
+
     def __init__(self, run: Shown) -> None:
-        self.run = run
+        # Weak: the run holds its pump, and a cycle would keep a finished run's memory
+        # until the garbage collector runs; a watcher thread holds the run itself.
+        self._run = weakref.ref(run)
         self._refresh_at: float | None = None  # when the display next wants a refresh
         self.done = False  # the job's last event (``Done``) was taken from its queue
         self._asked: collections.deque[ev.InputAsked] = collections.deque()
@@ -116,7 +126,10 @@ class Pump:
             if pin is not None:
                 pin()
             self.watcher = threading.Thread(
-                target=self._watch, name=f"nbddp-run-{self.run.run_id}", daemon=True
+                target=self._watch,
+                args=(self.run,),
+                name=f"nbddp-run-{self.run.run_id}",
+                daemon=True,
             )
             self.watcher.start()
         except KeyboardInterrupt:
@@ -126,7 +139,7 @@ class Pump:
             self.stop_and_drain(RunStatus.STOPPED)
             raise
 
-    def _watch(self) -> None:
+    def _watch(self, run: Shown) -> None:
         """The watcher thread: pump until the run is done (the display's final frame
         included); whatever breaks it stops every rank first."""
         try:

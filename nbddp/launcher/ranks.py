@@ -53,20 +53,16 @@ class RankRecord:
         )
 
     def signal(self, sig: int) -> bool:
-        """Signal the rank's process group, and while the rank lives its whole tree
-        (``signal_group``); True if any process was there. Once its pipes are closed
-        nothing is signalled: its group id may since name someone else's group."""
+        """Signal the rank's group (its tree while it lives); True if any process was there.
+        Nothing once its pipes are closed: its group id may since be someone else's."""
         if self.pid is None or self.closed:
             return False
         return signal_group(self.pid, sig, tree=not self.exited)
 
 
 def signal_group(pid: int, sig: int, *, tree: bool) -> bool:
-    """Signal the process group led by ``pid``; with ``tree``, its live descendants too.
-
-    ``tree`` only while ``pid`` is known to be our live rank: a reaped pid
-    may already belong to another process.
-    """
+    """Signal the process group led by ``pid``; with ``tree`` (only while it is our live
+    rank: a reaped pid may be another's), its live descendants too."""
     alive = False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)

@@ -1,15 +1,9 @@
 """The ``cluster`` launch option's value: which Ray cluster a run goes to.
 
-Contract: ``RayCluster(address, runtime_env=None)`` names a cluster the way
-``ray.init`` does: ``"ray://head:10001"`` (Ray Client, from a notebook
-outside the cluster), ``"ray"`` or ``"auto"`` (the cluster this process runs
-inside), or a GCS address ``"host:6379"``. ``as_cluster(value)`` turns an
-option's value (a string or a ``RayCluster``) into one, and says in one line
-what is wrong otherwise. ``configured()`` is the cluster named by
-``NBDDP_CLUSTER`` (what ``notebook_launcher(num_nodes=...)`` uses).
-
-Nothing here imports ray: the option is checked before any process starts,
-also where ray is not installed.
+``RayCluster(address, runtime_env=None)`` names a cluster as ``ray.init`` does.
+``as_cluster(value)`` turns an option's value into one or says in one line
+what is wrong; ``configured()`` is the cluster ``NBDDP_CLUSTER`` names. Nothing
+here imports ray.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ class RayCluster:
 
     ``address`` as ``ray.init`` takes it: ``"ray://head:10001"`` (Ray Client),
     ``"ray"`` or ``"auto"`` (the cluster this process runs in), or a GCS
-    ``"host:6379"``; ``runtime_env`` is Ray's, for the agents and so the ranks
-    (see module contract).
+    ``"host:6379"``; ``runtime_env`` is Ray's, for the agents and so the ranks.
     """
 
     address: str
@@ -46,8 +39,7 @@ class RayCluster:
 
 
 def as_cluster(value: object) -> RayCluster | None:
-    """The cluster an option's value names, or None; ``ValueError`` with what is wrong,
-    to follow the option's name, otherwise (see module contract)."""
+    """The cluster an option's value names, or None; else ``ValueError`` saying what is wrong."""
     if value is None or isinstance(value, RayCluster):
         return value
     if not isinstance(value, str) or not value.strip():

@@ -1,34 +1,12 @@
 """The relay: reads every rank's stdout, stderr, messages and exit status.
 
-Contract: one event loop thread per notebook process (``loop()``) serves
-every run. ``Relay.attach(rank, pipes)`` hands a rank's notebook-side fds to
-it; from then on, on the loop thread and without ever blocking on a rank,
-the relay appends each stdout/stderr chunk to the rank's log file (raw
-bytes, nothing dropped) and reports to its ``RelaySink``:
-``on_output`` (decoded text, in order per stream), ``on_message``,
-``on_exit`` (exit code, None if it was lost), then ``on_closed`` once every
-fd of the rank has reached EOF and been closed, and what ``log_at_end`` was
-given (the rank's reported traceback) has been appended to its log. A
-rank's output is complete when ``on_closed`` is called. Sinks must return
-quickly: they run on the shared loop.
-
-Batching: after a read that drained an fd, the relay stops watching it
-and leaves it to rest until the run's next tick, ``REST`` seconds later;
-what the rank writes meanwhile waits in the pipe (grown to ``PIPE_SIZE``
-where the system allows). One tick reads every resting fd of the run; an
-fd goes back to being watched only once two ticks in a row found nothing
-in it. A run whose ranks print a line (and log a metric row) per training
-step then costs the notebook one wakeup per ``REST`` for all its ranks and
-fds together, not one per line or per fd, and their writes never wake it.
-A read that fills the buffer is followed at once, so a flood is read at
-full speed, and a control socket never rests in the middle of a message.
-Once a rank has exited its fds no longer rest: what is left is read at
-once. Descriptors a rank sends beside its messages (shared memory of its
-return value) are received with them (``protocol.FrameReader``).
-
-Lifetime: the sink's owner calls ``close()`` once the run has ended; the
-relay then forgets the sink and every rank's state, so that neither keeps
-the other alive (the pending loop callbacks are gone with the fds).
+One loop thread per process (``loop()``) serves every run; ``Relay.attach``
+hands it a rank's fds. Never blocking on a rank, it appends raw output to the
+rank's log file and reports to the ``RelaySink`` on the loop thread (sinks
+must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status
+lost), then ``on_closed`` once every fd is at EOF: the output is complete.
+A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
+The owner calls ``close()`` once the run has ended.
 """
 
 from __future__ import annotations
@@ -127,7 +105,6 @@ class RankPipes:
     status: int
 
     def fds(self) -> list[int]:
-        """All of them, as numbers."""
         return [self.out, self.err, self.ctrl.fileno(), self.status]
 
 
@@ -156,25 +133,18 @@ class _RankStreams:
 class _Ended:
     """The sink of a closed relay: a finished run hears nothing more."""
 
-    def on_output(self, rank: int, stream: str, text: str) -> None:
-        """Ignored."""
+    def on_output(self, rank: int, stream: str, text: str) -> None: ...
 
-    def on_message(self, rank: int, kind: str, body: Body) -> None:
-        """Ignored."""
+    def on_message(self, rank: int, kind: str, body: Body) -> None: ...
 
-    def on_link_closed(self, rank: int) -> None:
-        """Ignored."""
+    def on_link_closed(self, rank: int) -> None: ...
 
-    def on_exit(self, rank: int, code: int | None) -> None:
-        """Ignored."""
+    def on_exit(self, rank: int, code: int | None) -> None: ...
 
-    def on_closed(self, rank: int) -> None:
-        """Ignored."""
+    def on_closed(self, rank: int) -> None: ...
 
 
 class Relay:
-    """One run's reader (see module contract)."""
-
     def __init__(self, log_dir: Path, sink: RelaySink, *, ctrl_rests: bool = True) -> None:
         self.log_dir = log_dir
         self.sink = sink
@@ -182,11 +152,9 @@ class Relay:
         self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
         self.ctrl_rests = ctrl_rests
-        """False: control messages are read as soon as they come (a session's cell
-        replies), at the cost of a wakeup per message."""
+        """False: control messages are read as they come (a session's replies)."""
 
     def log_path(self, rank: int) -> Path:
-        """Where ``rank``'s full output is kept."""
         return rank_log(self.log_dir, rank)
 
     def attach(self, rank: int, pipes: RankPipes) -> None:
@@ -195,7 +163,7 @@ class Relay:
         self.loop.call(self._attach, rank, pipes)
 
     def close(self) -> None:
-        """The run has ended (loop thread): forget its sink and ranks (see module contract)."""
+        """The run has ended (loop thread): forget its sink and every rank's state."""
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
@@ -223,9 +191,7 @@ class Relay:
         return self.send(rank, kind, None)
 
     def send(self, rank: int, kind: str, body: object) -> bool:
-        """Send the small message ``(kind, body)`` to ``rank``'s worker, with the
-        descriptors of any ``Descriptors`` in it (loop thread); False if it cannot
-        take it now (see ``ask``)."""
+        """Send ``(kind, body)`` with any ``Descriptors``' fds (loop thread); False as ``ask``."""
         streams = self._ranks.get(rank)
         if streams is None or streams.ctrl_fd not in streams.open_fds:
             return False
@@ -240,11 +206,7 @@ class Relay:
         return True
 
     def drain(self, rank: int) -> None:
-        """Read ``rank``'s stdout and stderr now until they are empty (loop thread).
-
-        A session rank flushes its output before it says a cell is done; draining
-        when that message arrives makes the cell's output complete, though the
-        pipes may have been resting (see module docstring: batching)."""
+        """Read ``rank``'s stdout and stderr now until empty, resting or not (loop thread)."""
         streams = self._ranks.get(rank)
         if streams is None:
             return
@@ -315,8 +277,7 @@ class Relay:
         return SHORT if len(data) < CTRL_READ_SIZE and not streams.frames.pending else FULL
 
     def _on_readable(self, streams: _RankStreams, fd: int) -> None:
-        """A watched fd is readable: read it; once drained, it rests (a control
-        socket only where ``ctrl_rests``)."""
+        # Once drained, an fd rests (a control socket only where ``ctrl_rests``).
         if streams.readers[fd]() == SHORT and (self.ctrl_rests or fd != streams.ctrl_fd):
             self._rest(streams, fd)
         # FULL: stays watched, read again at once; EMPTY: spurious; CLOSED: gone.
@@ -330,11 +291,8 @@ class Relay:
             return
         code = int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
         streams.exit_reported = True
-        # The process is gone: what it sent before exiting (its error report,
-        # last rows, last output) is already buffered. Read it all before
-        # reporting the exit, so a rank's own error is never mistaken for a
-        # death without one; then whatever is left (EOFs, an orphaned child's
-        # output) is read as it comes, without resting.
+        # Read what the rank sent before exiting before reporting the exit, so its
+        # own error is never mistaken for a death without one; the rest, unrested.
         for open_fd in (streams.ctrl_fd, *streams.pipes.fds()[:2]):
             if open_fd in streams.readers:
                 while open_fd in streams.open_fds and streams.readers[open_fd]() == FULL:
@@ -345,7 +303,6 @@ class Relay:
         self._close_fd(rank, streams, fd)
 
     def _watch(self, streams: _RankStreams, fd: int) -> None:
-        """Have the loop read ``fd`` as soon as it is readable."""
         streams.resting.discard(fd)
         streams.idle.discard(fd)
         if fd not in streams.watched:
@@ -353,7 +310,7 @@ class Relay:
             self.loop.loop.add_reader(fd, self._on_readable, streams, fd)
 
     def _rest(self, streams: _RankStreams, fd: int) -> None:
-        """Leave ``fd`` unwatched until the next tick (see module docstring: batching)."""
+        """Leave ``fd`` unwatched until the next tick: its writes wait in the pipe."""
         if streams.exit_reported:
             # The rank has exited: what is left (an orphan's output, EOF) is read at once.
             self._watch(streams, fd)
@@ -366,12 +323,8 @@ class Relay:
             self._tick = self.loop.call_later(REST, self._on_tick)
 
     def _on_tick(self) -> None:
-        """Read every resting fd of the run once.
-
-        An fd goes back to being watched only when two ticks in a row find
-        it empty: a rank sending metric rows every other tick would
-        otherwise cost a wakeup of its own between ticks.
-        """
+        # An fd is watched again only after two empty ticks in a row: a rank
+        # writing every other tick would otherwise wake the loop between ticks.
         self._tick = None
         for streams in list(self._ranks.values()):
             for fd in list(streams.resting):
@@ -415,7 +368,6 @@ class Relay:
 
 
 def _grow_pipe(fd: int) -> None:
-    """Give the pipe ``fd`` ``PIPE_SIZE`` bytes of buffer, if the system allows (best effort)."""
     setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
     if setpipe is not None:
         with contextlib.suppress(OSError):

@@ -1,15 +1,9 @@
 """The environment variables nbddp sets for each rank, which ``env=`` may not override.
 
-Contract: ``check_env(env, sets)`` raises a one-line ``OptionError``
-(``spelling``) for the first variable of the ``env`` option that nbddp
-sets itself (``sets``: the names ``LaunchConfig.rank_env`` gives a rank of
-that launch, so a variable set only for some launches, such as
-``CUDA_VISIBLE_DEVICES`` when nbddp chooses the devices, is refused only
-then). The message names the option that sets the variable, in the caller's
-spelling ("env['MASTER_PORT']: nbddp sets MASTER_PORT itself; use port=1
-instead"); a rank's own numbers (``RANK``...) are per rank and have none.
-``USER_MAY_SET`` are the variables nbddp only gives a default, which users may
-tune (``OMP_NUM_THREADS``).
+``check_env(env, sets)`` raises a one-line ``OptionError`` for the first
+variable of ``env`` in ``sets`` (what ``LaunchConfig.rank_env`` gives a rank of
+that launch), naming the option to use instead. ``USER_MAY_SET`` are the
+variables nbddp only defaults (``OMP_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -70,7 +64,7 @@ def reason(key: str, value: str, spell: Spelling) -> str:
 
 
 def check_env(env: Mapping[str, str], sets: Collection[str]) -> None:
-    """Raise ``OptionError`` for the first variable of ``env`` that nbddp sets (see contract)."""
+    """Raise ``OptionError`` for the first variable of ``env`` that nbddp sets (``sets``)."""
     refused = [(k, v) for k, v in env.items() if k in sets and k not in USER_MAY_SET]
     if refused:
         key, value = refused[0]

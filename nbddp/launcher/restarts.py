@@ -1,20 +1,11 @@
 """Restarts: after a failure, every rank is stopped and the whole group started again.
 
-Contract: ``Restarting(first, payload)`` is a ``run.RunSource`` over a
-started ``Job`` (``first``) and those that replace it: when an attempt ends
-``failed`` (a rank raised, exited non-zero or died; not a stop, an interrupt
-or a timeout) and fewer than its spec's ``max_restarts`` restarts were made, it
-puts a ``Notice`` naming the restart and the failure that caused it, then
-starts a new ``Job`` of the same payload on a fresh port (the old one has
-ended: each of its ranks has exited and its output has been read, so nothing
-of it is left) with ``TORCHELASTIC_RESTART_COUNT`` one higher, as torchrun
-sets it; the function resumes from its own checkpoint. Otherwise the
-attempt's end is the run's end: its result, and its failure raised as
-usual. Events of every attempt go, in order, to one queue; a ``Done`` only
-ends the last. ``stop()`` stops the current attempt and ends the restarts.
-
-Restarts happen on a thread of their own, which ends with the run; reads
-(``outcomes``, ``status``, ``log_dir``...) are the current attempt's.
+``Restarting(first, payload)`` is a ``RunSource`` over a started ``Job`` and
+its replacements: an attempt that ``failed`` (not stopped, interrupted or timed
+out), with restarts left under ``max_restarts``, gets a ``Notice`` and a new
+``Job`` on a fresh port with ``TORCHELASTIC_RESTART_COUNT`` one higher. Events
+of every attempt go to one queue; only the last's ``Done`` ends it. Restarts
+run on their own thread; reads are the current attempt's; ``stop()`` ends them.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ from nbddp.wire.payload import Payload, short_error
 
 
 class Restarting:
-    """A run that restarts its ranks after a failure (see module contract)."""
+    """A run that restarts its ranks after a failure."""
 
     def __init__(self, first: Job, payload: Payload) -> None:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
@@ -62,7 +53,6 @@ class Restarting:
         return self._job.core.status
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
-        """The current attempt's ranks."""
         return self._job.core.outcomes()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -70,11 +60,9 @@ class Restarting:
         return self._done.wait(timeout)
 
     def elapsed(self) -> float:
-        """The current attempt's seconds."""
         return self._job.core.elapsed()
 
     def pids(self) -> dict[int, int]:
-        """The current attempt's ranks' pids."""
         return self._job.core.pids()
 
     def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
@@ -85,11 +73,9 @@ class Restarting:
         job.core.stop(reason)
 
     def dump_stacks(self) -> None:
-        """Have the current attempt's ranks dump their stacks."""
         self._job.core.dump_stacks()
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send the current attempt's ``rank`` the user's line ."""
         self._job.core.answer(rank, number, text)
 
     # -- the restart thread -----------------------------------------------

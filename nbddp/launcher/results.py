@@ -1,12 +1,9 @@
 """What a finished run produced: ``RunResult``, its ``Metrics``, and ``UnloadedValue``.
 
-Contract: ``load_values(outcomes, log_dir)`` rebuilds each rank's return
-value once, on the shared memory it came with (``values.unpack``). Only rank
-0's value can fail a run: when it cannot be rebuilt, a ``ResultError``
-naming the rank, the value's type and why; another rank's value that cannot
-be is an ``UnloadedValue`` in ``RunResult.values``, which says why.
-``Metrics`` is the list of rows ranks sent with ``nbddp.log``, in arrival
-order; ``to_pandas()`` makes a DataFrame when pandas is installed.
+``load_values(outcomes, log_dir)`` rebuilds each rank's return value once. Only
+rank 0's can fail a run (``ResultError``); another rank's that cannot be
+rebuilt is an ``UnloadedValue`` saying why. ``Metrics`` are the ``nbddp.log``
+rows in arrival order.
 """
 
 from __future__ import annotations
@@ -92,8 +89,7 @@ class UnloadedValue:
 def load_values(
     outcomes: Sequence[RankOutcome], log_dir: Path
 ) -> tuple[dict[int, Any], ResultError | None]:
-    """Each rank's value, and the error for rank 0's when it cannot be rebuilt (see
-    module contract)."""
+    """Each rank's value, and the error for rank 0's when it cannot be rebuilt."""
     values: dict[int, Any] = {}
     error: ResultError | None = None
     for outcome in outcomes:

@@ -128,15 +128,11 @@ class Run:
 
     def __repr__(self) -> str:
         """``<nbddp Run <id>: running, 2 ranks (2 running), 1m05s>``."""
-        return f"<nbddp Run {self._line()}>"
+        return f"<nbddp Run {_line(self)}>"
 
     def _repr_html_(self) -> str:
         """The same line in a notebook, with where the logs are."""
-        return run_html(self._line(), self.log_dir)
-
-    def _line(self) -> str:
-        states = [o.state for o in self.job.outcomes()]
-        return run_line(self.run_id, self.status, states, self.elapsed)
+        return run_html(_line(self), self.log_dir)
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's state, pid, exit code, value and error, as last seen."""
@@ -183,7 +179,7 @@ class Run:
                 # whatever does, the ranks must not outlive it.
                 self.pump.stop_and_drain(RunStatus.STOPPED)
                 raise
-            self._result = self._build_result()
+            self._result = _result(self)
         if self._result.failure is not None:
             raise self._result.failure
         return self._result
@@ -203,18 +199,25 @@ class Run:
         (``launch(block=False)``). Nothing happens if it is already watched or over."""
         self.pump.watch()
 
-    def _build_result(self) -> RunResult:
-        job = self.job
-        outcomes = job.outcomes()
-        values, unloaded = load_values(outcomes, self.log_dir)
-        timeout = self._config.job.timeout
-        failure = run_error(job.root_cause, job.status, outcomes, self.log_dir, timeout)
-        release(outcomes)  # the other ranks' exceptions' shared memory: never rebuilt
-        return RunResult(
-            values=values,
-            exit_codes={o.rank: o.exit_code for o in outcomes},
-            log_dir=self.log_dir,
-            metrics=Metrics(self.metrics),
-            failure=failure or unloaded,
-            duration=job.elapsed(),
-        )
+
+def _result(run: Run) -> RunResult:
+    """The result of ``run``, which has ended (its failure in it, not raised)."""
+    job = run.job
+    outcomes = job.outcomes()
+    values, unloaded = load_values(outcomes, run.log_dir)
+    timeout = run.config.job.timeout
+    failure = run_error(job.root_cause, job.status, outcomes, run.log_dir, timeout)
+    release(outcomes)  # the other ranks' exceptions' shared memory: never rebuilt
+    return RunResult(
+        values=values,
+        exit_codes={o.rank: o.exit_code for o in outcomes},
+        log_dir=run.log_dir,
+        metrics=Metrics(run.metrics),
+        failure=failure or unloaded,
+        duration=job.elapsed(),
+    )
+
+
+def _line(run: Run) -> str:
+    states = [o.state for o in run.job.outcomes()]
+    return run_line(run.run_id, run.status, states, run.elapsed)

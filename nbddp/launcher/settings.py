@@ -1,13 +1,9 @@
 """The ``NBDDP_*`` environment variables a user may set, read in one place, one way.
 
-Contract: ``read(environ)`` (default ``os.environ``) returns every setting
-as a typed ``Settings``, each at its default when unset or empty, and raises
-``ConfigError`` for the first variable whose value is wrong, naming it, what
-it must be and its default. Every launch reads them afresh (so a variable
-set in the notebook takes effect at the next launch); importing nbddp never
-raises for them: ``prewarm_wanted`` decides only whether to warm up, and a
-bad value is refused by the first launch. ``NBDDP_ROLE`` and
-``NBDDP_RUN_ID`` are not settings: nbddp sets them for its own processes.
+``read(environ)`` returns every setting as a typed ``Settings`` (defaults when
+unset or empty), or raises ``ConfigError`` naming the first bad variable, what
+it must be and its default. Every launch reads them afresh; importing nbddp
+never raises for them (``prewarm_wanted``).
 """
 
 from __future__ import annotations
@@ -93,7 +89,7 @@ notebook is being edited, and frees a notebook left open."""
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting's value (see module contract)."""
+    """Every setting's value."""
 
     prewarm: bool
     pool: int
@@ -123,8 +119,7 @@ def read(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def prewarm_wanted(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether to warm up at import: ``NBDDP_PREWARM``, and no bad value (the first
-    launch says what is wrong with it)."""
+    """Whether to warm up at import: ``NBDDP_PREWARM``, and no bad value."""
     try:
         return PREWARM.get(os.environ if environ is None else environ)
     except ConfigError:

@@ -1,17 +1,9 @@
 """Checking a launch's call against the function's signature, before anything starts.
 
-Contract: ``check_call(fn, args, kwargs)`` raises ``CallError`` (a
-``PayloadError``, so a ``TypeError``, as calling ``fn`` wrongly would be, and
-raised before any process starts like every payload problem) with one line when
-``fn(*args, **kwargs)`` cannot bind to ``fn``'s signature: ``f() got an
-unexpected keyword argument 'nprocs'; did you mean the launch option
-procs=2?``. A keyword close to a launch option (``spelling.close_options``)
-is offered in the caller's words (``Spelling.speaking``). ``WithRank`` (``nbddp.spawn``) is
-checked as ``fn(rank, *args)``. ``inspect.signature`` sees through
-partials, bound methods, callable objects and ``functools.wraps``; where it
-cannot read a signature (builtins, some C callables) nothing is checked and
-the call fails in the ranks as it would anywhere. ``*args``/``**kwargs``
-accept what they accept.
+``check_call(fn, args, kwargs)`` raises a one-line ``CallError`` (a
+``PayloadError``, so a ``TypeError``) when ``fn(*args, **kwargs)`` cannot bind,
+offering a launch option a keyword was likely meant for. ``WithRank`` is
+checked as ``fn(rank, *args)``; where no signature can be read, nothing is.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ _RANK = 0  # stands for the rank spawn() puts first; only its position matters
 
 
 def check_call(fn: Fn, args: Args, kwargs: Mapping[str, object]) -> None:
-    """Raise ``CallError`` if ``fn(*args, **kwargs)`` cannot bind (see module contract)."""
+    """Raise ``CallError`` if ``fn(*args, **kwargs)`` cannot bind to ``fn``'s signature."""
     target, how = fn, ""
     if isinstance(fn, WithRank):
         target, args, how = fn.fn, (_RANK, *args), " (spawn calls it as fn(rank, *args))"

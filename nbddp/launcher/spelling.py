@@ -1,20 +1,10 @@
 """How each entry point spells the launch options, so its messages use its own words.
 
-Contract: a ``Spelling`` turns a launch option (a name of ``options.OPTIONS``)
-into the words of one entry point: ``launch()`` says ``procs=4``, ``%%ddp``
-says ``--procs 4``, ``notebook_launcher`` says ``num_processes=4``,
-``spawn`` says ``nprocs=4`` and the panel names its field (``Processes``).
-
-The checks of the options raise ``OptionError``: the option, its value, and
-the message as a function of a spelling, shown in ``KEYWORDS`` (``launch``'s)
-until an entry point words it in its own, at one place: ``with
-spelling.speaking():`` around what it does, which rewords every
-``OptionError`` raised inside, whichever check raised it.
-
-``close_options`` finds the launch options a mistyped or foreign name most
-likely meant (``nprocs``, ``gpu``, torchrun's ``nproc_per_node``,
-accelerate's ``num_processes``); ``launch()`` and the magics suggest them.
-Nothing here validates a value.
+A ``Spelling`` turns an option name into one entry point's words (``procs=4``,
+``--procs 4``, ``num_processes=4``, the panel's ``Processes``). Option checks
+raise ``OptionError`` worded in ``KEYWORDS``; an entry point's ``with
+spelling.speaking():`` rewords every one raised inside. ``close_options`` finds
+the options a mistyped or foreign name likely meant. Nothing here validates.
 """
 
 from __future__ import annotations
@@ -73,11 +63,10 @@ Style = Literal["keyword", "flag", "field"]
 
 @dataclass(frozen=True)
 class Spelling:
-    """How one entry point spells the launch options (see module contract)."""
+    """How one entry point spells the launch options."""
 
     style: Style = "keyword"
-    """``keyword``: ``procs=4``; ``flag``: ``--procs 4`` (the magics); ``field``: the panel's
-    form, by the field's label."""
+    """``keyword``: ``procs=4``; ``flag``: ``--procs 4``; ``field``: the panel's label."""
     names: Mapping[str, str] = field(default_factory=dict)
     """An option's name at this entry point where it differs (``procs``: ``nprocs``)."""
 
@@ -105,8 +94,7 @@ class Spelling:
         return self.hole(option, str(value))
 
     def unset(self, option: str) -> str:
-        """How to leave the option at its default of None: ``use port=None``, ``leave out
-        --port``, ``leave Master port empty``."""
+        """How to leave the option at None: ``use port=None``, ``leave out --port``."""
         if self.style == "flag":
             return f"leave out {self.name(option)}"
         if self.style == "field":
@@ -120,25 +108,20 @@ class Spelling:
         return f"{self.name('env')} {key}={value}"
 
     def suggest(self, options: tuple[str, ...], value: object) -> str:
-        """Launch options offered instead of a mistaken keyword given ``value``: ``the
-        launch option procs=2``, ``the launch option gpus=2 or procs=2``, ``the panel's
-        Processes field``."""
+        """Options offered instead of a mistaken keyword: ``the launch option procs=2``."""
         if self.style == "field":
             return " or ".join(f"the panel's {self.name(option)} field" for option in options)
         return "the launch option " + " or ".join(self.given(o, value) for o in options)
 
     @property
     def cpu_over_gpus(self) -> bool:
-        """Whether the caller can ask for CPU ranks while GPUs are visible: not where one
-        parameter stands for both (``notebook_launcher``'s ``num_processes`` takes GPUs
-        whenever any is visible), so messages offer that alternative only here."""
+        """Whether CPU ranks can be asked for while GPUs are visible (not one name for both)."""
         return self.name("procs") != self.name("gpus")
 
     @contextlib.contextmanager
     def speaking(self) -> Iterator[None]:
-        """Inside the block, ``spoken`` says things in this spelling, and every
-        ``OptionError`` (any ``Worded``) raised is reworded in it, unless a block
-        inside it (another entry point's) already has."""
+        """Inside the block ``spoken`` uses this spelling, and a ``Worded`` raised not yet
+        reworded by an inner block is reworded in it."""
         token = _SPEAKING.set(self)
         try:
             yield
@@ -162,8 +145,7 @@ def spoken(say: Say) -> str:
 
 
 class Worded(NbddpError):
-    """An error whose message names launch options: worded in ``KEYWORDS`` until an
-    entry point rewords it (``Spelling.speaking``)."""
+    """An error naming launch options: in ``KEYWORDS`` until ``Spelling.speaking`` rewords it."""
 
     plain: type[NbddpError] = NbddpError
     """What it is once it leaves this process, as worded then (``say`` may not pickle)."""
@@ -179,8 +161,7 @@ class Worded(NbddpError):
 
 
 class OptionError(Worded, ConfigError):
-    """A launch option that is wrong: which (``option``), its ``value``, and a message
-    that says what is wrong and what to do."""
+    """A wrong launch ``option`` and ``value``; the message says what to do."""
 
     plain = ConfigError
 
@@ -191,8 +172,7 @@ class OptionError(Worded, ConfigError):
 
 
 class CallError(Worded, PayloadError):
-    """A call that cannot bind to the launched function's signature, with a launch
-    option it probably meant."""
+    """A call that does not bind to the function's signature, with the option it likely meant."""
 
     plain = PayloadError
 

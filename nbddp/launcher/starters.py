@@ -1,25 +1,13 @@
 """Starting one worker process: what every start method does, and spawn and fork.
 
-Contract: a starter's ``start(fds, env)`` asks for a process that is the
-leader of its own process group (``setsid``), has ``fds.out``/``fds.err`` as fd 1/2 and runs
-``worker.run_rank`` on ``fds.ctrl``. It returns a ``Starting`` at once, without
-waiting for the process: a launch asks for all its ranks first and only then
-waits for each (``Starting.child``), so that they are forked side by side. The
-``Child`` has the pid and a ``status_fd`` that becomes readable once, with the
-8-byte exit code (negative: killed by that signal), when the process has exited. Whatever the start
-method, the rank's parent is its keeper (``nbddp.forkserver.keeper``): the code
-arrives once the rank's whole tree is gone (a ``setsid`` daemon too), and
-the keeper, not the forkserver, reports it, so a rank outlives its
-forkserver. A spawned keeper is a fresh interpreter; a forked one is the
-notebook's or the forkserver's child. The caller keeps
-ownership of ``fds`` and closes its copies after ``start`` returns; a
-``Starting`` it will not wait for is ``abandon``-ed (the process, if it
-starts, finds its link closed and ends). Here: spawn and fork; the
-forkserver's starter is ``forkserver_link``'s.
-
-Every start method runs the same worker (``keeper.become_rank``) and none
-re-imports ``__main__``: spawn execs ``python -c`` (never the user's script),
-and fork/forkserver children go straight to the worker.
+A starter's ``start(fds, env)`` asks for a process in its own session with
+``fds.out``/``fds.err`` as fd 1/2, running the worker on ``fds.ctrl``, and returns
+a ``Starting`` at once (a launch asks for every rank, then waits for each).
+The ``Child``'s ``status_fd`` turns readable once, with the 8-byte exit code
+(negative: a signal), when the rank's whole tree is gone; the rank's keeper
+reports it, so a rank outlives its forkserver. The caller keeps ``fds`` and
+closes its copies after ``start``; a ``Starting`` it will not wait for is
+``abandon``-ed. No start method re-imports ``__main__``.
 """
 
 from __future__ import annotations
@@ -63,8 +51,7 @@ class Starting(Protocol):
     """A worker asked for, whose pid may not have come yet."""
 
     def child(self) -> Child:
-        """Wait for the worker's pid; raises if it did not start (the message says
-        which start method to use instead)."""
+        """Wait for the worker's pid; raises, naming another start method, if it did not start."""
         ...
 
     def abandon(self) -> None:
@@ -73,11 +60,9 @@ class Starting(Protocol):
 
 
 class Starter(Protocol):
-    """Starts workers one way (see module contract)."""
+    """Starts workers one way."""
 
-    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
-        """Ask for one worker."""
-        ...
+    def start(self, fds: ChildFds, env: dict[str, str]) -> Starting: ...
 
 
 @dataclass(frozen=True)
@@ -90,11 +75,9 @@ class KeptStarting:
     instead: str
 
     def child(self) -> Child:
-        """The worker, once its keeper has reported its pid."""
         return kept_child(self.reap, self.keeper_r, self.what, self.instead)
 
     def abandon(self) -> None:
-        """Close the keeper's pipe; a thread still reaps the keeper."""
         _abandon(self.reap, self.keeper_r)
 
 
@@ -106,17 +89,11 @@ def package_pythonpath(env: dict[str, str]) -> str:
 
 
 SPAWN_BOOT = "from nbddp.forkserver.keeper import spawned_main; spawned_main()"
-"""A spawned keeper's program: importing the lazy ``nbddp`` package and the keeper
-costs the standard library alone, so the keeper forks its rank (which imports torch)
-at once; the launch waits for each rank's pid."""
+"""A spawned keeper's program: it imports the standard library alone, then forks its rank."""
 
 
 class SpawnStarter:
-    """A fresh interpreter per rank: slowest (imports torch each time), always safe.
-
-    The interpreter is the rank's keeper (``keeper.spawned_main``): it forks the
-    rank and reports its pid and exit code on a status pipe given on its command line.
-    """
+    """A fresh interpreter per rank, its keeper: slowest (imports torch each time), always safe."""
 
     def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
         child_env = dict(env, PYTHONPATH=package_pythonpath(env))
@@ -140,8 +117,7 @@ class SpawnStarter:
 
 
 def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
-    """The body of a forked child (fork starter and forkserver): it becomes the rank's
-    keeper, which forks the rank and reports to ``status_w``. Never returns."""
+    """A forked child becomes the rank's keeper, reporting to ``status_w``. Never returns."""
     try:
         keeper.detach(close - {fds.ctrl, fds.out, fds.err, status_w})
     except BaseException:
@@ -160,12 +136,8 @@ def read_pid(status_r: int, timeout: float) -> int | None:
 def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: str) -> Child:
     """The rank whose keeper is the notebook's child and reports on ``keeper_r``.
 
-    A thread reaps the keeper (``reap``) and only then passes the rank's exit
-    code on to the returned ``status_fd``: when the notebook sees a rank end,
-    its keeper is gone too, and so is the thread a moment later. If no pid
-    comes (the keeper failed, or an interrupt), it raises, and the keeper is
-    still reaped. Every fd here is the notebook's own (``NOTEBOOK_FDS``): a
-    rank forked meanwhile must not hold another's status.
+    A thread reaps the keeper, then passes on the exit code; with no pid it raises
+    (the keeper still reaped). Every fd is in ``NOTEBOOK_FDS``, kept from other ranks.
     """
     try:
         rank = read_pid(keeper_r, FORKSERVER_REPLY_TIMEOUT)
@@ -186,7 +158,7 @@ def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: st
 
 
 def close_kept(fd: int) -> None:
-    """Close ``fd``, one of the notebook's own (``NOTEBOOK_FDS``)."""
+    """Close ``fd``, one of ``NOTEBOOK_FDS``."""
     NOTEBOOK_FDS.release(fd)
     os.close(fd)
 

@@ -1,9 +1,7 @@
 """A run in one line, as ``repr(run)`` and a cell showing a ``Run`` say it.
 
-Contract: ``format_elapsed(seconds)`` is ``7s``, ``3m05s`` or ``1h02m``;
-``run_line`` is ``<run id>: <status>, <n> ranks (<count> <state>, …), <elapsed>``,
-the ranks counted by state in the order they first appear; ``run_html`` is
-that line as escaped HTML, with the log directory. Plain values in, text out.
+``run_line`` is ``<run id>: <status>, <n> ranks (<count> <state>, …), <elapsed>``;
+``run_html`` is it as escaped HTML, with the log directory.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ def format_elapsed(seconds: float) -> str:
 
 
 def run_line(run_id: str, status: str, states: Iterable[str], elapsed: float) -> str:
-    """The run in one line (see module contract)."""
+    """``<run id>: <status>, <n> ranks (<count> <state>, …), <elapsed>``."""
     counts = Counter(str(state) for state in states)
     world = sum(counts.values())
     ranks = ", ".join(f"{count} {state}" for state, count in counts.items())

@@ -1,16 +1,10 @@
 """IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_session``, ``%ddp_debug``,
 ``%ddp_status``, ``%ddp_panel``.
 
-Contract: the magics only parse their arguments (IPython's
-``magic_arguments``; the launch options, their flags, choices and help come
-from ``options.LaunchOptions`` and are shared by ``%%ddp``, ``%ddp_config``
-and ``%ddp_panel``) and hand over to the kernel's
-``runner.CellRunner``. Bad options, invalid launch settings and an empty
-cell raise a one-line ``UsageError`` (no traceback); nothing given on a
-magic line is ever evaluated as Python. ``%%ddp?`` shows the options.
-
-Loading the extension twice keeps the first registration (and its session
-defaults); ``%reload_ext nbddp`` starts afresh (stopping a running session).
+The magics only parse their arguments (flags and help from
+``options.LaunchOptions``) and hand over to the kernel's ``CellRunner``. Bad
+options and an empty cell raise a one-line ``UsageError``; nothing on a magic
+line is evaluated as Python. ``%reload_ext nbddp`` starts afresh.
 """
 
 from __future__ import annotations
@@ -59,11 +53,8 @@ def line_magic(func: F) -> F:
 
 
 def magic_arguments(name: str | None = None) -> Callable[[F], F]:
-    """``magic_arguments.magic_arguments``: builds the parser from the options above.
-
-    ``name`` is the one the usage line shows after IPython's ``%``.
-    Abbreviations are off: ``--out`` must not quietly mean ``--output``.
-    """
+    """``magic_arguments.magic_arguments`` named ``name``, without abbreviations."""
+    # Abbreviations are off: ``--out`` must not quietly mean ``--output``.
     build = _ma.magic_arguments(name)  # type: ignore[no-untyped-call]
 
     def decorate(func: F) -> F:
@@ -140,8 +131,7 @@ def parse(magic: Callable[..., object], line: str, name: str) -> argparse.Namesp
 
 
 def _did_you_mean(error: str) -> str:
-    """``; did you mean --procs?`` for an unrecognized flag close to a launch option's
-    (``--nprocs``, ``--gpu``, torchrun's ``--nproc-per-node``), else nothing."""
+    """``; did you mean --procs?`` for a flag close to a launch option's, else nothing."""
     _, found, unknown = error.partition("unrecognized arguments:")
     if not found:
         return ""
@@ -164,8 +154,7 @@ LOG_TAIL = 200
 
 
 def show_log(shown: RankLog) -> None:
-    """Display a rank's log in the cell: its title, the path as ``links.path_html``
-    renders it (text unless JupyterLab can open it), and the text."""
+    """Display a rank's log in the cell: its title, its path and its text."""
     from IPython.display import display
 
     body = html.escape(shown.text)

@@ -1,12 +1,9 @@
 """Turning a ``%%ddp`` cell into the program every rank runs: checked here, in the notebook.
 
-Contract: ``build_program(source, ...)`` registers the cell's source for
-tracebacks, compiles it (a ``SyntaxError``, or a ``CellError`` for an empty
-cell, is raised here, before any process starts), finds the notebook names
-the cell reads (``names_read``) and keeps those the notebook has
-(``select_names``), and returns the ``nbddp.rank.cell.CellProgram`` the
-ranks run. The analysis is static: a name reached only through
-``eval``/``exec``/``globals()`` is not found (pass it explicitly).
+``build_program`` compiles the cell (``SyntaxError``, or ``CellError`` for an
+empty cell, before any process starts), finds the notebook names it reads and
+returns the ``CellProgram`` the ranks run. The analysis is static: a name
+reached only through ``eval``/``exec``/``globals()`` must be passed explicitly.
 """
 
 from __future__ import annotations
@@ -20,9 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from nbddp.rank.cell import CellProgram, compile_cell, register_source
 
-# Names IPython keeps in the user namespace for itself: input/output history
-# (``_``, ``_i3``, ``Out``...), the shell, and module dunders. They are never
-# shipped, even if the cell mentions them.
+# IPython's own names (history, the shell, module dunders): never shipped.
 _INTERNAL = re.compile(r"_{1,3}|_i{1,3}|_i?\d+|_[oid]h|In|Out|get_ipython|exit|quit|__\w+__")
 
 
@@ -37,10 +32,8 @@ def build_program(
     session: bool = False,
     also: Iterable[str] = (),
 ) -> CellProgram:
-    """The program for the cell ``source`` (see module contract). ``hidden``: names
-    never sent (IPython's own; a session's ranks' names); ``also``: names sent if
-    the notebook has them, read or not, and left on a session's ranks after the
-    cell (what the functions of earlier cells read; this cell's are added)."""
+    """The program for the cell ``source``. ``hidden``: names never sent; ``also``: names
+    sent if the notebook has them and left on a session's ranks after the cell."""
     register_source(filename, header + "\n" + source)
     quiet = is_quiet(source)
     compile_cell(source, filename, quiet=quiet)  # SyntaxError / empty cell: now
@@ -52,16 +45,8 @@ def build_program(
 
 
 def names_read(source: str) -> frozenset[str]:
-    """The global names ``source`` may read from outside itself.
-
-    Every name the cell's top level reads, and every global name read by the
-    functions, classes, lambdas and comprehensions it defines; minus the
-    names whose every read follows an unconditional top-level binding
-    (assignment, import, def, class) or is a loop's or ``with``'s read of
-    its own target. Conditional bindings (inside ``if``/``for``/``try``...)
-    do not count: when in doubt a name is read, as shipping a name too many
-    costs bytes, while one too few fails.
-    """
+    """The global names ``source`` may read from outside itself, minus those always bound
+    at top level before their reads. When in doubt a name is read: one too few fails."""
     tree = ast.parse(source)
     table = symtable.symtable(source, "<ddp cell>", "exec")
     top_level = {sym.get_name() for sym in table.get_symbols()}
@@ -78,11 +63,8 @@ def names_read(source: str) -> frozenset[str]:
 
 
 def definitions_read(source: str) -> frozenset[str]:
-    """The global names read by the functions, classes and lambdas ``source`` defines.
-
-    In a session these stay on the ranks and may be called in any later cell:
-    the notebook's values of these names are sent with every cell, so such a
-    function sees them as it would in the notebook (current, or undefined)."""
+    """The global names read by the functions, classes and lambdas ``source`` defines
+    (a session sends them with every later cell)."""
     table = symtable.symtable(source, "<ddp cell>", "exec")
     return frozenset(
         sym.get_name()

@@ -1,22 +1,11 @@
 """The notebook side of ``%%ddp``: session defaults, running a cell, the last run.
 
-Contract: a ``CellRunner`` is what one kernel's magics remember: the
-``%ddp_config`` defaults (the options, and the config they were validated
-into) and the last run. ``CellRunner.run_cell`` merges the cell's options
-over the defaults, validates them (``ConfigError``), builds
-the cell program (``SyntaxError``, ``CellError``, ``PayloadError`` naming
-the notebook name that cannot be sent), runs it on every rank and returns
-rank 0's ``--out`` values and trailing expression. A failed run raises an
-exception that IPython shows as a failed cell with the root-cause rank's
-traceback once (``_render_traceback_``, made by ``launcher.failures``), not
-the local nbddp frames that re-raised it; an interrupt stops every rank and
-raises ``KeyboardInterrupt``, shown as one line saying so.
-
-``notebook_cell(shell)`` names the cell that runs ``%%ddp``: its code's
-filename (``<ddp cell [6]>``) and the name IPython's tracebacks give that
-cell (``Cell In[6]``), by IPython's own record of the cell running it.
-
-Nothing here imports IPython: ``magics`` parses arguments and hands over.
+A ``CellRunner`` is one kernel's magics' memory: the ``%ddp_config`` defaults
+and the last run. ``run_cell`` merges the cell's options over the defaults,
+validates them (``ConfigError``), builds the cell program (``SyntaxError``,
+``CellError``, ``PayloadError``), runs it and returns rank 0's ``--out`` values
+and trailing expression; a failure shows as the root-cause rank's traceback,
+an interrupt as one line. Nothing here imports IPython.
 """
 
 from __future__ import annotations
@@ -62,12 +51,8 @@ _CELL_NUMBER = re.compile(r"\[(\d+)\]")
 
 
 def notebook_cell(shell: Any) -> CellName:
-    """The name of the cell of ``shell`` that is running ``%%ddp`` (see module contract).
-
-    Why not ``shell.execution_count``: IPython 9 counts the running cell before it
-    runs, earlier versions after (one off, one not); the cell's own code, found on
-    the stack, is the one IPython numbered, whatever the version.
-    """
+    """The name of the cell of ``shell`` running ``%%ddp`` (``<ddp cell [6]>``, ``Cell In[6]``)."""
+    # Not ``shell.execution_count``: IPython versions differ by one on when it counts.
     frame = inspect.currentframe()
     while frame is not None:
         shown = cell_name(frame.f_code.co_filename, shell)
@@ -85,7 +70,7 @@ def build_config(options: LaunchOptions, *, init: bool) -> LaunchConfig:
 
 
 class CellRunner:
-    """One kernel's ``%%ddp`` state (see module contract)."""
+    """One kernel's ``%%ddp`` state."""
 
     def __init__(self) -> None:
         self.defaults: LaunchOptions = {}
@@ -137,11 +122,8 @@ class CellRunner:
         hidden: Iterable[str] = (),
         shown: str | None = None,
     ) -> tuple[dict[str, object], Any]:
-        """Run the cell on every rank; (``--out`` values, last value) from rank 0.
-
-        ``shown``: what tracebacks call the cell (``CellName``). While a session
-        runs, in its ranks (``session_cell_config`` says which options a cell may
-        still give)."""
+        """Run the cell on every rank (the session's while one runs); (``--out`` values,
+        last value) from rank 0. ``shown``: what tracebacks call the cell."""
         session = self.session
         if session is not None:
             config = self.session_cell_config(session, given, init=init)
@@ -177,8 +159,7 @@ class CellRunner:
     def session_cell_config(
         self, session: Session, given: LaunchOptions, *, init: bool
     ) -> LaunchConfig:
-        """The config of a cell run in ``session``: the session's, with the cell's own
-        timeout and output; any other option given must be the session's own."""
+        """The session's config with the cell's timeout and output; others must match it."""
         if not init:
             raise CellError(
                 "%%ddp --no-init: a session's ranks keep the process group they started "
@@ -261,9 +242,7 @@ class CellRunner:
         return self.session
 
     def status(self, *, stacks: bool = False) -> str:
-        """The latest run (a %%ddp cell's, or a launch's): its state, elapsed time, each
-        rank's state and exit, its logs. ``stacks``: first ask its running ranks to dump
-        their Python stacks into their output."""
+        """The latest run's state, ranks and logs; ``stacks``: first ask ranks for theirs."""
         run = latest_run() or self.last_run
         if run is None:
             return "%ddp_status: no run has started in this kernel yet"
@@ -286,9 +265,8 @@ class CellRunner:
         return "\n".join(lines) + note
 
     def rank_log(self, rank: int, tail: int | None) -> RankLog:
-        """``rank``'s log (all of it, or its last ``tail`` lines): of the session while
-        one is alive, else of the latest run. ``CellError`` saying what is wrong for
-        no run yet, a rank the run does not have, or a ``tail`` below 0."""
+        """``rank``'s log (or its last ``tail`` lines), the session's or the latest run's;
+        else ``CellError`` saying what is wrong."""
         session = self.session
         if session is not None and session.alive and session.log_dir is not None:
             what, log_dir = "the session", session.log_dir
@@ -338,9 +316,7 @@ def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object]
     if session is not None:
         session.record_failures(run)
     if failure is not None:
-        # Raised here, outside the except blocks, so that the error carries
-        # no __context__ for IPython to walk (it falls back to a plain local
-        # traceback when a context is an exception group).
+        # Raised outside the except blocks: no __context__ for IPython to walk.
         raise failure
     if not isinstance(values, CellValues):
         return {}, None

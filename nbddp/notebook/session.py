@@ -1,31 +1,12 @@
 """Sessions: ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-Contract: ``Session(options)`` validates the launch options as ``launch()``
-does (the default process group is always initialised: a session's ranks
-are ready for collectives); ``start()`` starts the ranks and returns once
-every one is idle with its process group (a failure to start raises as a
-launch does, and leaves nothing). Then, one at a time:
-
-- ``run(fn, *args, **kwargs)`` calls ``fn`` on every rank, returns rank 0's value;
-- ``exec(source, names)`` runs ``source`` as a ``%%ddp`` cell does, in each
-  rank's session namespace, and returns rank 0's trailing expression;
-- ``run_program(program, config)`` (the ``%%ddp`` back end) returns the cell's ``Run``.
-
-Each call has its own display, value and error, as a one-shot run does
-(``launcher.session_job``). A call that fails keeps the session when every
-rank returned to idle; when the session had to end (a rank died, or could
-not return), the error says so in a note and the session is gone (``alive``
-is False): ``restart()`` starts fresh ranks with the same options.
-``stop()`` ends the ranks (asks, then stops them after ``kill_grace``).
-A ``Session`` is a context manager that stops on exit.
-
-Names (``exec``, ``%%ddp`` and ``run``): a name a cell (or a function the
-notebook defined, through ``global``) bound on the ranks is theirs: it is
-never sent from the notebook again (``names``), so what the ranks built is
-never overwritten. Every other name a cell reads is the notebook's, sent
-each time and dropped on the ranks after the cell (``nbddp.rank.namespace``);
-so are the names read by the functions and classes earlier cells defined,
-which the ranks keep (``cell_program``).
+``Session(options)`` validates as ``launch()`` does; ``start()`` returns once
+every rank is idle with its process group (a failed start leaves nothing).
+Calls (``run``, ``exec``, ``run_program``) go one at a time, each with its own
+display, value and error. A failed call keeps the session if every rank
+returned to idle; otherwise its error says the session ended (``alive`` is
+False). A name a cell bound on the ranks is theirs and never sent again
+(``names``); every other name a cell reads is the notebook's, sent each time.
 """
 
 from __future__ import annotations
@@ -70,8 +51,7 @@ class Session:
     starts fresh ranks with the same options, ``stop()`` ends them, and
     ``describe()`` shows each rank. A failed call keeps the state when every
     rank returned to idle; otherwise its error says the session ended
-    (``alive`` is False). A context manager that stops on exit (see module
-    contract).
+    (``alive`` is False). A context manager that stops on exit.
     """
 
     def __init__(self, options: LaunchOptions, config: LaunchConfig | None = None) -> None:
@@ -209,10 +189,8 @@ class Session:
         hidden: Iterable[str] = (),
         out: Iterable[str] = (),
     ) -> CellProgram:
-        """The program for a cell of this session (``build_program``): it sends the
-        names the cell reads and those that the functions of this cell and earlier
-        ones read (kept on the ranks: they may run between cells), never the ranks'
-        own (``names``) nor ``hidden``."""
+        """The program for a cell of this session: it sends the names the cell and earlier
+        cells' functions read, never the ranks' own (``names``) nor ``hidden``."""
         program = build_program(
             source,
             header=header,
@@ -238,8 +216,7 @@ class Session:
         config: LaunchConfig,
         display: Display | None = None,
     ) -> Run:
-        """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s timeout, shown
-        by ``display`` (default: the one ``config``'s output asks for); its ``Run``."""
+        """Start ``fn(*args, **kwargs)`` as the next cell with ``config``'s timeout; its ``Run``."""
         job = self._job_or_raise()
         timeout = config.job.timeout
         cell_config = dataclasses.replace(
@@ -251,8 +228,7 @@ class Session:
         return Run(job.cell(payload, timeout, config.job.debug), shown, cell_config)
 
     def finish(self, run: Run) -> Any:
-        """Wait for ``run`` (a cell of this session); its result, or its failure raised
-        with a note when the session ended with it."""
+        """Wait for ``run`` (a cell of this session); its result, or its failure raised."""
         try:
             return run.wait()
         except BaseException as exc:
@@ -262,8 +238,7 @@ class Session:
             self.record_failures(run)
 
     def record_failures(self, run: Run) -> None:
-        """Remember which ranks raised in ``run`` (the cell that just ended), the root
-        cause first, for ``debug``."""
+        """Remember which ranks raised in ``run``, the root cause first, for ``debug``."""
         cause = run.root_cause
         raised = [o.rank for o in run.outcomes() if o.error is not None]
         if cause is not None and cause.rank in raised:
@@ -290,7 +265,6 @@ class Session:
         self.run_call(rank_session.DebugLast(rank), (), {}, self._cell_config).wait()
 
     def note_if_ended(self, exc: BaseException) -> None:
-        """Add to ``exc`` what became of the session (``state_note``)."""
         if not isinstance(exc, KeyboardInterrupt) and hasattr(exc, "add_note"):
             exc.add_note(self.state_note())
 
@@ -306,18 +280,13 @@ class Session:
         return self.lost_message()
 
     def lost_message(self) -> str:
-        """What ended the session, that its state is lost, and what to do.
-
-        While the session is ending (its ranks being stopped), this waits for
-        them to be gone (bounded): why it ended is known then."""
+        """What ended the session, that its state is lost, and what to do (may wait, bounded)."""
         return (
             f"the session has ended ({self._why_ended()}); the ranks' state is lost. "
             "%ddp_session restart (or Session.restart()) starts fresh ranks with the same options"
         )
 
     def _why_ended(self) -> str:
-        """Why the session ended; while it is ending, known once its ranks are gone
-        (waited for, bounded)."""
         job = self._job
         if job is not None and job.lost is None and not job.alive:
             job.core.wait(job.spec.kill_grace + END_WAIT)

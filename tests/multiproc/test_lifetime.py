@@ -24,6 +24,7 @@ from nbddp.launcher.job import Job
 from nbddp.launcher.relay import loop
 from nbddp.wire import protocol
 from tests.multiproc import lifetime_fns
+from tests.procs import threads_and_fds as _resources
 
 MIB = 1 << 20
 
@@ -32,7 +33,7 @@ class _Recorded:
     """Weak references to every job started, and to its payload."""
 
     def __init__(self) -> None:
-        self.jobs: list[weakref.ref[Job]] = []
+        self.jobs: list[weakref.ref[object]] = []
         self.payloads: list[weakref.ref[object]] = []
 
     def alive(self) -> tuple[int, int]:
@@ -50,7 +51,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorded:
     class RecordedJob(Job):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            record.jobs.append(weakref.ref(self))
+            record.jobs.append(weakref.ref(self.core))  # what a Run holds of its job
             record.payloads.append(weakref.ref(self.payload))
 
     monkeypatch.setattr(entry, "Job", RecordedJob)
@@ -91,10 +92,6 @@ def _shared_memory() -> list[int]:
 
 def _memfds() -> int:
     return len(_shared_memory())
-
-
-def _resources() -> tuple[int, int]:
-    return threading.active_count(), psutil.Process().num_fds()
 
 
 def test_a_finished_run_frees_its_job_and_payload_without_the_garbage_collector(
