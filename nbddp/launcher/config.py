@@ -1,26 +1,14 @@
 """``LaunchConfig``: a launch's options, validated before any process starts, by reader.
 
-Contract: ``LaunchConfig.build(**options)`` takes the options of
-``options.LaunchOptions`` (plus a few keywords with which the entry points
-wire a launch) and returns a config whose every part is valid and resolved,
-or raises ``OptionError`` (a ``ConfigError``: the option, its value, and a
-one-line message, ``launcher.spelling``). Each option is checked on its own
-(``checks``); what only a combination shows (gpus and procs, GPUs that are
-not visible, nccl on CPU, a cluster's limits) is checked here. A config has
-a part per reader:
-
-- ``job`` (``JobSpec``): what starts and stops the ranks: how many
-  (``world_size``, torch's: every rank of the run), on which devices, with
-  which environment, start method, rendezvous, timeouts and pool;
-- ``view`` (``ViewSpec``): what the display reads: whose output, how many
-  lines, and notices about defaults that were chosen;
-- ``nodes`` and ``cluster``: the Ray cluster a run spans, if any; there each
-  node's agent runs the job's part of the node (``NodeSlice``), which is
-  given to the job beside the spec, not carried by it.
-
-Nothing here starts a process, initialises CUDA or binds a port for longer
-than a check. The port is chosen at launch time (``ports``); the
-``NBDDP_*`` settings (``settings``) are read when the config is built.
+Contract: ``LaunchConfig.build(**options)`` takes ``options.LaunchOptions`` (and
+the keywords with which the entry points wire a launch) and returns a config
+whose every part is valid and resolved, or raises ``OptionError`` (one line:
+the option, its value, what to do). Each option is checked on its own
+(``checks``), combinations here. Parts by reader: ``job`` (``JobSpec``: what
+starts and stops the ranks), ``view`` (``ViewSpec``: what the display reads),
+``nodes`` and ``cluster``. A machine's share of a run is a ``NodeSlice``, and
+``JobSpec.rank_env`` is the one place that builds a rank's torchrun variables.
+Nothing here starts a process, initialises CUDA or keeps a port.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ run = nbddp.launch(sleep_forever, nodes=2, procs=2, cluster=cluster, block=False
 while set(run.rank_states().values()) != {"running"}:
     time.sleep(0.05)
 # One write, on a line of its own: the run's blocks are drawn on stdout meanwhile.
-print("\\nPIDS " + " ".join(map(str, run.pids.values())), flush=True)
+sys.stdout.write("\\nPIDS " + " ".join(map(str, run.pids.values())) + "\\n")
+sys.stdout.flush()
 time.sleep(600)
 """
 )
@@ -62,7 +63,8 @@ from nbddp.cluster import agents as nodes
 session = nbddp.session(nodes=2, procs=1, cluster=cluster)
 session.exec("import time\\nstarted = time.time()")
 agents = [info.pid for info in nodes.kept()[-1].infos]
-print("\\nPIDS " + " ".join(map(str, [*session.pids.values(), *agents])), flush=True)
+sys.stdout.write("\\nPIDS " + " ".join(map(str, [*session.pids.values(), *agents])) + "\\n")
+sys.stdout.flush()
 time.sleep(600)
 """
 )
