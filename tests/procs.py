@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Collection
@@ -126,11 +127,19 @@ def rank_and_keeper_pipes() -> list[Identity]:
     return sorted(mine | _pipes_and_sockets(os.getppid(), first=3, sockets=False))
 
 
-def _alive(proc: psutil.Process) -> bool:
+def alive(proc: psutil.Process | int) -> bool:
+    """Whether ``proc`` (a process or a pid) still runs: a zombie counts as gone."""
     try:
+        if isinstance(proc, int):
+            proc = psutil.Process(proc)
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def threads_and_fds() -> tuple[int, int]:
+    """This process's live threads and open fds: what a run that leaks grows."""
+    return threading.active_count(), psutil.Process().num_fds()
 
 
 def wait_procs_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -140,11 +149,11 @@ def wait_procs_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.
     that nothing reaps, so it is called in short slices between checks.
     """
     deadline = time.monotonic() + timeout
-    alive = [p for p in procs if _alive(p)]
-    while alive and time.monotonic() < deadline:
-        psutil.wait_procs(alive, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-        alive = [p for p in alive if _alive(p)]
-    return alive
+    alive_now = [p for p in procs if alive(p)]
+    while alive_now and time.monotonic() < deadline:
+        psutil.wait_procs(alive_now, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        alive_now = [p for p in alive_now if alive(p)]
+    return alive_now
 
 
 def wait_gone(

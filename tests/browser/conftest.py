@@ -28,6 +28,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"browser screenshots ({len(shots)}): {artifacts_dir()}")
 
 
+@pytest.fixture
+def viewport() -> dict[str, int]:
+    """The page's size; a module whose screenshots need another overrides it."""
+    return {"width": 1280, "height": 1100}
+
+
+@pytest.fixture
+def page(chromium: Any, viewport: dict[str, int]) -> Iterator[Any]:
+    """A page of its own for the test, in a browser context closed after it."""
+    context = chromium.new_context(viewport=viewport)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
 @pytest.fixture(autouse=True)
 def _nothing_left(no_leftovers: None) -> None:
     """Every test here starts processes: none may outlive it (``tests/conftest.py``)."""

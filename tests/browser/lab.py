@@ -44,6 +44,14 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 START_TIMEOUT = 90.0
+MS = 1000  # Playwright's timeouts are in milliseconds
+KERNEL_IDLE = """() => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const kernel = w && w.sessionContext && w.sessionContext.session
+        && w.sessionContext.session.kernel;
+    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+}"""
+"""Whether the open notebook's kernel is connected and idle (for ``wait_for_function``)."""
 
 
 def free_port() -> int:
@@ -184,6 +192,13 @@ def browser() -> Iterator[Any]:
             yield chromium
         finally:
             chromium.close()
+
+
+def shot(target: Any, name: str) -> None:
+    """Screenshot ``target`` (a page or a locator) into ``artifacts_dir()``; say where."""
+    path = artifacts_dir() / name
+    target.screenshot(path=str(path))
+    print(f"screenshot: {path}")
 
 
 def artifacts_dir() -> Path:

@@ -12,13 +12,11 @@ before its checks, so a failing run still leaves a picture of what it drew.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from tests.browser.lab import Lab, artifacts_dir, write_notebook
-from tests.browser.test_panel_browser import KERNEL_IDLE, MS
+from tests.browser.lab import KERNEL_IDLE, MS, Lab, shot, write_notebook
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,17 +57,8 @@ BUSY = "(cell) => cell.querySelector('.jp-InputPrompt').textContent.includes('*'
 
 
 @pytest.fixture
-def page(chromium: Any) -> Any:
-    context = chromium.new_context(viewport={"width": 1100, "height": 2000})
-    page = context.new_page()
-    yield page
-    context.close()
-
-
-def shot(locator: Locator | Page, name: str) -> None:
-    path = artifacts_dir() / name
-    locator.screenshot(path=str(path))
-    print(f"screenshot: {path}")
+def viewport() -> dict[str, int]:
+    return {"width": 1100, "height": 2000}
 
 
 def output(page: Page, index: int) -> Locator:

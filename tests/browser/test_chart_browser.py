@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from tests.browser.lab import Lab, artifacts_dir
-from tests.browser.test_panel_browser import MS, open_and_run
+from tests.browser.lab import MS, Lab, shot
+from tests.browser.test_panel_browser import open_and_run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,20 +56,6 @@ TEXT_BOXES = """(svg) => Array.from(svg.querySelectorAll('text')).map(t => {
     return {text: t.textContent, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom,
             size: parseFloat(getComputedStyle(t).fontSize)};
 })"""
-
-
-@pytest.fixture
-def page(chromium: Any) -> Any:
-    context = chromium.new_context(viewport={"width": 1280, "height": 1100})
-    page = context.new_page()
-    yield page
-    context.close()
-
-
-def shot(locator: Locator, name: str) -> None:
-    path = artifacts_dir() / name
-    locator.screenshot(path=str(path))
-    print(f"screenshot: {path}")
 
 
 def overlaps(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -9,13 +9,11 @@ waits on the page's content, never on time; screenshots land in
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.lab import Lab, write_notebook
-from tests.browser.test_panel_browser import KERNEL_IDLE, MS, ranks_running, shot
+from tests.browser.lab import KERNEL_IDLE, MS, Lab, write_notebook
+from tests.browser.test_panel_browser import ranks_running, shot
 from tests.procs import wait_procs_gone
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,14 +25,6 @@ if rank == 1:
     breakpoint()
 print("done", x)
 """
-
-
-@pytest.fixture
-def page(chromium: Any) -> Any:
-    context = chromium.new_context(viewport={"width": 1280, "height": 1100})
-    page = context.new_page()
-    yield page
-    context.close()
 
 
 def test_a_breakpoint_prompts_in_the_cell_and_the_run_completes(

@@ -14,24 +14,15 @@ a person saw even when a check fails.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from tests.browser.lab import Lab, artifacts_dir, write_notebook
+from tests.browser.lab import KERNEL_IDLE, MS, Lab, artifacts_dir, write_notebook
 from tests.sources import FAILING_TRAIN
 
 pytestmark = pytest.mark.timeout(300)
 
-MS = 1000
-KERNEL_IDLE = """() => {
-    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    const kernel = w && w.sessionContext && w.sessionContext.session
-        && w.sessionContext.session.kernel;
-    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
 TRAIN = FAILING_TRAIN
 DDP_CELL = """\
 %%ddp --procs 2
@@ -56,10 +47,8 @@ RED = "rgb(214, 39, 40)"  # ``display.style``'s failed
 
 
 @pytest.fixture
-def page(chromium: Any) -> Iterator[Page]:
-    context = chromium.new_context(viewport={"width": 1100, "height": 1400})
-    yield context.new_page()
-    context.close()
+def viewport() -> dict[str, int]:
+    return {"width": 1100, "height": 1400}
 
 
 def run(page: Page, index: int) -> Locator:

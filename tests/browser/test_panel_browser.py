@@ -18,7 +18,7 @@ import psutil
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.lab import Lab, artifacts_dir, write_notebook
+from tests.browser.lab import KERNEL_IDLE, MS, Lab, artifacts_dir, write_notebook
 from tests.procs import ours, wait_procs_gone
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,13 +35,6 @@ def train(steps, delay):
         threading.Event().wait(delay)
     return int(os.environ["RANK"])
 """
-KERNEL_IDLE = """() => {
-    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    const kernel = w && w.sessionContext && w.sessionContext.session
-        && w.sessionContext.session.kernel;
-    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
-MS = 1000
 
 
 def open_and_run(page: Page, lab: Lab, name: str, sources: list[str]) -> None:
@@ -94,12 +87,15 @@ def ranks_running() -> list[psutil.Process]:
 
 
 @pytest.fixture
-def page(chromium: Any) -> Any:
-    context = chromium.new_context(viewport={"width": 1280, "height": 1500})
-    context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page = context.new_page()
-    yield page
-    context.close()
+def viewport() -> dict[str, int]:
+    return {"width": 1280, "height": 1500}
+
+
+@pytest.fixture
+def page(page: Page) -> Page:
+    """The page, allowed to read and write the clipboard."""
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    return page
 
 
 def test_panel_launches_two_cpu_ranks_to_done_with_a_chart(page: Page, lab_server: Lab) -> None:

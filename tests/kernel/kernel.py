@@ -182,10 +182,7 @@ class Kernel:
                     break
                 continue
             messages.append(msg)
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = self.kc.get_shell_msg(timeout=timeout)
-        return CellResult(reply["content"]["status"], messages, reply["content"]), prompts
+        return self._result(msg_id, messages, timeout), prompts
 
     def messages_of(
         self, msg_id: str, timeout: float, waiting_for: str
@@ -209,6 +206,10 @@ class Kernel:
                     break
                 continue
             messages.append(msg)
+        return self._result(msg_id, messages, timeout)
+
+    def _result(self, msg_id: str, messages: list[dict[str, Any]], timeout: float) -> CellResult:
+        """The cell ``msg_id``'s result: its iopub ``messages`` and its shell reply."""
         reply = self.kc.get_shell_msg(timeout=timeout)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = self.kc.get_shell_msg(timeout=timeout)
@@ -235,3 +236,10 @@ class Kernel:
     def kill(self) -> None:
         """SIGKILL the kernel process, as the OOM killer would."""
         os.kill(self.pid, signal.SIGKILL)
+
+
+def ok(kernel: Kernel, code: str) -> CellResult:
+    """Run ``code`` as a cell that must succeed; its result."""
+    result = kernel.execute(code)
+    assert result.status == "ok", result.text()
+    return result

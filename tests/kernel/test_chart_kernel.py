@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.kernel.kernel import Kernel
 
+KERNEL_SETUP = ("import nbddp",)
 STEPS = 200_000
 UPDATE_BOUND = 32_000
 """Bytes of one chart update's message content (2 ranks x 3 metrics), at any step."""
@@ -34,14 +32,6 @@ run = nbddp.launch(train, procs=2, block=False)
 print(f"VALUES={{run.wait().values}}")
 print(f"ROWS={{len(run.metrics)}}")
 """
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with Kernel() as k:
-        result = k.execute("import nbddp")
-        assert result.status == "ok", result.text()
-        yield k
 
 
 def chart_updates(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,19 +5,11 @@ One kernel serves the module; the first test runs before anything has started.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.kernel.kernel import CellResult, Kernel
 
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with Kernel() as k:
-        result = k.execute("import nbddp\n%load_ext nbddp")
-        assert result.status == "ok", result.text()
-        yield k
+KERNEL_SETUP = ("import nbddp\n%load_ext nbddp",)
 
 
 def shown(result: CellResult) -> dict[str, str]:

@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
-
-from tests.kernel.kernel import CellResult, Kernel
-from tests.kernel.test_session_kernel import KEPT, ok, start_session
+from tests.kernel.kernel import CellResult, Kernel, ok
+from tests.kernel.test_session_kernel import KEPT, start_session
 from tests.procs import ours, wait_gone
-
-
-@pytest.fixture(scope="module")
-def notebook() -> Iterator[Kernel]:
-    with Kernel() as kernel:
-        ok(kernel, "%load_ext nbddp")
-        yield kernel
 
 
 def answering(*answers: str) -> Callable[[str, bool], str | None]:

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kernel.kernel import CellResult, Kernel
 
+KERNEL_SETUP = ("import nbddp",)
 DISPLAY_MESSAGES = ("display_data", "update_display_data")
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    # One kernel for the module: starting one costs seconds; each test's
-    # ranks are still checked for leftovers by the per-test fixture.
-    with Kernel() as k:
-        result = k.execute("import nbddp")
-        assert result.status == "ok", result.text()
-        yield k
 
 
 def final_blocks(result: CellResult) -> dict[str, dict[str, str]]:

@@ -10,21 +10,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from tests.kernel.kernel import CellResult, Kernel
 
+KERNEL_SETUP = ("import nbddp",)
 LINE_BYTES = 50_000_000
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with Kernel() as k:
-        result = k.execute("import nbddp")
-        assert result.status == "ok", result.text()
-        yield k
 
 
 def sent_bytes(result: CellResult) -> int:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import queue
 import re
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.kernel.kernel import Kernel
 
@@ -34,14 +31,7 @@ def spin(fail_rank=None, after=0.0):
         print(f"step {step}", flush=True)
         threading.Event().wait(0.05)
 """
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with Kernel() as k:
-        result = k.execute("import nbddp, threading\n%load_ext nbddp\n" + RANKS_WAIT)
-        assert result.status == "ok", result.text()
-        yield k
+KERNEL_SETUP = ("import nbddp, threading\n%load_ext nbddp\n" + RANKS_WAIT,)
 
 
 def read_until_idle(kernel: Kernel, msg_id: str, timeout: float = 120.0) -> list[dict[str, Any]]:

@@ -54,6 +54,7 @@ def start_hanging_run(kernel: Kernel) -> tuple[str, list[psutil.Process]]:
 
 @pytest.fixture
 def kernel() -> Iterator[Kernel]:
+    """A kernel of the test's own (the test ends or disturbs it)."""
     with Kernel() as k:
         yield k
 

@@ -9,12 +9,11 @@ Interrupts and shutdown, which end or disturb a kernel, are in
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel.kernel import CellResult, Kernel
+from tests.kernel.kernel import CellResult, Kernel, ok
 
 SETUP = """\
 import threading
@@ -30,26 +29,13 @@ lock = threading.Lock()  # cannot be pickled: fine as long as no cell reads it
 def helper(x):
     return x * scale
 """
-
-
-def ok(kernel: Kernel, code: str) -> CellResult:
-    result = kernel.execute(code)
-    assert result.status == "ok", result.text()
-    return result
+KERNEL_SETUP = ("%load_ext nbddp", SETUP)
 
 
 def failed(kernel: Kernel, code: str) -> CellResult:
     result = kernel.execute(code)
     assert result.status == "error", result.text()
     return result
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with Kernel() as k:
-        ok(k, "%load_ext nbddp")
-        ok(k, SETUP)
-        yield k
 
 
 def test_output_from_every_rank(kernel: Kernel) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.kernel.kernel import CellResult, Kernel
+from tests.kernel.kernel import CellResult, Kernel, ok
 from tests.procs import ours, wait_gone, wait_procs_gone
 
 START = "%ddp_session start --procs 2"
@@ -37,12 +37,6 @@ import threading
 print("waiting", flush=True)
 threading.Event().wait()
 """
-
-
-def ok(kernel: Kernel, code: str) -> CellResult:
-    result = kernel.execute(code)
-    assert result.status == "ok", result.text()
-    return result
 
 
 def failed(kernel: Kernel, code: str) -> CellResult:
@@ -88,20 +82,23 @@ def start_session(kernel: Kernel) -> dict[int, int]:
     return rank_pids(kernel)
 
 
+def interrupted(kernel: Kernel, code: str) -> tuple[CellResult, float]:
+    """Run ``code``, interrupt the kernel once the cell has printed ``waiting``; the
+    cell's result and the seconds from the interrupt to the cell's end."""
+    msg_id = kernel.kc.execute(code)
+    kernel.wait_for_output(msg_id, "waiting")
+    interrupted_at = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=30)
+    return result, time.monotonic() - interrupted_at
+
+
 def ranks_and_keepers(pids: dict[int, int]) -> list[psutil.Process]:
     """The session's ranks and each rank's keeper (its parent, nbddp-keeper)."""
     procs = [psutil.Process(pid) for pid in pids.values()]
     keepers = [p.parent() for p in procs]
     assert all(k is not None and k.name() == "nbddp-keeper" for k in keepers), keepers
     return procs + [k for k in keepers if k is not None]
-
-
-@pytest.fixture(scope="module")
-def notebook() -> Iterator[Kernel]:
-    """One kernel, extension loaded, for the tests that leave it as they found it."""
-    with Kernel() as kernel:
-        ok(kernel, "%load_ext nbddp")
-        yield kernel
 
 
 @pytest.fixture
@@ -239,12 +236,7 @@ def test_a_cell_with_other_launch_options_is_a_one_line_usage_error(shared: Kern
 def test_kernel_interrupt_during_a_long_cell_keeps_the_state(kernel: Kernel) -> None:
     pids = start_session(kernel)
     ok(kernel, "%%ddp\nbefore = rank * 3")
-    msg_id = kernel.kc.execute(BLOCKING)
-    kernel.wait_for_output(msg_id, "waiting")
-    interrupted_at = time.monotonic()
-    kernel.interrupt()
-    result = kernel.collect(msg_id, timeout=30)
-    took = time.monotonic() - interrupted_at
+    result, took = interrupted(kernel, BLOCKING)
     assert took < 10, f"{took:.1f}s from interrupt to the cell's end"
     assert result.status == "error" and result.error is not None
     assert result.error["ename"] == "KeyboardInterrupt"
@@ -289,12 +281,7 @@ def test_an_interrupt_that_leaves_a_rank_in_a_collective_frees_it_and_keeps_the_
 ) -> None:
     pids = start_session(kernel)
     ok(kernel, "%%ddp\nstate = 1")
-    msg_id = kernel.kc.execute(STUCK)
-    kernel.wait_for_output(msg_id, "waiting")
-    interrupted_at = time.monotonic()
-    kernel.interrupt()
-    result = kernel.collect(msg_id, timeout=30)
-    took = time.monotonic() - interrupted_at
+    result, took = interrupted(kernel, STUCK)
     assert took < 10, f"{took:.1f}s from interrupt to the cell's end"
     assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
     text = traceback_of(result)

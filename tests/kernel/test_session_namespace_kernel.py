@@ -11,16 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel.kernel import Kernel
-from tests.kernel.test_session_kernel import KEPT, failed, ok, per_rank, start_session, traceback_of
+from tests.kernel.kernel import Kernel, ok
+from tests.kernel.test_session_kernel import KEPT, failed, per_rank, start_session, traceback_of
 from tests.procs import wait_gone
-
-
-@pytest.fixture(scope="module")
-def notebook() -> Iterator[Kernel]:
-    with Kernel() as kernel:
-        ok(kernel, "%load_ext nbddp")
-        yield kernel
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import nbddp
 from nbddp.launcher import starters
 from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import escape_fns
-from tests.procs import wait_procs_gone
+from tests.procs import threads_and_fds, wait_procs_gone
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("forkserver", "spawn", "fork")
@@ -36,8 +36,7 @@ def _resources() -> tuple[int, int, int]:
     for thread in threading.enumerate():
         if thread.name == "nbddp-reap":
             thread.join(timeout=5)
-    me = psutil.Process()
-    return threading.active_count(), me.num_fds(), len(me.children(recursive=True))
+    return (*threads_and_fds(), len(psutil.Process().children(recursive=True)))
 
 
 def _gone(pids: list[int], timeout: float = 5.0) -> list[int]:

@@ -23,7 +23,7 @@ import nbddp
 from nbddp.errors import ConfigError, RemoteError
 from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import failing, fns
-from tests.procs import wait_gone
+from tests.procs import threads_and_fds, wait_gone
 from tests.sources import FAILING_TRAIN
 
 BIG = 200 * 1024  # bytes: more than one variable given to a new process may hold (128 KiB)
@@ -34,8 +34,7 @@ def _resources() -> tuple[int, int, int]:
 
     Not the notebook's children: the forkserver refills its pool of idle workers
     after a run, on its own schedule (the leftover check covers the pool)."""
-    me = psutil.Process()
-    return threading.active_count(), me.num_fds(), len(wait_gone(timeout=10.0))
+    return (*threads_and_fds(), len(wait_gone(timeout=10.0)))
 
 
 @pytest.fixture
@@ -173,7 +172,7 @@ def test_an_interrupt_while_the_forkserver_process_starts_leaves_nothing_behind(
 
     nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")  # the loop thread exists
     FORKSERVER.close()
-    before = (threading.active_count(), psutil.Process().num_fds())
+    before = threads_and_fds()
     real = subprocess.Popen
     started: list[int] = []
 

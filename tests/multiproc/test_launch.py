@@ -24,6 +24,7 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.job import Job
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
+from tests.procs import alive as _alive
 from tests.procs import ours
 
 METHODS = ["forkserver", "spawn", "fork"]
@@ -298,10 +299,3 @@ def test_a_keyword_meant_as_a_launch_option_starts_no_process(monkeypatch: Any) 
     # The same call with the option spelt right runs (the count above can see a start).
     assert nbddp.launch(fns.all_reduce_sum, 0.5, procs=2, output="none") == 2.0
     assert len(starts) == 1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

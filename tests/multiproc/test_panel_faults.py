@@ -3,7 +3,6 @@ Stop and ``close()`` still end every rank (driven through its widgets, no browse
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import psutil
@@ -15,6 +14,7 @@ from nbddp.launcher.run import Run
 from nbddp.notebook.panel.panel import Panel
 from tests.multiproc.fns import all_reduce_sum
 from tests.multiproc.test_panel import shown_state, steps, until
+from tests.procs import threads_and_fds as _resources
 from tests.procs import wait_procs_gone
 
 
@@ -25,11 +25,6 @@ class BadRepr:
 
 def returns_bad_repr() -> BadRepr:
     return BadRepr()
-
-
-def _resources() -> tuple[int, int]:
-    me = psutil.Process()
-    return threading.active_count(), me.num_fds()
 
 
 def _same_resources(before: tuple[int, int]) -> bool:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import psutil
@@ -19,7 +18,7 @@ import nbddp
 from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.displays import QuietDisplay
 from tests.multiproc import fns
-from tests.procs import wait_pool
+from tests.procs import threads_and_fds, wait_pool
 
 
 def test_a_rank_returning_early_ends_the_run_with_the_waiting_ranks_error() -> None:
@@ -104,12 +103,7 @@ def test_nothing_can_connect_to_the_channel_and_the_run_is_unaffected(tmp_path: 
 
 def _resources() -> tuple[int, int, int, int]:
     me = psutil.Process()
-    return (
-        threading.active_count(),
-        me.num_fds(),
-        len(me.children(recursive=True)),
-        len(_listening(me.pid)),
-    )
+    return (*threads_and_fds(), len(me.children(recursive=True)), len(_listening(me.pid)))
 
 
 def test_fifty_launches_leak_no_threads_fds_processes_or_ports() -> None:

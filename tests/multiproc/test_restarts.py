@@ -11,7 +11,7 @@ import pytest
 import nbddp
 from nbddp.entry import start_with_display
 from nbddp.launcher.config import LaunchConfig
-from tests.displays import QuietDisplay
+from tests.displays import Notices
 from tests.multiproc import mpfns
 
 
@@ -26,16 +26,6 @@ def test_a_function_that_fails_twice_raises_its_error_with_one_restart() -> None
 
 def test_notebook_launcher_takes_max_restarts() -> None:
     assert nbddp.notebook_launcher(mpfns.fail_until_attempt, (1,), 2, max_restarts=1) == 1
-
-
-class Notices(QuietDisplay):
-    """Keeps the notices shown."""
-
-    def __init__(self) -> None:
-        self.notices: list[str] = []
-
-    def notice(self, text: str) -> None:
-        self.notices.append(text)
 
 
 def test_each_restart_is_announced_with_the_failure_that_caused_it() -> None:

@@ -6,20 +6,15 @@ Each test also gets the leftover-process check (tests/conftest.py).
 from __future__ import annotations
 
 import gc
-import threading
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
 import nbddp
 from nbddp.launcher.run import UnloadedValue
 from tests.multiproc import value_fns
-
-
-def _resources() -> tuple[int, int]:
-    return threading.active_count(), psutil.Process().num_fds()
+from tests.procs import threads_and_fds as _resources
 
 
 def test_large_tensors_arrays_and_state_dicts_come_back_in_shared_memory() -> None:

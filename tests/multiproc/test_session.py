@@ -18,7 +18,9 @@ import pytest
 
 import nbddp
 from nbddp.notebook.session import Session
+from tests.displays import Notices
 from tests.multiproc import session_fns as fns
+from tests.procs import threads_and_fds as _resources
 from tests.procs import wait_gone
 
 
@@ -28,13 +30,13 @@ def session() -> Iterator[Session]:
         yield s
 
 
-class Recording:
+class Recording(Notices):
     """A display that keeps every rank's output and the notices; ``waiting`` is set
     once every rank has printed ``waiting``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.text: dict[int, str] = {}
-        self.notices: list[str] = []
         self.waiting = threading.Event()
 
     def attach(self, log_dir: Path, world_size: int) -> None:
@@ -44,22 +46,6 @@ class Recording:
         self.text[rank] += text
         if all("waiting" in t for t in self.text.values()):
             self.waiting.set()
-
-    def notice(self, text: str) -> None:
-        self.notices.append(text)
-
-    def state(self, rank: int, state: str) -> None: ...
-
-    def metric(self, rank: int, row: dict[str, Any]) -> None: ...
-
-    def refresh(self) -> float | None:
-        return None
-
-    def close(self) -> None: ...
-
-
-def _resources() -> tuple[int, int]:
-    return threading.active_count(), psutil.Process().num_fds()
 
 
 def _gone(pids: dict[int, int]) -> bool:

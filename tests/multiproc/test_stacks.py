@@ -8,22 +8,8 @@ from __future__ import annotations
 import pytest
 
 import nbddp
-from tests.displays import QuietDisplay
+from tests.displays import Recorder
 from tests.multiproc import fns
-
-
-class Recorder(QuietDisplay):
-    """Keeps every output chunk and notice, in arrival order."""
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[int, str]] = []
-        self.notices: list[str] = []
-
-    def output(self, rank: int, stream: str, text: str) -> None:
-        self.chunks.append((rank, text))
-
-    def notice(self, text: str) -> None:
-        self.notices.append(text)
 
 
 def _timed_out(fn: object, seconds: float) -> tuple[nbddp.Run, Recorder, str]:

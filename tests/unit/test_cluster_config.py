@@ -16,7 +16,6 @@ import torch
 
 from nbddp import RayCluster, entry, notebook_launcher
 from nbddp.agent.portable import land_payload, land_value, ship_payload, ship_value
-from nbddp.wire.versions import mismatch
 from nbddp.errors import ConfigError, PayloadError, RankExitedError
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import Failure
@@ -24,6 +23,7 @@ from nbddp.launcher.failures import rank_error
 from nbddp.launcher.spelling import FLAGS
 from nbddp.wire.payload import Payload, load_call
 from nbddp.wire.values import pack, unpack
+from nbddp.wire.versions import mismatch
 from tests.unit import configs
 from tests.unit.configs import NO_GPU
 

@@ -16,16 +16,9 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
 from nbddp.launcher.reserved import USER_MAY_SET
 from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling, spoken
+from tests.unit.configs import build
 
-NO_GPU = VisibleGpus((), "0 in /proc/driver/nvidia/gpus")
 TWO_GPUS = VisibleGpus(("4", "5"), "CUDA_VISIBLE_DEVICES=4,5")
-
-
-def build(spelling: Spelling = KEYWORDS, **kw: object) -> LaunchConfig:
-    """``LaunchConfig.build`` as the entry point that spells options ``spelling`` calls it."""
-    kw.setdefault("visible", NO_GPU)
-    with spelling.speaking():
-        return LaunchConfig.build(**kw)  # type: ignore[arg-type]
 
 
 def rank_env(cfg: LaunchConfig, local: int, port: int) -> dict[str, str]:

@@ -12,7 +12,8 @@ from nbddp.errors import RemoteError
 from nbddp.launcher.events import Done, Failure, RankOutcome, RankState, StateChanged
 from nbddp.launcher.run import Run, RunStatus
 from nbddp.wire.protocol import ErrorInfo
-from tests.unit.test_display_pump import CONFIG, FakeSource, RecordingDisplay
+from tests.displays import RecordingDisplay
+from tests.unit.test_display_pump import CONFIG, FakeSource
 
 RAISED = ErrorInfo("builtins.ValueError", "bad batch", "Traceback ...\nValueError: bad\n", None)
 BROKEN = ErrorInfo(
@@ -27,17 +28,24 @@ def failed(rank: int, error: ErrorInfo) -> RankOutcome:
     return RankOutcome(rank, RankState.FAILED, 100 + rank, 1, True, None, error, 0.0, 1.0)
 
 
-def test_a_rank_whose_collective_broke_after_another_failed_is_shown_stopped(
-    tmp_path: Path,
-) -> None:
+def failed_job(tmp_path: Path, *ranks: RankOutcome) -> FakeSource:
+    """A job that has ended failed, rank 1's error its root cause, its ranks ``ranks``:
+    every rank's failed state and its end queued."""
     job = FakeSource(tmp_path)
-    job.ranks = [failed(0, BROKEN), failed(1, RAISED)]
+    job.ranks = list(ranks)
     job.root_cause = Failure(1, "raised", error=RAISED)
     job.status = RunStatus.FAILED
     for rank in (0, 1):
         job.events.put(StateChanged(rank, RankState.FAILED))
     job.events.put(Done())
     job.ended.set()
+    return job
+
+
+def test_a_rank_whose_collective_broke_after_another_failed_is_shown_stopped(
+    tmp_path: Path,
+) -> None:
+    job = failed_job(tmp_path, failed(0, BROKEN), failed(1, RAISED))
     display = RecordingDisplay()
     with pytest.raises(RemoteError, match="bad batch"):
         Run(job, display, CONFIG).wait()
@@ -51,14 +59,7 @@ def test_a_rank_whose_collective_broke_after_another_failed_is_shown_stopped(
 
 
 def test_a_rank_that_failed_on_its_own_keeps_its_failed_state(tmp_path: Path) -> None:
-    job = FakeSource(tmp_path)
-    job.ranks = [failed(0, RAISED), failed(1, RAISED)]
-    job.root_cause = Failure(1, "raised", error=RAISED)
-    job.status = RunStatus.FAILED
-    for rank in (0, 1):
-        job.events.put(StateChanged(rank, RankState.FAILED))
-    job.events.put(Done())
-    job.ended.set()
+    job = failed_job(tmp_path, failed(0, RAISED), failed(1, RAISED))
     display = RecordingDisplay()
     with pytest.raises(RemoteError, match="bad batch"):
         Run(job, display, CONFIG).wait()

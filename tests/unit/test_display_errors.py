@@ -11,7 +11,8 @@ import pytest
 from nbddp.display.guard import Guarded
 from nbddp.launcher.events import Done, MetricRows, Notice, RankState, StateChanged, Text
 from nbddp.launcher.run import Run, RunStatus
-from tests.unit.test_display_pump import CONFIG, FakeSource, RecordingDisplay
+from tests.displays import RecordingDisplay
+from tests.unit.test_display_pump import CONFIG, FakeSource
 
 
 class Broken(RecordingDisplay):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,39 +23,10 @@ from nbddp.launcher.events import (
     Text,
 )
 from nbddp.launcher.run import Run
+from tests.displays import RecordingDisplay
 
 CONFIG = LaunchConfig(JobSpec(world_size=2, device="cpu", kill_grace=1.0))
 """What a ``Run`` reads of its launch's options here: the grace to stop, no timeout."""
-
-
-class RecordingDisplay:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-        self.refreshes = 0
-        self.closed = False
-        self.attached: tuple[Path, int] | None = None
-
-    def attach(self, log_dir: Path, world_size: int) -> None:
-        self.attached = (log_dir, world_size)
-
-    def output(self, rank: int, stream: str, text: str) -> None:
-        self.events.append(("output", rank, stream, text))
-
-    def notice(self, text: str) -> None:
-        self.events.append(("notice", text))
-
-    def state(self, rank: int, state: str) -> None:
-        self.events.append(("state", rank, state))
-
-    def metric(self, rank: int, row: dict[str, Any]) -> None:
-        self.events.append(("metric", rank, row))
-
-    def refresh(self) -> float | None:
-        self.refreshes += 1
-        return 0.1
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class FakeSource:

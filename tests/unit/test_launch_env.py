@@ -3,18 +3,17 @@ could not be given is a one-line ``ConfigError`` that says what to do."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from nbddp.errors import ConfigError
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.devices import VisibleGpus
 from nbddp.launcher.spelling import FLAGS
+from tests.unit import configs
+from tests.unit.configs import NO_GPU
 
-NO_GPU = VisibleGpus((), "no GPU")
-
-
-def build(**kw: object) -> LaunchConfig:
-    return LaunchConfig.build(visible=NO_GPU, procs=2, **kw)  # type: ignore[arg-type]
+build = partial(configs.build, procs=2)
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
