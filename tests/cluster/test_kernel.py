@@ -102,7 +102,7 @@ def test_a_killed_kernel_with_a_session_across_nodes_leaves_nothing(cluster: obj
         assert result.status == "ok", result.text()
         ranks = [int(line.split()[-1]) for line in result.rank_output.splitlines() if "PID" in line]
         result = doomed.execute(
-            "from nbddp.cluster import agents as nodes\nprint(*(i.pid for i in nodes.kept()[-1].infos))"
+            "from nbddp.cluster import agents\nprint(*(i.pid for i in agents.kept()[-1].infos))"
         )
         assert result.status == "ok", result.text()
         agents = [int(pid) for pid in result.stdout.split()]
