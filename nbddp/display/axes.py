@@ -3,7 +3,7 @@
 ``choose_scale(values)``: ``"log"`` when all are positive, span at least ``LOG_MIN_RATIO`` and a
 linear axis would press most into its bottom quarter; else ``"linear"``. ``Axis.fit`` builds an
 axis (log: the exact range with a little room; linear: widened to round ticks; ``exact``: the
-steps seen), ``Axis.fraction`` places a value, ``Axis.ticks(count)`` lists about ``count`` round
+steps seen), ``Axis.pixels`` places values, ``Axis.ticks(count)`` lists about ``count`` round
 ticks, and ``tick_labels`` writes them in a few characters (``0.25``, ``1.5k``, ``5e-4``).
 Values are finite floats; a range no float can span ticks only its ends.
 """
@@ -57,25 +57,13 @@ class Axis:
             # One value: a band around it, so it is drawn mid-height.
             pad = abs(lo) / 10 if lo else 1.0
             lo, hi = lo - pad, hi + pad
-        if exact:
-            return cls(lo, hi)
-        step = _round_step(hi - lo, count)
+        step = None if exact else _round_step(hi - lo, count)
         if step is None:
             return cls(lo, hi)
         wide_lo, wide_hi = math.floor(lo / step) * step, math.ceil(hi / step) * step
         if not (math.isfinite(wide_lo) and math.isfinite(wide_hi)):
             return cls(lo, hi)
         return cls(wide_lo, wide_hi, step=step)
-
-    def fraction(self, value: float) -> float:
-        """Where ``value`` lies: 0 at ``lo``, 1 at ``hi`` (outside 0..1 past the ends)."""
-        if self.log:
-            if value <= 0:
-                return 0.0
-            a, b = math.log10(self.lo), math.log10(self.hi)
-            return (math.log10(value) - a) / (b - a)
-        # Halves: the span of -1e308 .. 1e308 is no float, half of it is.
-        return (value / 2 - self.lo / 2) / (self.hi / 2 - self.lo / 2)
 
     def pixels(self, start: float, length: float) -> tuple[bool, float, float]:
         """``(log, origin, k)`` placing a value ``v`` at pixel
@@ -100,7 +88,7 @@ class Axis:
         last = math.floor(self.hi / step + 1e-9)
         if last - first > 4 * count:  # not reached for a finite span; a guard, not a path
             return [self.lo, self.hi], None
-        return [_clean(k * step) for k in range(first, last + 1)], step
+        return [k * step or 0.0 for k in range(first, last + 1)], step  # 0.0: no "-0" label
 
 
 def _round_step(span: float, count: int) -> float | None:
@@ -135,17 +123,12 @@ def _log_ticks(lo: float, hi: float, count: int) -> list[float]:
     return ticks if len(ticks) >= 2 else [lo, hi]
 
 
-def _clean(value: float) -> float:
-    return 0.0 if value == 0 else value  # no "-0" label
-
-
 def tick_labels(ticks: Sequence[float], step: float | None = None) -> list[str]:
     """The labels of an axis' ticks, in one style for the whole axis: ``0.25``, ``1.5k``,
     or ``5e-4`` when every tick is under 0.01. ``step``, the spacing of a linear axis'
     ticks, sets the decimals, the same for every tick (``0.25``, ``0.50``); without it
     (a log axis) three significant digits, trailing zeros dropped."""
-    largest = max((abs(t) for t in ticks), default=0.0)
-    small = 0 < largest < 1e-2
+    small = 0 < max((abs(t) for t in ticks), default=0.0) < 1e-2
     return [tick_label(t, step, small) for t in ticks]
 
 

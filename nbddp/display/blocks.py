@@ -47,10 +47,7 @@ _FOLD_SCRIPT = (
 
 def header_text(rank: int, words: str, elapsed: str, metric: str) -> str:
     """``rank 0 · running · 3s · step 5 loss=0.1`` (the metric only when there is one)."""
-    parts = [f"rank {rank}", words, elapsed]
-    if metric:
-        parts.append(metric)
-    return " · ".join(parts)
+    return f"rank {rank} · {words} · {elapsed}" + (f" · {metric}" if metric else "")
 
 
 def rank_bundle(
@@ -65,10 +62,9 @@ def rank_bundle(
 ) -> Bundle:
     """One rank's block. ``hidden``: lines only in ``log``;
     ``fold``: the id that names the fold in the page (stable for the block's life)."""
-    where = str(log) if log is not None else "its log"
     plain = [header]
     if hidden:
-        plain.append(f"… {hidden:,} earlier lines in {where}")
+        plain.append(f"… {hidden:,} earlier lines in {log if log is not None else 'its log'}")
     plain += lines
     attrs = f'class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}"'
     color = STATE_COLORS.get(state)

@@ -20,7 +20,6 @@ from typing import Literal
 from nbddp.display.axes import fmt
 from nbddp.display.plot import (
     MAX_RANK_LINES,
-    PALETTE,
     PX_PER_POINT,
     WIDTH,
     Mode,
@@ -30,22 +29,6 @@ from nbddp.display.plot import (
     short,
 )
 from nbddp.wire.protocol import MetricRow
-
-__all__ = [
-    "MAX_CHARTED",
-    "MAX_LEGEND_RANKS",
-    "MAX_SUMMARY",
-    "PALETTE",
-    "ChartOptions",
-    "MetricHistory",
-    "chart_html",
-    "chart_text",
-    "color",
-    "fmt",
-    "format_value",
-    "metric_summary",
-    "metric_svg",
-]
 
 RESERVED = frozenset(("rank", "step", "time"))
 MAX_CHARTED = 16
@@ -267,7 +250,7 @@ def metric_summary(row: MetricRow) -> str:
         if size > MAX_SUMMARY:
             break  # the line is cut below: the rest of a huge row need not be formatted
         if name not in RESERVED:
-            parts.append(f"{_short(str(name))}={format_value(value)}")
+            parts.append(f"{short(str(name))}={format_value(value)}")
             size += len(parts[-1]) + 1
     line = " ".join(parts)
     return line if len(line) <= MAX_SUMMARY else line[: MAX_SUMMARY - 1] + "…"
@@ -287,7 +270,7 @@ def format_value(value: object) -> str:
             sign = "-" if value < 0 else ""
             return f"~{sign}1e+{int(math.log10(abs(value)))}"
     try:
-        return _short(str(value))
+        return short(str(value))
     except Exception:  # a value from another process: its __str__ is not ours to trust
         return f"<{type(value).__name__}>"
 
@@ -301,7 +284,3 @@ def _finite(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
-
-
-def _short(text: str) -> str:
-    return short(text)

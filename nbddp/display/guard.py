@@ -70,7 +70,7 @@ class Guarded:
 
     def ended(self, end: RankEnd) -> None:
         """How a rank ended: the display's ``ended``, else its ``state``."""
-        if self.inner is not None and hasattr(self.inner, "ended"):
+        if hasattr(self.inner, "ended"):
             self._call("ended", end)
         else:
             self._call("state", end.rank, end.state)
@@ -124,7 +124,13 @@ class Guarded:
             )
             return
         self._fell_back = True
-        retired = self._retire(failed, exc)
+        if hasattr(failed, "retire"):  # it keeps drawing true headers, with a note
+            self._retired = failed
+            shown = "below as text" if not self._pinned else "not shown"
+            self._retired_call(
+                "retire", f"the display failed ({describe(exc)}); output from here on is {shown}"
+            )
+        retired = self._retired is not None
         if self._pinned:
             # Not on sys.stderr: from this thread, that lands in whatever cell runs now.
             message = f"the display failed ({describe(exc)}); this run's output is in {where}"
@@ -149,20 +155,6 @@ class Guarded:
             )
             return
         self.inner = text
-
-    def _retire(self, failed: Display | None, exc: Exception) -> bool:
-        """Have ``failed`` draw headers only from now on, if it can; True if it did."""
-        retire = getattr(failed, "retire", None)
-        if retire is None:
-            return False
-        shown = "below as text" if not self._pinned else "not shown"
-        try:
-            retire(f"the display failed ({describe(exc)}); output from here on is {shown}")
-        except Exception:
-            log.warning("nbddp: the failed display could not draw its headers", exc_info=True)
-            return False
-        self._retired = failed
-        return True
 
 
 def describe(exc: BaseException) -> str:

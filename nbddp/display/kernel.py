@@ -64,8 +64,7 @@ class IPythonPublisher:
         """The running cell's execution count."""
         from IPython import get_ipython
 
-        shell = get_ipython()
-        return getattr(shell, "execution_count", None)
+        return getattr(get_ipython(), "execution_count", None)
 
 
 @dataclass
@@ -80,11 +79,12 @@ class KernelDisplay:
     """Per-rank blocks and a footer in the cell."""
 
     # The recording events are the model's own methods (``RunModel.output``,
-    # ``.state``, ``.metric``), bound per instance: they run per printed line
-    # and per metric row, and a forwarding method would add a call to each.
+    # ``.state``, ``.metric``, ``.ended``), bound per instance: they run per printed
+    # line and per metric row, and a forwarding method would add a call to each.
     output: Callable[[int, str, str], None]
     state: Callable[[int, str], None]
     metric: Callable[[int, MetricRow], None]
+    ended: Callable[[RankEnd], None]
 
     def __init__(
         self,
@@ -99,6 +99,7 @@ class KernelDisplay:
         self.tail = tail
         self.model = model = RunModel(tail, live, interval, chart_interval, clock)
         self.output, self.state, self.metric = model.output, model.state, model.metric
+        self.ended = model.ended
         self._publisher: Publisher = publisher or IPythonPublisher()
         self._err = err
         self._fold = uuid.uuid4().hex[:12]  # names this display's folds in the page
@@ -134,10 +135,6 @@ class KernelDisplay:
         target = self._err or sys.stderr
         target.write(f"nbddp: {text}\n")
         target.flush()
-
-    def ended(self, end: RankEnd) -> None:
-        """How a rank ended, once the run is over (``RunModel.ended``)."""
-        self.model.ended(end)
 
     # -- where the blocks go --------------------------------------------------
 
@@ -177,7 +174,7 @@ class KernelDisplay:
         """Draw what changed if the rate limit allows; seconds until the next call is useful."""
         if self.model.limiter.try_fire():
             self._draw(force=False)
-        return self._next_refresh()
+        return self.model.next_draw(self._footer_dirty)
 
     def close(self) -> None:
         """Draw the final frame (the run's output is complete); safe to call again."""
@@ -249,19 +246,6 @@ class KernelDisplay:
         else:
             self._publisher.update(drawn.handle, bundle)
         drawn.shown = bundle
-
-    def _next_refresh(self) -> float | None:
-        model = self.model
-        delay = model.limiter.delay()
-        wanted = []
-        if model.changed() or self._footer_dirty:
-            wanted.append(delay)
-        if model.chart_dirty:
-            wanted.append(max(delay, model.chart_limiter.delay()))
-        if model.running():
-            # Redraw headers when the elapsed seconds tick over.
-            wanted.append(max(delay, model.tick_delay()))
-        return min(wanted) if wanted else None
 
     def _bundle(self, entry: RankModel, now: float) -> Bundle:
         rank = entry.rank

@@ -19,21 +19,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def path_html(path: Path | str, root: Path | None = None, notebook: Path | None = None) -> str:
-    """``path`` as HTML; ``root`` and ``notebook`` (its file)
-    default to what the kernel's server says."""
+def path_html(path: Path | str) -> str:
+    """``path`` as HTML."""
     text = html.escape(str(path))
-    if root is None:
-        found = server_root()
-        if found is None:
-            return text
-        root, notebook = found
-    if notebook is None:
-        return text
+    found = server_root()
     target = Path(os.path.abspath(path))
-    if not target.is_relative_to(root):
+    if found is None or not target.is_relative_to(found[0]):
         return text
-    href = urllib.parse.quote(Path(os.path.relpath(target, notebook.parent)).as_posix())
+    href = urllib.parse.quote(Path(os.path.relpath(target, found[1].parent)).as_posix())
     return f'<a href="{html.escape(href)}" title="open in JupyterLab">{text}</a>'
 
 

@@ -26,24 +26,10 @@ from nbddp.wire.protocol import MetricRow
 # A state's name -> its member (members hash as their names, so they find
 # themselves): a dict lookup, where ``RankState(name)`` costs ten times more.
 _STATES: dict[str, RankState] = {state.value: state for state in RankState}
-_ENDED = frozenset(state for state in RankState if state.ended)
 
 
 class RankModel:
     """One rank as the displays know it."""
-
-    # Slots: one of these is touched per printed line.
-    __slots__ = (
-        "_drawn_elapsed",
-        "detail",
-        "dirty",
-        "ended_at",
-        "metric",
-        "rank",
-        "screen",
-        "started_at",
-        "state",
-    )
 
     def __init__(self, rank: int, screen: Screen | None, started_at: float) -> None:
         self.rank = rank
@@ -146,7 +132,7 @@ class RunModel:
         again, restarted, has not ended)."""
         entry = self.rank(rank)
         entry.state = new = _STATES[state]
-        if new not in _ENDED:
+        if not new.ended:
             entry.ended_at = None
             entry.detail = ""
         elif entry.ended_at is None:
@@ -176,11 +162,9 @@ class RunModel:
         """The model of ``rank``, made on first use."""
         entry = self.ranks.get(rank)
         if entry is None:
-            shown = self.live is None or rank in self.live
             log = self.log(rank)
-            screen = Screen(self.tail, where=str(log) if log else "the log") if shown else None
-            entry = RankModel(rank, screen, self.started)
-            self.ranks[rank] = entry
+            screen = Screen(self.tail, where=str(log or "the log")) if self.shows(rank) else None
+            entry = self.ranks[rank] = RankModel(rank, screen, self.started)
         return entry
 
     def shows(self, rank: int) -> bool:
@@ -211,6 +195,18 @@ class RunModel:
     def running(self) -> bool:
         """True while some rank has not ended."""
         return any(not entry.state.ended for entry in self.ranks.values())
+
+    def next_draw(self, pending: bool = False) -> float | None:
+        """Seconds until a draw would show something new (None: nothing will): a change
+        (``pending``: one the renderer keeps) once ``limiter`` allows, else the chart once
+        ``chart_limiter`` allows, or the elapsed times when they tick over."""
+        delay = self.limiter.delay()
+        if pending or self.changed():
+            return delay
+        wanted = [self.chart_limiter.delay()] if self.chart_dirty else []
+        if self.running():
+            wanted.append(self.tick_delay())
+        return max(delay, min(wanted)) if wanted else None
 
     def tick_delay(self) -> float:
         """Seconds until the elapsed times next tick over."""

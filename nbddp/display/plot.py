@@ -1,6 +1,6 @@
 """One metric's chart panel, as an SVG document: axes with labels, and the ranks' values.
 
-``metric_svg(name, series, mode)`` draws rank -> (step, value) points in a ``width`` x ``height``
+``metric_svg(name, series, mode)`` draws rank -> (step, value) points in a ``WIDTH`` x ``HEIGHT``
 panel: name and latest value, what it shows, a value axis (log when ``axes.choose_scale`` says),
 a step axis. ``"lines"``: a line per rank (equal ranks share one); ``"band"``: the mean over a
 min-max band, the first ``MAX_RANK_LINES`` ranks' lines hidden for CSS to show. Lines are averaged
@@ -64,8 +64,6 @@ def metric_svg(
     x_label: str = "step",
     px_per_point: int = PX_PER_POINT,
     hidden_px_per_point: int = PX_PER_POINT,
-    width: int = WIDTH,
-    height: int = HEIGHT,
 ) -> str:
     """One panel for ``name``. ``px_per_point``: horizontal pixels
     per drawn point of the visible lines and band, ``hidden_px_per_point`` of the hidden
@@ -74,28 +72,28 @@ def metric_svg(
     points = [p for pts in series.values() for p in pts]
     scale = choose_scale([y for _, y in points])
     head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="nbddp-panel-svg" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" font-size="11" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="nbddp-panel-svg" width="{WIDTH}" '
+        f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-size="11" '
         f'data-metric="{html.escape(short(name))}" data-scale="{scale}">'
     )
     if not points:
-        return head + _title(name, "", "no values yet", width) + "</svg>"
+        return head + _title(name, "", "no values yet") + "</svg>"
 
-    plot_h = height - _TOP - _BOTTOM
+    plot_h = HEIGHT - _TOP - _BOTTOM
     y_count = max(2, plot_h // 28)  # labels 11 pixels high, 28 or more apart
     y_axis = Axis.fit([y for _, y in points], scale, count=y_count, exact=False)
     y_ticks, y_step = y_axis.ticks(y_count)
     y_labels = tick_labels(y_ticks, y_step)
     # Room for the value labels, and under them for the step axis' name.
     left = round(max(8 + _CHAR * max(map(len, y_labels)), 12 + _CHAR * len(x_label)))
-    plot_w = width - left - _RIGHT
+    plot_w = WIDTH - left - _RIGHT
     x_axis = Axis.fit([x for x, _ in points], "linear", count=_x_count(plot_w), exact=True)
     frame = _Frame(left, plot_w, plot_h, x_axis, y_axis)
 
     groups = _equal_groups(series)
     band = mode == "band" and len(groups) > 1
-    parts = [head, _title(name, _latest(series, band), _note(scale, groups, band), width)]
-    parts += _axes(frame, y_ticks, y_labels, x_label, width)
+    parts = [head, _title(name, _latest(series, band), _note(scale, groups, band))]
+    parts += _axes(frame, y_ticks, y_labels, x_label)
     drawn = list(series) if band else [group[0] for group in groups]
     columns = {rank: frame.columns(series[rank]) for rank in drawn}
     if band:
@@ -211,21 +209,19 @@ def _x_count(plot_w: int) -> int:
     return max(2, plot_w // 50)
 
 
-def _title(name: str, value: str, note: str, width: int) -> str:
+def _title(name: str, value: str, note: str) -> str:
     # The name gets what the latest value leaves of the top line.
-    room = int((width - 12 - _CHAR * len(value)) / 7.4)
+    room = int((WIDTH - 12 - _CHAR * len(value)) / 7.4)
     return (
         f'<text x="2" y="13" font-size="12" font-weight="600" fill="currentColor">'
         f"{html.escape(short(name, max(room, 6)))}</text>"
-        f'<text x="{width - 2}" y="13" text-anchor="end" {_MUTED}>{html.escape(value)}</text>'
+        f'<text x="{WIDTH - 2}" y="13" text-anchor="end" {_MUTED}>{html.escape(value)}</text>'
         f'<text class="nbddp-note" x="2" y="28" {_MUTED}>'
-        f"{html.escape(short(note, int((width - 4) / _CHAR)))}</text>"
+        f"{html.escape(short(note, int((WIDTH - 4) / _CHAR)))}</text>"
     )
 
 
-def _axes(
-    frame: _Frame, y_ticks: list[float], y_labels: list[str], x_label: str, width: int
-) -> list[str]:
+def _axes(frame: _Frame, y_ticks: list[float], y_labels: list[str], x_label: str) -> list[str]:
     left, right = frame.left, frame.left + frame.plot_w
     bottom = _TOP + frame.plot_h
     parts = []
@@ -246,7 +242,7 @@ def _axes(
         half = _CHAR * len(label) / 2
         # Labels at the ends of the axis stay inside the panel and off the axis' name.
         anchor = "middle"
-        if x + half > width - 1:
+        if x + half > WIDTH - 1:
             anchor = "end"
         elif x - half < axis_name_end + 4:
             anchor = "start"

@@ -46,8 +46,6 @@ class Screen:
     def __init__(self, tail: int = 40, width: int = WIDTH, where: str = "the log") -> None:
         if tail < 1:
             raise ValueError(f"tail must be at least 1, not {tail}")
-        if width < 1:
-            raise ValueError(f"width must be at least 1, not {width}")
         self.tail = tail
         self.width = width
         self.where = where
@@ -55,8 +53,7 @@ class Screen:
         self.dropped = 0  # lines no longer kept at all
         self._lines: list[str] = [""]
         self._over: dict[int, int] = {}  # index in _lines -> characters past the width
-        self._row = 0
-        self._col = 0
+        self._row = self._col = 0
         self._stream = ""
         self._pending = ""  # an escape sequence split by the chunk boundary
         self._unfinished: dict[str, tuple[int, int]] = {}  # stream -> (row, col) it left
@@ -140,7 +137,10 @@ class Screen:
             self._row = len(self._lines) - 1
             self._col = len(rest[-1])
             if len(text) > self.width:  # only then can a line be too long
-                self._cut_lines(start)
+                for index in range(start, len(self._lines)):
+                    if len(line := self._lines[index]) > self.width:
+                        self._over[index] = len(line) - self.width
+                        self._lines[index] = line[: self.width]
             return
         for part in rest:
             self._newline()
@@ -211,15 +211,6 @@ class Screen:
         if col > len(line):
             line += " " * (col - len(line))
         self._lines[self._row] = line[:col] + text + line[col + len(text) :]
-
-    def _cut_lines(self, start: int) -> None:
-        """Cut the lines from index ``start`` on to the width, noting what each had more."""
-        width, lines = self.width, self._lines
-        for index in range(start, len(lines)):
-            line = lines[index]
-            if len(line) > width:
-                self._over[index] = len(line) - width
-                lines[index] = line[:width]
 
     def _newline(self) -> None:
         if self._returned:

@@ -26,8 +26,7 @@ STATE_COLORS: dict[str, str] = {
 }
 RUN_COLORS: dict[str, str] = {
     **STATE_COLORS,
-    RunStatus.TIMEOUT: _BROWN,
-    RunStatus.INTERRUPTED: _ORANGE,
+    RunStatus.TIMEOUT: _BROWN,  # (RunStatus.INTERRUPTED is RankState.INTERRUPTED's word)
 }
 
 _WORDS: dict[str, str] = {

@@ -25,6 +25,7 @@ from nbddp.wire.protocol import MetricRow
 TEXT_WIDTH = 10_000
 """Characters of one line the text display writes; the rest is in the rank's log."""
 _TRAILING_ESCAPE = re.compile(r"\x1b[^A-Za-z\x07]*\Z")
+_CONTROL = re.compile(r"[\r\n]")
 
 
 def apply_carriage_returns(line: str) -> str:
@@ -62,7 +63,8 @@ class LineAssembler:
                 # What is being written is already past the width: what continues
                 # it is only counted, so a line without end costs each chunk its
                 # own length.
-                stop = _first_control(text)
+                found = _CONTROL.search(text)
+                stop = found.start() if found else len(text)
                 writing += stop
                 text = text[stop:]
                 if text:  # a \r or \n ended the part being written
@@ -252,9 +254,3 @@ def _cut(text: str, width: int) -> str:
         return text
     text = text[:width]
     return _TRAILING_ESCAPE.sub("", text) if "\x1b" in text else text
-
-
-def _first_control(text: str) -> int:
-    """Where the first ``\\r`` or ``\\n`` of ``text`` is; its length if it has none."""
-    found = [i for i in (text.find("\r"), text.find("\n")) if i >= 0]
-    return min(found) if found else len(text)

@@ -312,7 +312,7 @@ def test_a_background_runs_prompt_is_asked_in_the_cell_that_waits(kernel: Kernel
         "    import os\n"
         "    return input('name? ') if os.environ['RANK'] == '0' else 'quiet'\n"
         "run = nbddp.launch(ask, procs=2, block=False)\n"
-        "while not run._asked:  # the prompt, taken in by the run, not asked yet\n"
+        "while not run.pump._asked:  # the prompt, taken in by the run, not asked yet\n"
         "    threading.Event().wait(0.05)\n"
         "assert run.rank_states()[0] == 'waiting for input'"
     )
