@@ -229,7 +229,7 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], display: Display) -> t
         start = time.perf_counter()
         job = Job(config.job, Payload.serialize(fn, args, {}))
         job.start()
-        result = Run(job, display, config).wait()
+        result = Run(job.core, display, config).wait()
         elapsed = time.perf_counter() - start
     return elapsed, result
 
