@@ -65,7 +65,7 @@ class NodeInfo:
 
 @dataclass
 class Batch:
-    """What one poll returns for one run (see module contract)."""
+    """What one poll returns for one run."""
 
     events: list[RunEvent | Reply] = field(default_factory=list)
     failures: list[ShippedFailure] = field(default_factory=list)
@@ -84,7 +84,7 @@ class _Held:
 
 
 class NodeAgent:
-    """One node's agent (see module contract)."""
+    """One node's agent."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -160,7 +160,7 @@ class NodeAgent:
         return {rank + node.first_rank: pid for rank, pid in job.core.pids().items()}
 
     def poll(self, wait: float) -> dict[str, Batch]:
-        """The long poll (see module contract): run id -> its batch."""
+        """The long poll: run id -> its batch."""
         self._last_poll = time.monotonic()
         batches: dict[str, Batch] = {}
         count = 0

@@ -39,7 +39,7 @@ Inbox = queue.SimpleQueue[tuple[str, "RunEvent | Reply"]]
 
 
 class NodeRun:
-    """One run's ranks on this node (see module contract)."""
+    """One run's ranks on this node."""
 
     def __init__(
         self,

@@ -80,7 +80,7 @@ class Listener(Protocol):
 
 @dataclass
 class Agents:
-    """A set of agents, one per node, in node-rank order (see module contract)."""
+    """A set of agents, one per node, in node-rank order."""
 
     shape: Shape
     engine: Engine

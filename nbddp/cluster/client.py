@@ -74,7 +74,7 @@ class _CellOrder:
 
 
 class ClusterJob:
-    """One run across a cluster's nodes (see module contract)."""
+    """One run across a cluster's nodes."""
 
     def __init__(self, config: LaunchConfig, payload: Payload, *, session: bool = False) -> None:
         self.config = config

@@ -65,7 +65,7 @@ _connected: str | None = None  # the address this process is a driver of
 
 
 def connect(cluster: RayCluster) -> Ray:
-    """Be a driver of ``cluster``; ray (see module contract)."""
+    """Be a driver of ``cluster``; ray."""
     global _connected
     ray = import_ray()
     if ray.is_initialized() and _connected == cluster.address:
@@ -172,7 +172,7 @@ class RayEngine:
 
 
 def place(config: LaunchConfig) -> Agents:
-    """Agents for the run (see module contract)."""
+    """Agents for the run."""
     assert config.cluster is not None
     ray = connect(config.cluster)
     per = config.job.world_size // config.nodes

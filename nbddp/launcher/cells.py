@@ -73,7 +73,7 @@ class CellTransport(Protocol):
 
 
 class Cells:
-    """A session's cells over the ranks of one transport (see module contract)."""
+    """A session's cells over the ranks of one transport."""
 
     def __init__(self, transport: CellTransport) -> None:
         self.transport = transport

@@ -69,7 +69,7 @@ class NodeSlice:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What starts and stops a run's ranks (see module contract)."""
+    """What starts and stops a run's ranks."""
 
     world_size: int
     """Ranks in the whole run (torch's ``WORLD_SIZE``), one process each."""
@@ -169,7 +169,7 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class ViewSpec:
-    """What the display reads (see module contract)."""
+    """What the display reads."""
 
     output: OutputChoice = "all"
     """Whose output is shown: every rank, rank 0, or none (all are logged regardless)."""
@@ -187,13 +187,8 @@ class ViewSpec:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """A validated launch: ``LaunchConfig.build(**options)`` checks ``launch()``'s options
-    before any process starts (``ConfigError`` otherwise) and resolves the defaults.
-
-    ``job``: what starts the ranks (how many, devices, environment, start method,
-    rendezvous, timeouts); ``view``: what the display reads; ``nodes`` and
-    ``cluster``: the Ray cluster a run spans, if any (see module contract).
-    """
+    """A validated launch (``build``): ``job`` starts the ranks, ``view`` is what the
+    display reads, ``nodes`` and ``cluster`` the cluster a run spans, if any."""
 
     job: JobSpec
     view: ViewSpec = ViewSpec()
@@ -215,7 +210,7 @@ class LaunchConfig:
         kill_grace: float = 3.0,
         **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
-        """Validate launch ``options`` and resolve defaults (see module contract).
+        """Validate launch ``options`` and resolve defaults.
 
         With neither ``gpus`` nor ``procs``: every visible GPU (``visible``, default:
         detected without CUDA), or with none visible, ``DEFAULT_CPU_PROCS`` CPU

@@ -73,7 +73,7 @@ def new_run_id() -> str:
 
 
 class RunCore:
-    """One run's bookkeeping (see module contract)."""
+    """One run's bookkeeping."""
 
     def __init__(self, ranks: int, failure_grace: float) -> None:
         self.run_id = new_run_id()

@@ -53,7 +53,7 @@ ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
 
 
 class Job:
-    """One run's processes on this machine (see module contract)."""
+    """One run's processes on this machine."""
 
     def __init__(
         self,
@@ -67,7 +67,7 @@ class Job:
         self.node = node or spec.local()
         """This machine's part of the run: its ranks are the job's (local rank = index)."""
         self.payload: Payload | None = payload
-        """The call the ranks run; None once the run has ended (see module contract)."""
+        """The call the ranks run; None once the run has ended."""
         self.core = RunCore(self.node.ranks, spec.failure_grace)
         self.core.transport = self
         self.log_dir, self.run_id = self.core.log_dir, self.core.run_id

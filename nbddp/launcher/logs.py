@@ -93,7 +93,7 @@ class RunDir:
 
 
 def new_run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> RunDir:
-    """Make and lock a new run's directory, then prune old ones (see module contract)."""
+    """Make and lock a new run's directory, then prune old ones."""
     chosen = settings.read(environ)
     base = run_base_dir(chosen.log_dir)
     run = RunDir(Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{run_id}-", dir=base)))

@@ -96,7 +96,7 @@ class Shown(Protocol):
 
 
 class Pump:
-    """Shows one run (see module contract)."""
+    """Shows one run."""
 
     @property
     def run(self) -> Shown:
@@ -184,7 +184,7 @@ class Pump:
             self._pump(deadline)
 
     def _pump(self, deadline: float | None) -> None:
-        """Feed events to the display until the run is done (see module contract)."""
+        """Feed events to the display until the run is done."""
         events = self.run.job.events
         while not self.done:
             now = time.monotonic()
@@ -221,7 +221,7 @@ class Pump:
             self.run.job.wait(max(0.0, seconds))
 
     def _serve_prompts(self, draw: bool = True) -> None:
-        """Ask the user for each waiting rank's line, in order (see module contract);
+        """Ask the user for each waiting rank's line, in order;
         ``draw``: let the display draw first (not while the watcher draws)."""
         while self._asked:
             asked = self._asked.popleft()

@@ -55,7 +55,7 @@ class Run:
     own exception when it can be rebuilt here, else ``RemoteError`` or
     ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank. ``stop()``,
     ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and
-    ``output(rank)`` work while it runs (see module contract).
+    ``output(rank)`` work while it runs.
     """
 
     def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
