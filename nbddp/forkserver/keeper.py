@@ -219,7 +219,7 @@ def _start_rank(idle: tuple[int, socket.socket] | None, link: socket.socket, fds
                 os.close(status_w)
                 os.setsid()
 
-            _in_child(detach_rank)
+            in_child(detach_rank)
             become_rank(ctrl, out, err)
     for fd in (ctrl, out, err):
         os.close(fd)
@@ -242,7 +242,7 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
             os.setsid()
             prctl.die_with(keeper)
 
-        _in_child(detach_idle)
+        in_child(detach_idle)
         prctl.set_name(IDLE_NAME)
         try:
             _, fds, _, _ = socket.recv_fds(theirs, 1, 3)
@@ -258,7 +258,7 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
     return pid, ours
 
 
-def _in_child(steps: Callable[[], None]) -> None:
+def in_child(steps: Callable[[], None]) -> None:
     """Take the first ``steps`` of a forked child; any failure ends it."""
     try:
         steps()

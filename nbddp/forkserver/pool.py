@@ -16,7 +16,6 @@ import selectors
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,12 +84,12 @@ class Pool:
         forkserver = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the keeper
-            try:
+
+            def detach_keeper() -> None:
                 keeper.detach({*close, *self.fds()})
                 ours.close()
-            except BaseException:
-                traceback.print_exc()
-                os._exit(1)
+
+            keeper.in_child(detach_keeper)
             keeper.serve_keeper(theirs, forkserver, None if fds is None else list(fds), fds is None)
         theirs.close()
         found = _Keeper(ours, warm=fds is None)
@@ -173,9 +172,7 @@ class Pool:
     def _end(self, pid: int) -> None:
         # SIGKILL as well as EOF: a free keeper holds no run, and the forkserver waits
         # for it before exiting. Not reaped yet, so the pid is still this child.
-        self._close(self.free.pop(pid))
-        os.kill(pid, signal.SIGKILL)
-        self.ending.add(pid)
+        self._drop(pid, self.free.pop(pid))
 
     def _drop(self, pid: int, found: _Keeper) -> None:
         """A keeper whose link failed or said something else than ``FREE``: ended."""

@@ -196,13 +196,13 @@ def _reduce_semlock(lock: synchronize.SemLock, sent: Sending) -> Reduced:
     sem = lock._semlock  # type: ignore[attr-defined]  # missing from typeshed
     state = (sem.kind, sem.maxvalue)
     if sem.name is not None:
-        return _rebuild_named_semlock, (type(lock), *state, sem.name)
+        return _semlock, (type(lock), 0, *state, sem.name)  # opened by name
     found = _mapped(lock, sem.handle)
     if found is not None:
         fd, offset, size = found
         return _rebuild_mapped_semlock, (type(lock), *state, sent.send(fd, lock), offset, size)
     if sent.inherits:
-        return _rebuild_inherited_semlock, (type(lock), *state, sem.handle)
+        return _semlock, (type(lock), sem.handle, *state, None)  # the mapping came with fork
     raise MpObjectError(
         f"this multiprocessing {type(lock).__name__} was made in the 'fork' context, whose "
         "semaphores only forked processes can reach; make it with "
@@ -259,14 +259,6 @@ def _semlock(cls: type, handle: int, kind: int, maxvalue: int, name: str | None)
     lock = cast(_Restorable, object.__new__(cls))
     lock.__setstate__((handle, kind, maxvalue, name))
     return lock
-
-
-def _rebuild_named_semlock(cls: type, kind: int, maxvalue: int, name: str) -> object:
-    return _semlock(cls, 0, kind, maxvalue, name)  # opened by name
-
-
-def _rebuild_inherited_semlock(cls: type, kind: int, maxvalue: int, handle: int) -> object:
-    return _semlock(cls, handle, kind, maxvalue, None)  # the mapping came with fork
 
 
 def _rebuild_mapped_semlock(

@@ -30,7 +30,9 @@ def show_panel(
     shell = _kernel_shell()
     if shell is None:
         return panel
-    _hook(shell)
+    if shell not in _HOOKED:
+        shell.events.register("pre_run_cell", _before_cell)
+        _HOOKED.append(shell)
     cell_id = _request_metadata(shell).get("cellId")
     if isinstance(cell_id, str):
         # Several panels may come from one cell; the hook closes them all
@@ -55,13 +57,6 @@ def _before_cell(info: object) -> None:
     if isinstance(deleted, list):
         ids += deleted
     close_for_cells([i for i in ids if isinstance(i, str)])
-
-
-def _hook(shell: KernelShell) -> None:
-    if shell in _HOOKED:
-        return
-    shell.events.register("pre_run_cell", _before_cell)
-    _HOOKED.append(shell)
 
 
 def _request_metadata(shell: KernelShell) -> dict[str, object]:

@@ -89,17 +89,11 @@ def literal_source(value: object, limit: int = LONG_LITERAL) -> str | None:
     # of a million-element list costs more than a keystroke may.
     if not _fits(value, limit):
         return None
-    try:
+    try:  # a repr may raise anything, and literal_eval says what it cannot read as several
         text = repr(value)
+        return text if len(text) <= limit and _same(ast.literal_eval(text), value) else None
     except Exception:
         return None
-    if len(text) > limit:
-        return None
-    try:
-        back = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-    return text if _same(back, value) else None
 
 
 def _fits(value: object, budget: int) -> bool:
@@ -151,23 +145,19 @@ class _Writer:
         self._taken: set[str] = set()  # placeholder names used in this call
 
     def value(self, value: object, param: str) -> str:
-        short = literal_source(value, SHORT_LITERAL)
-        if short is not None:
-            return short
-        name = self._bound_name(value)
-        if name is not None:
-            return name
-        long = literal_source(value)
-        if long is not None:
-            return long
-        return self._placeholder(param, _a(type(value).__name__))
+        noun = type(value).__name__
+        return (
+            literal_source(value, SHORT_LITERAL)
+            or bound_name(self.namespace, value)
+            or literal_source(value)
+            or self._placeholder(param, f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}")
+        )
 
     def function(self, fn: Callable[..., object]) -> str:
         own = getattr(fn, "__name__", None)
         own = own if isinstance(own, str) and _is_name(own) else None
-        if own is not None and self.namespace.get(own) is fn:
-            return own
-        name = self._bound_name(fn)
+        mine = own is not None and self.namespace.get(own) is fn
+        name = own if mine else bound_name(self.namespace, fn)
         if name is not None:
             return name
         if own is not None:
@@ -183,12 +173,6 @@ class _Writer:
         shown = f"a function ({own or getattr(fn, '__name__', type(fn).__name__)})"
         return self._placeholder(own or "fn", shown)
 
-    def _bound_name(self, value: object) -> str | None:
-        for name, bound in self.namespace.items():
-            if bound is value and _is_name(name) and not name.startswith("_"):
-                return name
-        return None
-
     def _placeholder(self, wanted: str, what: str) -> str:
         """A name no notebook variable and no other placeholder uses, and its comment."""
         name, n = wanted, 0
@@ -203,35 +187,32 @@ class _Writer:
         return name
 
 
+def bound_name(namespace: Mapping[str, object], value: object) -> str | None:
+    """The notebook's public name for ``value`` itself, if one holds it."""
+    for name, bound in list(namespace.items()):  # a copy: the notebook may be changing it
+        if bound is value and _is_name(name) and not name.startswith("_"):
+            return name
+    return None
+
+
 def _parameter_names(fn: Callable[..., object], count: int) -> list[str]:
     """A name for each of ``count`` positional arguments: its parameter's, else ``argN``."""
-    names = [f"arg{i}" for i in range(count)]
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return names
+        params = []
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    i = 0
+    names: list[str] = []
     for param in params:
-        if i >= count:
-            break
         if param.kind in positional:
-            names[i] = param.name
-            i += 1
+            names.append(param.name)
         elif param.kind is inspect.Parameter.VAR_POSITIONAL:
-            for j in range(i, count):
-                names[j] = f"{param.name}_{j - i}"
-            break
-    return names
+            names += [f"{param.name}_{j}" for j in range(count - len(names))]
+    return names[:count] + [f"arg{i}" for i in range(len(names), count)]
 
 
 def _is_name(text: str) -> bool:
     return text.isidentifier() and not keyword.iskeyword(text)
-
-
-def _a(noun: str) -> str:
-    article = "an" if noun[:1].lower() in "aeiou" else "a"
-    return f"{article} {noun}"
 
 
 def _joined(args: tuple[str, ...], kwargs: tuple[tuple[str, str], ...]) -> str:

@@ -55,8 +55,10 @@ class PanelSink(Protocol):
 class PanelFeed:
     """Records a run's events and draws them into a ``PanelSink``."""
 
-    # The recording events are the model's own methods, bound per instance:
-    # they run per printed line and per metric row, so no forwarding call.
+    # The events are the model's own methods (nbddp's notices: the sink's), bound per
+    # instance: they run per printed line and per metric row, so no forwarding call.
+    attach: Callable[[Path, int], None]
+    notice: Callable[[str], None]
     output: Callable[[int, str, str], None]
     state: Callable[[int, str], None]
     metric: Callable[[int, MetricRow], None]
@@ -68,25 +70,10 @@ class PanelFeed:
         interval: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.tail = tail
         self.model = model = RunModel(tail, interval=interval, clock=clock)
-        self.output, self.state, self.metric = model.output, model.state, model.metric
-        self._sink = sink
-
-    @property
-    def log_dir(self) -> Path | None:
-        """The run's log directory, once attached."""
-        return self.model.log_dir
-
-    # -- events (record only) ----------------------------------------------
-
-    def attach(self, log_dir: Path, world_size: int) -> None:
-        """The run's log directory and rank count."""
-        self.model.attach(log_dir, world_size)
-
-    def notice(self, text: str) -> None:
-        """Pass nbddp's own message straight to the sink."""
-        self._sink.show_notice(text)
+        self.attach, self.output = model.attach, model.output
+        self.state, self.metric = model.state, model.metric
+        self._sink, self.notice = sink, sink.show_notice
 
     # -- drawing ---------------------------------------------------------------
 
@@ -97,23 +84,16 @@ class PanelFeed:
         if limiter.ready() and (model.chart_dirty or model.stale(model.clock())):
             limiter.fire()
             self._draw()
-        if model.changed() or model.chart_dirty:
-            return limiter.delay()  # something new waits only for the rate limit
-        if model.running():
-            return max(limiter.delay(), model.tick_delay())
-        return None
+        return model.next_draw()  # the panel's chart has no rate limit of its own
 
     def close(self) -> None:
         """Draw the final state (the run's output is complete)."""
         self._draw()
 
-    def views(self) -> list[RankView]:
-        """Every rank as it would be drawn now."""
-        return self._views(self.model.clock())
-
-    def _views(self, now: float) -> list[RankView]:
+    def _draw(self) -> None:
         model = self.model
-        return [
+        now = model.clock()
+        views = [
             RankView(
                 rank=rank,
                 state=entry.state,
@@ -125,11 +105,6 @@ class PanelFeed:
             )
             for rank, entry in sorted(model.ranks.items())
         ]
-
-    def _draw(self) -> None:
-        model = self.model
-        now = model.clock()
-        views = self._views(now)
         for entry in model.ranks.values():
             entry.drawn(now)
         self._sink.show_ranks(views)

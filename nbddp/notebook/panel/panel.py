@@ -26,7 +26,7 @@ from nbddp.launcher.prompts import prompt_for
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import PANEL
-from nbddp.notebook.panel.code import CallSource, call_source, literal_source, run_code
+from nbddp.notebook.panel.code import CallSource, bound_name, call_source, literal_source, run_code
 from nbddp.notebook.panel.feed import PanelFeed
 from nbddp.notebook.panel.settings import PanelSettings, Validated
 from nbddp.notebook.panel.view import PanelView
@@ -55,13 +55,12 @@ class Panel:
         ``__main__``'s)."""
         if not callable(fn):
             raise ConfigError(f"nbddp.panel needs a function to run, got {type(fn).__name__}")
-        # Why here too: no panel for a call that cannot bind (Launch checks it again).
-        with PANEL.speaking():
-            check_call(fn, tuple(args), dict(kwargs or {}))
-        self.fn = fn
-        self.args = tuple(args)
+        self.fn, self.args = fn, tuple(args)
         self.kwargs = dict(kwargs or {})
         """The keyword arguments given to the panel (the form's are laid over them)."""
+        # Why here too: no panel for a call that cannot bind (Launch checks it again).
+        with PANEL.speaking():
+            check_call(fn, self.args, self.kwargs)
         self.tail = tail
         self.namespace = _notebook_namespace() if namespace is None else namespace
         self.run: Run | None = None
@@ -109,11 +108,9 @@ class Panel:
         Raises ``RuntimeError`` when nothing was launched yet or the run still goes on
         (``wait()`` waits for it).
         """
-        if self.run is None:
-            raise RuntimeError("nothing was launched from this panel yet; click Launch first")
         if self.running:
             raise RuntimeError("the run is still going; wait() waits for it and returns its result")
-        return self.wait().values.get(0)
+        return self.wait().values.get(0)  # raises when nothing was launched yet
 
     def code(self) -> tuple[str, str]:
         """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call for the current settings.
@@ -136,11 +133,11 @@ class Panel:
     def _validated(self, settings: PanelSettings) -> Validated:
         """``settings`` validated: as last time when the form has not changed since."""
         if self._checked is None or self._checked[0] != settings:
-            self._checked = (settings, settings.validate(self._check_call))
+            checked = settings.validate(
+                lambda kw: check_call(self.fn, self.args, {**self._kept, **kw})
+            )
+            self._checked = (settings, checked)
         return self._checked[1]
-
-    def _check_call(self, kwargs: dict[str, object]) -> None:
-        check_call(self.fn, self.args, {**self._kept, **kwargs})
 
     def refresh_form(self) -> None:
         """Re-validate the form: field errors, the Launch button and the code shown."""
@@ -155,8 +152,7 @@ class Panel:
             self.view.show_code("", "", "Fix the settings above to see the equivalent code.")
             return
         source = self._source(checked)
-        call = source.call()
-        self.view.show_title(f"nbddp · {_cut(call, _MAX_TITLE)}")
+        self.view.show_title(f"nbddp · {_cut(source.call(), _MAX_TITLE)}")
         magic, launch = run_code(source, settings)
         note = "" if source.complete else "Define the names the comments list, then run it."
         self.view.show_code(magic, launch, note)
@@ -179,12 +175,11 @@ class Panel:
             if checked.config is None:
                 self.view.show_errors(checked.errors)
                 raise ConfigError(_describe(checked.errors))
-            config = checked.config
-            kwargs = self._call_kwargs(checked)
-            self.view.start_run(config.job.world_size)
+            self.view.start_run(checked.config.job.world_size)
             feed = PanelFeed(self.view, tail=self.tail)
+            kwargs = self._call_kwargs(checked)
             with PANEL.speaking():
-                run = start_with_display(config, self.fn, self.args, kwargs, feed)
+                run = start_with_display(checked.config, self.fn, self.args, kwargs, feed)
             self.run = run
             self._stopping = False
             run.asker = self._ask
@@ -275,14 +270,12 @@ class Panel:
             self.view.show_result(f"nbddp could not show the run's outcome: {_safe_repr(exc)}")
         finally:
             running = not run.ended()  # only if wait itself broke: Stop must stay usable
-            can_launch = not running and not self._closed
-            self.view.set_running(
-                running, can_launch=can_launch and not self._validated(self.settings()).errors
-            )
+            valid = not self._validated(self.settings()).errors
+            self.view.set_running(running, can_launch=valid and not self._closed)
 
     def _show_done(self, result: RunResult) -> None:
         self.view.show_run_state(RunStatus.DONE, f"done in {result.duration:.1f}s")
-        me = self._notebook_name()
+        me = bound_name(self.namespace, self) or _out_name(self.namespace, self)
         self.view.show_value(
             _safe_repr(result.values.get(0)),
             [
@@ -290,19 +283,6 @@ class Panel:
                 f"each rank's output is in {result.log_dir}",
             ],
         )
-
-    def _notebook_name(self) -> str:
-        """How the notebook reaches this panel: its name there, ``Out[n]``, else
-        ``nbddp.panel(...)``'s result, said in words."""
-        for name, bound in list(self.namespace.items()):
-            if bound is self and name.isidentifier() and not name.startswith("_"):
-                return name
-        out = self.namespace.get("Out")
-        if isinstance(out, dict):
-            for number, bound in list(out.items()):
-                if bound is self:
-                    return f"Out[{number}]"
-        return "panel"
 
     def _show_failure(self, run: Run, exc: BaseException) -> None:
         status = run.status
@@ -362,6 +342,15 @@ def _kwargs_hint(fn: Callable[..., object]) -> str:
         and (text := literal_source(p.default, 30)) is not None
     ]
     return f"e.g. {', '.join(shown[:4])}" if shown else "e.g. epochs=3, lr=0.1"
+
+
+def _out_name(namespace: Mapping[str, object], panel: Panel) -> str:
+    """How the notebook reaches a panel bound to no name: ``Out[n]``, else in words."""
+    out = namespace.get("Out")
+    for number, bound in list(out.items()) if isinstance(out, dict) else ():
+        if bound is panel:
+            return f"Out[{number}]"
+    return "panel"
 
 
 def _notebook_namespace() -> Mapping[str, object]:

@@ -32,21 +32,9 @@ _WHOLE = re.compile(r"[0-9]+\Z")
 # nbddp sets, which depend on the launch): their errors go by their fields.
 _JUDGED_BY_LAUNCH = frozenset({"env"})
 
-FIELDS = (
-    "device",
-    "gpus",
-    "procs",
-    "nodes",
-    "cluster",
-    "start_method",
-    "port",
-    "mixed_precision",
-    "timeout",
-    "max_restarts",
-    "env",
-)
-"""The form's launch fields, in display order. ``gpus``, ``procs`` and the fields after
-them are the launch options of their names."""
+FIELDS = ("device", *PANEL.names)
+"""The form's launch fields, in display order: the device, then the launch options the
+panel labels (``spelling.PANEL``)."""
 FORM = ("kwargs", *FIELDS)
 """Every field, in display order: the function's keyword arguments, then the launch's
 (``errors()`` keys are among these, or ``launch``)."""
@@ -128,7 +116,14 @@ class PanelSettings:
         cannot be called with the form's keyword arguments (``signature.check_call``).
         """
         options, errors = self._parse()
-        kwargs = self._kwargs(errors, call_check)
+        try:
+            kwargs = parse_kwargs(self.kwargs)
+            if call_check is not None:
+                with PANEL.speaking():
+                    call_check(kwargs)
+        except (TypeError, ValueError) as exc:
+            errors["kwargs"] = str(exc)
+            kwargs = {}
         for name, value in options.items():
             try:
                 with PANEL.speaking():
@@ -139,20 +134,6 @@ class PanelSettings:
         order = [*FORM, "launch"]
         errors = dict(sorted(errors.items(), key=lambda e: order.index(e[0])))
         return Validated(errors, options, config if not errors else None, kwargs)
-
-    def _kwargs(
-        self, errors: dict[str, str], call_check: Callable[[dict[str, object]], None] | None
-    ) -> dict[str, object]:
-        """The keyword arguments field, parsed and checked against the call."""
-        try:
-            kwargs = parse_kwargs(self.kwargs)
-            if call_check is not None:
-                with PANEL.speaking():
-                    call_check(kwargs)
-        except (TypeError, ValueError) as exc:
-            errors["kwargs"] = str(exc)
-            return {}
-        return kwargs
 
     def errors(self) -> dict[str, str]:
         """Field -> what is wrong with it; empty when the form describes a valid launch."""
@@ -207,10 +188,8 @@ class PanelSettings:
 
     def launch_call(self, fn_name: str, args_code: str) -> str:
         """``nbddp.launch(fn, args..., options...)`` with these settings."""
-        parts = [fn_name, *([args_code] if args_code else [])]
-        for key, value in self.options().items():
-            parts.append(f"{key}={value!r}")
-        return f"nbddp.launch({', '.join(parts)})"
+        parts = [fn_name, args_code, *(f"{k}={v!r}" for k, v in self.options().items())]
+        return f"nbddp.launch({', '.join(filter(None, parts))})"
 
 
 def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | None:
@@ -226,17 +205,14 @@ def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | Non
         try:
             with PANEL.speaking():
                 return LaunchConfig.build(**valid)
-        except OptionError as exc:
-            if exc.option not in _JUDGED_BY_LAUNCH or exc.option not in valid:
+        except ConfigError as exc:
+            option = exc.option if isinstance(exc, OptionError) else ""
+            if option not in _JUDGED_BY_LAUNCH & valid.keys():
                 if not errors:
                     errors["launch"] = str(exc)
                 return None
-            errors[exc.option] = str(exc)
-            del valid[exc.option]  # type: ignore[misc]
-        except ConfigError as exc:
-            if not errors:
-                errors["launch"] = str(exc)
-            return None
+            errors[option] = str(exc)
+            del valid[option]  # type: ignore[misc]
     return None
 
 
@@ -317,10 +293,6 @@ def _entries(text: str) -> list[str]:
     return entries
 
 
-def _text(text: str) -> str:
-    return text
-
-
 def _port(text: str) -> int | None:
     text = text.strip()
     if not text or text.lower() == "auto":
@@ -344,13 +316,17 @@ def _timeout(text: str) -> float | None:
     return seconds
 
 
-def _max_restarts(text: str) -> int:
-    text = text.strip()
-    if not text:
-        return 0
-    if not text.isdigit():
-        raise ValueError(f"a whole number of restarts (0 or more), or empty for none; got {text!r}")
-    return int(text)
+def _count(empty: int, wanted: str) -> Callable[[str], int]:
+    """A parser of a whole number, ``empty`` when the field is; ``wanted`` says what
+    it takes."""
+
+    def parse(text: str) -> int:
+        text = text.strip()
+        if text and not text.isdigit():
+            raise ValueError(f"{wanted}; got {text!r}")
+        return int(text) if text else empty
+
+    return parse
 
 
 def _env(text: str) -> dict[str, str] | None:
@@ -367,27 +343,14 @@ def _env(text: str) -> dict[str, str] | None:
     return env or None
 
 
-def _nodes(text: str) -> int:
-    text = text.strip()
-    if not text:
-        return 1
-    if not text.isdigit():
-        raise ValueError(f"a number of machines (1 or more), or empty for this one; got {text!r}")
-    return int(text)
-
-
-def _cluster(text: str) -> str | None:
-    return text.strip() or None
-
-
 _PARSERS: dict[str, Callable[[str], object]] = {
-    "nodes": _nodes,
-    "cluster": _cluster,
-    "start_method": _text,
+    "nodes": _count(1, "a number of machines (1 or more), or empty for this one"),
+    "cluster": lambda text: text.strip() or None,
+    "start_method": str,
     "port": _port,
     "timeout": _timeout,
-    "max_restarts": _max_restarts,
+    "max_restarts": _count(0, "a whole number of restarts (0 or more), or empty for none"),
     "env": _env,
-    "mixed_precision": _text,
+    "mixed_precision": str,
 }
 """The form's text fields (in the order the code shows them): text to option value."""

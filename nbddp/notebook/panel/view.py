@@ -16,8 +16,9 @@ import ipywidgets as W
 
 from nbddp.display.style import RUN_COLORS
 from nbddp.launcher.options import OPTIONS
+from nbddp.launcher.spelling import PANEL
 from nbddp.notebook.panel.feed import RankView
-from nbddp.notebook.panel.settings import PanelSettings
+from nbddp.notebook.panel.settings import FIELDS, PanelSettings
 
 _ERROR_STYLE = "color:#d62728;font-size:12px"
 _PRE = "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;font-size:12px"
@@ -42,35 +43,42 @@ _CSS = """<style>
 
 
 _STYLE = {"description_width": "110px"}
+_PROMPT = "the rank's input, then Send"
+# The text fields, and what each takes. Text, not IntText, for numbers too: a number
+# input drops letters without a word; here they stay visible and the field's error
+# says what it takes.
+_PLACEHOLDERS = {
+    "procs": "e.g. 2",
+    "nodes": "1 (this machine)",
+    "cluster": "none, or ray://head:10001",
+    "port": "auto (a free port per run)",
+    "timeout": "none (seconds)",
+    "max_restarts": "none (restarts after a failure)",
+    "env": "NAME=VALUE, one per line",
+}
 
 
 def _html(cls: str, value: str = "", **kwargs: W.Layout) -> W.HTML:
-    widget = W.HTML(value, **kwargs)
-    widget.add_class(cls)
-    return widget
+    return W.HTML(value, **kwargs).add_class(cls)
 
 
-def _error_label(name: str) -> W.HTML:
-    label = _html("nbddp-error", layout=W.Layout(max_width="600px"))
-    label.add_class(f"nbddp-error-{name}")
-    return label
+def _note(text: str, style: str = "") -> str:
+    return f'<div style="{_NOTE}{style}">{html.escape(text)}</div>'
 
 
-def _text(value: str, description: str, placeholder: str) -> W.Text:
-    # Text, not IntText, for numbers too: a number input drops letters without a word;
-    # here they stay visible and the field's error says what it takes.
-    layout = W.Layout(width="330px")
-    return W.Text(
-        value=value, placeholder=placeholder, description=description, style=_STYLE, layout=layout
-    )
-
-
-def _choice(option: str, value: str, description: str) -> W.Dropdown:
-    choices = OPTIONS[option].choices
-    layout = W.Layout(width="330px")
-    return W.Dropdown(
-        options=choices, value=value, description=description, style=_STYLE, layout=layout
-    )
+def _field(name: str, settings: PanelSettings) -> W.Widget:
+    """The launch field ``name`` (after the device's), labelled as ``spelling.PANEL`` says."""
+    common = {
+        "value": getattr(settings, name),
+        "description": PANEL.names[name],
+        "style": _STYLE,
+        "layout": W.Layout(width="330px"),
+    }
+    if name == "env":
+        return W.Textarea(placeholder=_PLACEHOLDERS[name], rows=2, **common)
+    if name in _PLACEHOLDERS:
+        return W.Text(placeholder=_PLACEHOLDERS[name], **common)
+    return W.Dropdown(options=OPTIONS[name].choices, **common)
 
 
 def _state_span(state: str, text: str, cls: str) -> str:
@@ -91,10 +99,8 @@ class PanelView:
     ) -> None:
         self._visible_gpus = settings.visible_gpus
         self._notice_lines: list[str] = []
-        self._tab_titles: tuple[str, ...] = ()
         form = self._build_form(title, settings, gpus_note, kwargs_hint)
-        self.root = W.VBox([W.HTML(_CSS), form, *self._build_run_area()])
-        self.root.add_class("nbddp-panel")
+        self.root = W.VBox([W.HTML(_CSS), form, *self._build_run_area()]).add_class("nbddp-panel")
         self.show_device(settings.device)
 
     # -- building the tree -----------------------------------------------------
@@ -112,13 +118,15 @@ class PanelView:
             layout=W.Layout(width="460px"),
         )
         self._build_device_fields(settings, gpus_note)
-        self._build_run_fields(settings)
-        names = ["device", "gpus", "procs", "nodes", "cluster", "start_method", "port"]
-        names += ["mixed_precision", "timeout", "max_restarts", "env"]
-        self.fields: dict[str, W.Widget] = {name: getattr(self, name) for name in names}
+        others = {name: _field(name, settings) for name in FIELDS[2:]}
+        self.fields: dict[str, W.Widget] = {"device": self.device, "gpus": self.gpus, **others}
+        vars(self).update(others)  # each also as the view's attribute of its name: view.procs
         self.inputs: dict[str, W.Widget] = {"kwargs": self.kwargs, **self.fields}
         """Every field of the form (``settings.FORM``): the keyword arguments, then ``fields``."""
-        self.errors = {name: _error_label(name) for name in [*self.inputs, "launch"]}
+        self.errors: dict[str, W.HTML] = {}
+        for name in [*self.inputs, "launch"]:
+            label = _html("nbddp-error", layout=W.Layout(max_width="600px"))
+            self.errors[name] = label.add_class(f"nbddp-error-{name}")
         rows: dict[str, W.Widget] = {}
         for name, widget in self.inputs.items():
             widget.add_class(f"nbddp-field-{name}")
@@ -130,8 +138,7 @@ class PanelView:
         return W.VBox([self.title, *rows.values(), self.errors["launch"], self._build_buttons()])
 
     def _build_device_fields(self, settings: PanelSettings, gpus_note: str) -> None:
-        """Where the ranks run: the device, the GPUs or the process count, and the nodes
-        of a Ray cluster."""
+        """Where the ranks run: the device, and the GPUs (the note beside it says which)."""
         # Both choices always: a lone toggle reads as disabled. Without a GPU, choosing
         # GPUs says why it cannot be (the device's error), and the note says it anyway.
         gpu_tip = (
@@ -153,31 +160,7 @@ class PanelView:
             options=[(f"GPU {i}", i) for i in range(settings.visible_gpus)],
             value=settings.gpus,
             rows=min(4, max(1, settings.visible_gpus)),
-            description="GPUs",
-            style=_STYLE,
-            layout=W.Layout(width="330px"),
-        )
-        self.procs = _text(settings.procs, "Processes", "e.g. 2")
-        self.nodes = _text(settings.nodes, "Nodes", "1 (this machine)")
-        self.cluster = _text(settings.cluster, "Ray cluster", "none, or ray://head:10001")
-
-    def _build_run_fields(self, settings: PanelSettings) -> None:
-        """How the ranks are started and run: start method, port, precision, timeout,
-        restarts, env."""
-        self.start_method = _choice("start_method", settings.start_method, "Start method")
-        self.port = _text(settings.port, "Master port", "auto (a free port per run)")
-        self.mixed_precision = _choice(
-            "mixed_precision", settings.mixed_precision, "Mixed precision"
-        )
-        self.timeout = _text(settings.timeout, "Timeout (s)", "none (seconds)")
-        self.max_restarts = _text(
-            settings.max_restarts, "Max restarts", "none (restarts after a failure)"
-        )
-        self.env = W.Textarea(
-            value=settings.env,
-            placeholder="NAME=VALUE, one per line",
-            description="Environment",
-            rows=2,
+            description=PANEL.names["gpus"],
             style=_STYLE,
             layout=W.Layout(width="330px"),
         )
@@ -189,20 +172,17 @@ class PanelView:
             button_style="success",
             icon="play",
             layout=W.Layout(width="auto", min_width="148px"),
-        )
-        self.launch_button.add_class("nbddp-launch")
+        ).add_class("nbddp-launch")
         self.stop_button = W.Button(
             description="Stop", button_style="danger", icon="stop", disabled=True
-        )
-        self.stop_button.add_class("nbddp-stop")
+        ).add_class("nbddp-stop")
         self.run_state = W.HTML(_state_span("idle", "idle", "nbddp-run-state"))
         return W.HBox([self.launch_button, self.stop_button, self.run_state])
 
     def _build_run_area(self) -> list[W.Widget]:
         """Under the form: notices, the rank table, output tabs, chart, result, the code."""
         self.ranks = _html("nbddp-ranks")
-        self.tabs = W.Tab(children=[])
-        self.tabs.add_class("nbddp-outputs")
+        self.tabs = W.Tab(children=[]).add_class("nbddp-outputs")
         self.tabs.layout.display = "none"  # an empty box until a run has ranks
         self.chart = _html("nbddp-chart")
         self.notices = _html("nbddp-notices")
@@ -215,14 +195,14 @@ class PanelView:
     def _build_prompt(self) -> W.HBox:
         """A rank's prompt (``input()``, pdb): its words, a field, Send; hidden until asked."""
         self.prompt_label = _html("nbddp-prompt-label")
-        self.prompt_input = W.Text(placeholder="the rank's input, then Send")
-        self.prompt_input.add_class("nbddp-prompt-input")
-        self.prompt_send = W.Button(description="Send", button_style="primary", icon="reply")
-        self.prompt_send.add_class("nbddp-prompt-send")
+        self.prompt_input = W.Text(placeholder=_PROMPT).add_class("nbddp-prompt-input")
+        self.prompt_send = W.Button(
+            description="Send", button_style="primary", icon="reply"
+        ).add_class("nbddp-prompt-send")
         self.prompt_send.on_click(lambda _: self._send_prompt())
         self._answered: Callable[[str], None] | None = None
-        self.prompt_box = W.HBox([self.prompt_label, self.prompt_input, self.prompt_send])
-        self.prompt_box.add_class("nbddp-prompt")
+        prompt = [self.prompt_label, self.prompt_input, self.prompt_send]
+        self.prompt_box = W.HBox(prompt).add_class("nbddp-prompt")
         self.prompt_box.layout.display = "none"
         return self.prompt_box
 
@@ -230,21 +210,9 @@ class PanelView:
 
     def settings(self) -> PanelSettings:
         """The form's current contents."""
-        return PanelSettings(
-            device=self.device.value,
-            gpus=tuple(self.gpus.value),
-            procs=self.procs.value,
-            nodes=self.nodes.value,
-            cluster=self.cluster.value,
-            start_method=self.start_method.value,
-            port=self.port.value,
-            mixed_precision=self.mixed_precision.value,
-            timeout=self.timeout.value,
-            max_restarts=self.max_restarts.value,
-            env=self.env.value,
-            kwargs=self.kwargs.value,
-            visible_gpus=self._visible_gpus,
-        )
+        typed = {name: widget.value for name, widget in self.inputs.items()}
+        typed["gpus"] = tuple(typed["gpus"])
+        return PanelSettings(**typed, visible_gpus=self._visible_gpus)
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever any field changes."""
@@ -266,40 +234,30 @@ class PanelView:
         """Every field's message next to it and its box flagged (cleared where it is
         valid), and on the Launch button how many fields need fixing."""
         for name, label in self.errors.items():
-            message = errors.get(name, "")
-            label.value = (
-                f'<span style="{_ERROR_STYLE}">{html.escape(message)}</span>' if message else ""
-            )
+            message = html.escape(errors.get(name, ""))
+            label.value = message and f'<span style="{_ERROR_STYLE}">{message}</span>'
         # The device's error says why GPUs cannot be: the note beside it would repeat it.
         self.gpus_note.layout.display = "none" if "device" in errors else None
         for name, widget in self.inputs.items():
-            if name in errors:
-                widget.add_class("nbddp-invalid")
-            else:
-                widget.remove_class("nbddp-invalid")
+            (widget.add_class if name in errors else widget.remove_class)("nbddp-invalid")
         wrong = sum(name != "launch" for name in errors)
-        if wrong:
-            self.launch_button.description = f"Fix {wrong} field{'s' * (wrong > 1)} to launch"
-        elif errors:
-            self.launch_button.description = "Fix the settings to launch"
-        else:
-            self.launch_button.description = "Launch"
+        fix = f"Fix {wrong} field{'s' * (wrong > 1)}" if wrong else "Fix the settings"
+        self.launch_button.description = f"{fix} to launch" if errors else "Launch"
 
     def show_code(self, magic: str, call: str, note: str) -> None:
         """The ``%%ddp`` cell and the ``launch`` call for the current settings."""
         parts = []
         if magic:
             # One click selects a whole block (user-select: all), ready to copy.
+            block = f'<pre class="nbddp-code-{{}}" style="{_PRE};user-select:all">{{}}</pre>'
             parts += [
-                f'<div style="{_NOTE}">as a %%ddp cell (after %load_ext nbddp):</div>',
-                f'<pre class="nbddp-code-magic" style="{_PRE};user-select:all">'
-                f"{html.escape(magic)}</pre>",
-                f'<div style="{_NOTE};margin-top:6px">or as a call:</div>',
-                f'<pre class="nbddp-code-launch" style="{_PRE};user-select:all">'
-                f"{html.escape(call)}</pre>",
+                _note("as a %%ddp cell (after %load_ext nbddp):"),
+                block.format("magic", html.escape(magic)),
+                _note("or as a call:", ";margin-top:6px"),
+                block.format("launch", html.escape(call)),
             ]
         if note:
-            parts.append(f'<div style="{_NOTE};margin-top:6px">{html.escape(note)}</div>')
+            parts.append(_note(note, ";margin-top:6px"))
         self.code.value = "".join(parts)
 
     def set_running(self, running: bool, can_launch: bool) -> None:
@@ -315,7 +273,7 @@ class PanelView:
         self.prompt_input.value = ""
         # A password is typed into the same field: the rank asked for it, and its
         # answer leaves the panel at once.
-        self.prompt_input.placeholder = "the rank's input, then Send" + (
+        self.prompt_input.placeholder = _PROMPT + (
             " (a password: shown as typed)" if password else ""
         )
         self._answered = answered
@@ -339,13 +297,10 @@ class PanelView:
     def start_run(self, world_size: int) -> None:
         """Clear what the previous run showed and make a tab per rank."""
         self._notice_lines = []
-        self.notices.value = ""
-        self.result.value = ""
-        self.chart.value = ""
-        self.ranks.value = ""
+        for shown in (self.notices, self.result, self.chart, self.ranks):
+            shown.value = ""
         self.tabs.children = [_html("nbddp-rank-output") for _ in range(world_size)]
-        self._tab_titles = tuple(f"rank {r}" for r in range(world_size))
-        self.tabs.titles = self._tab_titles
+        self.tabs.titles = tuple(f"rank {r}" for r in range(world_size))
         self.tabs.layout.display = None
 
     def show_value(self, shown: str, hints: list[str]) -> None:
@@ -382,10 +337,9 @@ class PanelView:
             "<tr><th>rank</th><th>state</th><th>elapsed</th><th>last metric</th></tr>"
             f"{rows}</table>"
         )
-        titles = tuple(f"rank {v.rank} · {v.state}" for v in ranks)
-        if titles != self._tab_titles and len(titles) == len(self.tabs.children):
-            self._tab_titles = titles
-            self.tabs.titles = titles
+        # Unchanged values are not sent again (traitlets compares them first).
+        if len(ranks) == len(self.tabs.children):
+            self.tabs.titles = tuple(f"rank {v.rank} · {v.state}" for v in ranks)
         for view, out in zip(ranks, self.tabs.children, strict=False):
             lines = list(view.lines)
             if view.hidden:
@@ -394,11 +348,8 @@ class PanelView:
             if lines:
                 value = f'<pre style="{_PRE}">{html.escape(chr(10).join(lines))}</pre>'
             else:  # an empty box reads as broken
-                value = (
-                    f'<div style="{_NOTE};padding:2px 6px">no output from rank {view.rank}</div>'
-                )
-            if out.value != value:
-                out.value = value
+                value = _note(f"no output from rank {view.rank}", ";padding:2px 6px")
+            out.value = value
 
     def show_chart(self, html_text: str) -> None:
         """The metric chart."""
