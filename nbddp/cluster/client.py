@@ -244,8 +244,10 @@ class ClusterJob:
         if node.ended:
             return
         for event in batch.events:
-            if isinstance(event, Reply):
-                self._reply(event)
+            if isinstance(event, Reply):  # a session rank's answer, to the cells
+                if event.kind == "stacks":
+                    core.records[event.rank].stacks = "written"
+                core.message(event.rank, event.kind, _landed(event))
                 continue
             if isinstance(event, Text):
                 self._logs.write(event.rank, event.text)
@@ -257,7 +259,7 @@ class ClusterJob:
                 core.waits.begin(event.rank)
             core.route(event)
         for shipped in batch.failures:
-            error = self._land(shipped.failure.rank, shipped.error)
+            error = _land(self._errors, shipped.failure.rank, shipped.error)
             core.fail(replace(shipped.failure, error=error), local_time(shipped.at))
         if batch.outcomes is not None:
             self._close_node(node, batch)
@@ -283,17 +285,6 @@ class ClusterJob:
         core.halt(RunStatus.FAILED)
         self._close_node(node, None)
 
-    def _reply(self, reply: Reply) -> None:
-        """A session rank's answer: landed, to the cells."""
-        body: Body = None
-        if reply.kind == "stacks":
-            self.core.records[reply.rank].stacks = "written"
-        elif isinstance(reply.body, ShippedReply):
-            body = land_reply(reply.body)
-        elif isinstance(reply.body, ShippedError):
-            body = land_error(reply.body)
-        self.core.message(reply.rank, reply.kind, body)
-
     def _close_node(self, node: _Node, batch: Batch | None) -> None:
         """Node ``node``'s ranks have all ended (``batch``: their outcomes; None: lost
         with it); the run has once every node's have."""
@@ -303,7 +294,7 @@ class ClusterJob:
             outcome = shipped.outcome
             record = core.records[outcome.rank]
             core.waits.end(outcome.rank)
-            record.error = self._land(outcome.rank, shipped.error)
+            record.error = _land(self._errors, outcome.rank, shipped.error)
             record.value = land_value(shipped.value) if shipped.value is not None else None
             record.state, record.pid = outcome.state, outcome.pid
             record.exit_code, record.exited = outcome.exit_code, True
@@ -321,14 +312,6 @@ class ClusterJob:
         if all(n.ended for n in self._nodes):
             core.stop_reason = core.stop_reason or _node_reason([n.status for n in self._nodes])
             core.end()
-
-    def _land(self, rank: int, shipped: ShippedError | None) -> ErrorInfo | None:
-        """A rank's error, landed once (its failure and its outcome share it)."""
-        if shipped is None:
-            return None
-        if rank not in self._errors:
-            self._errors[rank] = land_error(shipped)
-        return self._errors[rank]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -348,3 +331,23 @@ def _signalled(core: RunCore, ranks: list[int]) -> None:
     for rank in ranks:
         if core.records[rank].stacks == "asked":
             core.records[rank].stacks = "signalled"
+
+
+def _land(
+    errors: dict[int, ErrorInfo], rank: int, shipped: ShippedError | None
+) -> ErrorInfo | None:
+    """A rank's error, landed once in ``errors`` (its failure and its outcome share it)."""
+    if shipped is None:
+        return None
+    if rank not in errors:
+        errors[rank] = land_error(shipped)
+    return errors[rank]
+
+
+def _landed(reply: Reply) -> Body:
+    """A session rank's answer, landed: a cell's reply, a regroup's error, or None."""
+    if isinstance(reply.body, ShippedReply):
+        return land_reply(reply.body)
+    if isinstance(reply.body, ShippedError):
+        return land_error(reply.body)
+    return None

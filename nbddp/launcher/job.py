@@ -212,7 +212,7 @@ class Job:
         self.core.route(StateChanged(rank, record.state))
         if not record.closed:
             # Children the rank left (DataLoader workers) may still hold its pipes.
-            self.core.later(ORPHAN_GRACE, self._reap_orphans, rank)
+            self.core.later(ORPHAN_GRACE, _reap_orphans, record, self._relay, self.core)
 
     def on_closed(self, rank: int) -> None:
         """A rank's output is complete; the run has ended when all are."""
@@ -298,13 +298,15 @@ class Job:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, STACKS_SIGNAL)
 
-    def _reap_orphans(self, rank: int) -> None:
-        record = self._ranks[rank]
-        if not record.closed:
-            record.signal(signal.SIGKILL)
-            self.core.later(ORPHAN_GRACE, self._relay.force_close, rank)
-
 
 def _signal_all(records: list[RankRecord], sig: int) -> bool:
     """Signal each rank's processes (``RankRecord.signal``); True if any was there."""
     return any([record.signal(sig) for record in records])
+
+
+def _reap_orphans(record: RankRecord, relay: Relay, core: RunCore) -> None:
+    """A rank exited ``ORPHAN_GRACE`` ago and children it left still hold its pipes:
+    kill them, and close the pipes after as long again."""
+    if not record.closed:
+        record.signal(signal.SIGKILL)
+        core.later(ORPHAN_GRACE, relay.force_close, record.rank)
