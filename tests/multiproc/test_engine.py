@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -31,8 +32,8 @@ class LocalAgent(NodeAgent):
     def node_address(self) -> str:
         return ADDRESS
 
-    def _lost_why(self) -> str | None:
-        return None
+    def _watch(self) -> None:
+        """No watchdog: it would end this process once the polls stop."""
 
 
 class Direct:
@@ -97,9 +98,18 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcess]:
         return placed[-1]
 
     monkeypatch.setattr(ray_engine, "place", place)
+    before = set(threading.enumerate())
     yield engine
     kept.release_agents(everything=True)
     pool.shutdown(wait=True, cancel_futures=True)
+    # Nothing of the agents' is left in this process: their followers end with them.
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith(("nbddp-node", "nbddp-agent")):
+            thread.join(10.0)
+    left = [
+        t.name for t in threading.enumerate() if t.name.startswith(("nbddp-node", "nbddp-agent"))
+    ]
+    assert not left, f"threads left: {left}"
 
 
 def _rank_and_world() -> tuple[int, int, str]:
