@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
 
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
@@ -182,26 +181,30 @@ def rank_log(log_dir: Path, rank: int) -> Path:
     return log_dir / f"rank{rank}.log"
 
 
+def open_rank_log(log_dir: Path, rank: int) -> int:
+    """An fd appending to ``rank``'s log (made private, 0600, if new)."""
+    return os.open(rank_log(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
 class RankLogs:
     """Appends to the logs of a run's ranks, each opened on its first write."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self._files: dict[int, IO[bytes]] = {}
+        self._fds: dict[int, int] = {}
 
     def write(self, rank: int, text: str) -> None:
-        """Append ``text`` to ``rank``'s log, flushed."""
-        log = self._files.get(rank)
-        if log is None:
-            log = self._files[rank] = open(rank_log(self.log_dir, rank), "ab")  # noqa: SIM115
-        log.write(text.encode("utf-8", "replace"))
-        log.flush()
+        """Append ``text`` to ``rank``'s log."""
+        fd = self._fds.get(rank)
+        if fd is None:
+            fd = self._fds[rank] = open_rank_log(self.log_dir, rank)
+        os.write(fd, text.encode("utf-8", "backslashreplace"))
 
     def close(self) -> None:
         """Close every log opened."""
-        files, self._files = self._files, {}
-        for log in files.values():
-            log.close()
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 def read_rank_log(log_dir: Path, rank: int, world_size: int, tail: int | None = None) -> str:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from nbddp.forkserver.keeper import STATUS
 from nbddp.launcher.fds import NOTEBOOK_FDS
-from nbddp.launcher.logs import rank_log
+from nbddp.launcher.logs import open_rank_log, rank_log
 from nbddp.wire.protocol import (
     FD_SPACE,
     Body,
@@ -221,7 +221,7 @@ class Relay:
             os.write(streams.log, text.encode("utf-8", "backslashreplace"))
 
     def _attach(self, rank: int, pipes: RankPipes) -> None:
-        log = os.open(self.log_path(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = open_rank_log(self.log_dir, rank)
         streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
         self._ranks[rank] = streams
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
