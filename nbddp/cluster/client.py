@@ -18,6 +18,7 @@ node's agent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -219,7 +220,9 @@ class ClusterJob:
         self._payload = None
         agents = self._agents
         if agents is not None:
-            self._tell(0, "close_store", self.run_id)
+            # Every node has ended by now, so not ``_tell``: agent 0 still holds the store.
+            with contextlib.suppress(Exception):  # a lost node 0 took its store with it
+                agents.channels[0].call("close_store", self.run_id)
             agents.detach(self.run_id)
 
     # -- internals (loop thread) ---------------------------------------------------

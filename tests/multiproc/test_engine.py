@@ -101,7 +101,9 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcess]:
     before = set(threading.enumerate())
     yield engine
     kept.release_agents(everything=True)
-    pool.shutdown(wait=True, cancel_futures=True)
+    pool.shutdown(wait=True)  # every call made, a run's last (close_store) included
+    stores = [c.agent._stores for a in placed for c in a.channels if isinstance(c, Direct)]
+    assert not any(stores), f"rendezvous stores left on the agents: {stores}"
     # Nothing of the agents' is left in this process: their followers end with them.
     for thread in set(threading.enumerate()) - before:
         if thread.name.startswith(("nbddp-node", "nbddp-agent")):
