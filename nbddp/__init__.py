@@ -26,8 +26,8 @@ if _TYPE_CHECKING:
         SessionError,
         WorkerError,
     )
+    from nbddp.launcher.clusters import RayCluster
     from nbddp.launcher.config import LaunchConfig
-    from nbddp.launcher.raycluster import RayCluster
     from nbddp.launcher.run import Run, RunResult, UnloadedValue
     from nbddp.notebook.panel.panel import Panel
     from nbddp.notebook.session import Session, session
@@ -50,7 +50,7 @@ _HOMES = {
     "launch": "nbddp.entry",
     "notebook_launcher": "nbddp.entry",
     "spawn": "nbddp.entry",
-    "RayCluster": "nbddp.launcher.raycluster",
+    "RayCluster": "nbddp.launcher.clusters",
     "Run": "nbddp.launcher.run",
     "RunResult": "nbddp.launcher.run",
     "UnloadedValue": "nbddp.launcher.run",

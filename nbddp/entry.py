@@ -19,6 +19,7 @@ from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
 from nbddp.errors import ConfigError
+from nbddp.launcher.clusters import Cluster, configured
 from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
 from nbddp.launcher.display import Display
@@ -32,7 +33,6 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
-from nbddp.launcher.raycluster import RayCluster, configured
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
@@ -217,7 +217,7 @@ def launch(
     gpus: int | Sequence[int] | None = None,
     procs: int | None = None,
     nodes: int = 1,
-    cluster: str | RayCluster | None = None,
+    cluster: str | Cluster | None = None,
     start_method: StartMethod = "forkserver",
     master_addr: str = "127.0.0.1",
     port: int | str | None = None,
@@ -237,8 +237,9 @@ def launch(
 
     ``gpus``: a count or GPU ids (a process each, nccl); ``procs``: CPU processes
     (gloo), GPUs hidden; neither: every visible GPU, or 2 CPU processes and a notice.
-    ``nodes``/``cluster``: that many machines of a Ray cluster (``"ray://head:10001"``,
-    ``"ray"`` inside one, or ``RayCluster``), ``gpus`` or ``procs`` ranks on each.
+    ``nodes``/``cluster``: that many machines of the Slurm allocation this runs in
+    (``"slurm"``) or of a Ray cluster (``"ray://head:10001"``, ``"ray"`` inside one,
+    or ``RayCluster``), ``gpus`` or ``procs`` ranks on each.
     ``port``: the rendezvous port (default: a free one); ``env``: extra environment
     variables; ``timeout``: seconds before the run is stopped (stacks dumped first);
     ``mixed_precision``: no, fp16, bf16 or fp8 for ``Accelerator()``;
@@ -305,7 +306,7 @@ def notebook_launcher(
     ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
     ``mixed_precision``; ``max_restarts`` restarts every rank after a failure,
     as torch elastic does. ``num_nodes`` > 1 runs ``num_processes`` ranks on each of
-    that many nodes of the Ray cluster ``NBDDP_CLUSTER`` names (``ConfigError``
+    that many nodes of the cluster ``NBDDP_CLUSTER`` names (``ConfigError``
     when none is configured); ``node_rank`` and ``rdzv_*`` raise ``ConfigError``
     (nbddp places the nodes itself).
     ``monitor_interval`` and ``log_line_prefix_template`` are accepted and unused.
@@ -314,12 +315,13 @@ def notebook_launcher(
     if node_rank != 0 or rdzv_endpoint or rdzv_backend != "static":
         raise ConfigError(
             "node_rank and rdzv_* are not used: nbddp places every node itself; pass "
-            "num_nodes=N with a Ray cluster in NBDDP_CLUSTER (ray://head:10001)"
+            "num_nodes=N with a cluster in NBDDP_CLUSTER (slurm, or ray://head:10001)"
         )
     cluster = configured() if num_nodes != 1 else None
     if num_nodes != 1 and cluster is None:
         raise ConfigError(
-            f"num_nodes={num_nodes} needs a Ray cluster: set NBDDP_CLUSTER=ray://head:10001 "
+            f"num_nodes={num_nodes} needs a cluster: set NBDDP_CLUSTER=slurm inside a Slurm "
+            "allocation, or NBDDP_CLUSTER=ray://head:10001 "
             "(or use nbddp.launch(fn, nodes=..., cluster=...)); run on one machine with "
             "num_nodes=1"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from nbddp.launcher.raycluster import RayCluster
+from nbddp.launcher.clusters import RayCluster
 
 __all__ = ["RayCluster", "describe", "release"]
 

@@ -67,6 +67,9 @@ class Engine(Protocol):
     def others_waiting(self, holds: list[object]) -> bool:
         """Whether another job waits for the cluster's resources (not ``holds``)."""
 
+    def note(self) -> str:
+        """What else ``describe`` says of these agents (a Slurm job's time left)."""
+
 
 class Listener(Protocol):
     """A run attached to a set of agents (``client.ClusterJob``)."""
@@ -228,7 +231,9 @@ def describe() -> str:
     lines = []
     for agents in sets:
         address, count, gpus, _ = agents.shape
-        nodes = ", ".join(f"node {i} {info.address}" for i, info in enumerate(agents.infos))
+        nodes = ", ".join(
+            f"node {i} {info.hostname} ({info.address})" for i, info in enumerate(agents.infos)
+        )
         what = f"{gpus} GPUs per node" if gpus else "a CPU per node"
         with agents._lock:
             runs, sessions = len(agents.runs), len(agents.sessions)
@@ -239,6 +244,8 @@ def describe() -> str:
             use = f"idle, handed back in {left:.0f}s or when another job waits for them"
         if agents.broken:
             use += "; a node was lost: handed back once its runs end"
+        note = agents.engine.note()
+        use += f"; {note}" if note else ""
         lines.append(f"{address}: {count} agents ({what}) on {nodes}; {use}")
     return "\n".join(lines)
 

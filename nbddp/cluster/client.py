@@ -32,8 +32,9 @@ from nbddp.agent.portable import (
     land_value,
     ship_payload,
 )
-from nbddp.cluster import ray_engine
+from nbddp.cluster import ray_engine, slurm_engine
 from nbddp.cluster.agents import Agents, Channel, release_agents
+from nbddp.launcher.clusters import SlurmCluster
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.core import STACKS_WAIT, RunCore
 from nbddp.launcher.events import (
@@ -98,7 +99,8 @@ class ClusterJob:
         if payload is None:
             raise RuntimeError("this job has already run; start a new one")
         shipped = ship_payload(payload)
-        agents = self._agents = ray_engine.place(self.config)
+        slurm = isinstance(self.config.cluster, SlurmCluster)
+        agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes
         per = spec.world_size // count
         for i, (channel, info) in enumerate(zip(agents.channels, agents.infos, strict=True)):
@@ -274,14 +276,16 @@ class ClusterJob:
             return
         ranks = [r for r in node.place.global_ranks if not core.records[r].exited]
         names = _ranks(ranks)
-        why = f"the loss of {node.place}, which ran {names},"
+        # The channel's own words where it has them (Slurm: the step's end, a time limit).
+        said = f" ({exc})" if isinstance(exc, ConnectionError) and str(exc) else ""
+        why = f"the loss of {node.place}, which ran {names}{said},"
         for rank in ranks:
             record = core.records[rank]
             record.state, record.exited = RankState.FAILED, True
             core.fail(Failure(rank, "died", cause=why))
         if ranks:
             core.route(
-                Notice(f"{node.place} was lost ({type(exc).__name__}): {names} ended with it")
+                Notice(f"{node.place} was lost{said or f' ({type(exc).__name__})'}: {names} ended")
             )
             for rank in ranks:
                 core.route(StateChanged(rank, RankState.FAILED))

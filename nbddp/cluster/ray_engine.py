@@ -26,8 +26,8 @@ from nbddp.agent.ray_node import RayNodeAgent
 from nbddp.cluster.agents import Agents, Channel, Shape, holders, keep, release_agents, reuse
 from nbddp.cluster.probe import probe
 from nbddp.errors import ConfigError
+from nbddp.launcher.clusters import RayCluster
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.raycluster import RayCluster
 from nbddp.launcher.spelling import OptionError
 from nbddp.wire.versions import local_versions, mismatch
 
@@ -170,10 +170,13 @@ class RayEngine:
         groups: list[Ray] = holds
         return _foreign_demand({str(g.id.hex()) for g in groups})
 
+    def note(self) -> str:
+        return ""
+
 
 def place(config: LaunchConfig) -> Agents:
     """Agents for the run."""
-    assert config.cluster is not None
+    assert isinstance(config.cluster, RayCluster)
     ray = connect(config.cluster)
     per = config.job.world_size // config.nodes
     gpus = per if config.job.device == "cuda" else 0

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from nbddp.launcher.clusters import Cluster, as_cluster
 from nbddp.launcher.options import (
     DEFAULTS,
     OPTIONS,
@@ -22,7 +23,6 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.options import Output as OutputChoice
-from nbddp.launcher.raycluster import RayCluster, as_cluster
 from nbddp.launcher.spelling import OptionError
 
 S = TypeVar("S", bound=str)
@@ -47,7 +47,7 @@ class Values:
     output: OutputChoice
     tail: int
     nodes: int
-    cluster: RayCluster | None
+    cluster: Cluster | None
 
     @classmethod
     def check(cls, options: LaunchOptions) -> Values:
@@ -264,7 +264,7 @@ def seconds(option: str, value: object) -> float | None:
     return float(value)
 
 
-def cluster(value: object) -> RayCluster | None:
+def cluster(value: object) -> Cluster | None:
     try:
         return as_cluster(value)
     except ValueError as exc:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from nbddp.launcher import settings
 from nbddp.launcher.checks import Values
+from nbddp.launcher.clusters import Cluster
 from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
 from nbddp.launcher.execenv import exec_env_problem, working_directory
 from nbddp.launcher.options import (
@@ -31,7 +32,6 @@ from nbddp.launcher.options import (
     StartMethod,
 )
 from nbddp.launcher.options import Output as OutputChoice
-from nbddp.launcher.raycluster import RayCluster
 from nbddp.launcher.reserved import check_env
 from nbddp.launcher.spelling import OptionError, Say, Spelling
 from nbddp.wire.protocol import DeviceKind
@@ -152,6 +152,8 @@ class JobSpec:
             env["ACCELERATE_USE_CPU"] = "true"
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.env:
             env["OMP_NUM_THREADS"] = str(self.threads(node.ranks))
+        if "SLURM_JOB_ID" in os.environ:
+            env.update(_slurm_task(node, local, self.world_size))
         env.update(self.env)
         return env
 
@@ -194,8 +196,8 @@ class LaunchConfig:
     view: ViewSpec = ViewSpec()
     nodes: int = 1
     """Machines the run spans (``job.world_size`` counts the ranks of all of them)."""
-    cluster: RayCluster | None = None
-    """The Ray cluster the run goes to (``nbddp.cluster``); None: this machine."""
+    cluster: Cluster | None = None
+    """The cluster the run goes to (``nbddp.cluster``); None: this machine."""
 
     @classmethod
     def build(
@@ -343,7 +345,27 @@ def _place(values: Values, vis: VisibleGpus, inherit_devices: bool) -> _Placemen
     return _Placement(DEFAULT_CPU_PROCS, "cpu", notices=(notice,))
 
 
-def _cluster(values: Values) -> RayCluster | None:
+def _slurm_task(node: NodeSlice, local: int, world_size: int) -> dict[str, str]:
+    """Slurm's per-task variables as a rank's, where it runs inside a Slurm job: Slurm
+    gives every process of a step the step's own numbers (one task per node for
+    nbddp's agents, one task for a notebook), which Lightning and submitit would read
+    instead of torch's."""
+    rank, tasks = str(node.first_rank + local), str(world_size)
+    return {
+        "SLURM_PROCID": rank,
+        "SLURM_LOCALID": str(local),
+        "SLURM_NODEID": str(node.node_rank),
+        "SLURM_NTASKS": tasks,
+        "SLURM_NPROCS": tasks,
+        "SLURM_STEP_NUM_TASKS": tasks,
+        "SLURM_NTASKS_PER_NODE": str(node.ranks),
+        "SLURM_TASKS_PER_NODE": f"{node.ranks}(x{node.nodes})",
+        "SLURM_STEP_TASKS_PER_NODE": f"{node.ranks}(x{node.nodes})",
+        "SLURM_GTIDS": ",".join(str(r) for r in node.global_ranks),
+    }
+
+
+def _cluster(values: Values) -> Cluster | None:
     """The cluster of a run across nodes, once the options fit one (None: this machine)."""
     if values.cluster is None:
         if values.nodes > 1:
@@ -351,8 +373,9 @@ def _cluster(values: Values) -> RayCluster | None:
                 "nodes",
                 values.nodes,
                 lambda s: (
-                    f"{s.given('nodes', values.nodes)} needs a Ray cluster: add "
-                    f"{s.given('cluster', 'ray://head:10001')} (or 'ray' inside one)"
+                    f"{s.given('nodes', values.nodes)} needs a cluster: add "
+                    f"{s.given('cluster', 'slurm')} inside a Slurm allocation, or "
+                    f"{s.given('cluster', 'ray://head:10001')} (or 'ray' inside a Ray cluster)"
                 ),
             )
         return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import NoneType, UnionType
 from typing import Annotated, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
-from nbddp.launcher.raycluster import RayCluster
+from nbddp.launcher.clusters import Cluster
 from nbddp.wire.protocol import Backend as Backend
 
 StartMethod = Literal["forkserver", "spawn", "fork"]
@@ -130,10 +130,11 @@ class LaunchOptions(TypedDict, total=False):
         ),
     ]
     cluster: Annotated[
-        str | RayCluster | None,
+        str | Cluster | None,
         Opt(
             None,
-            "the Ray cluster to run on: ray://head:10001, ray (the one this runs in), host:port",
+            "the cluster to run on: slurm (the allocation this runs in), ray://head:10001, "
+            "ray (the Ray cluster this runs in), host:port",
             Magic("ADDRESS"),
             panel=True,
         ),

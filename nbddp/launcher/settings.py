@@ -78,9 +78,14 @@ LOG_MAX_MB = Setting[float](
     "NBDDP_LOG_MAX_MB", 500, "a number of megabytes > 0", _number(0, above=True)
 )
 """The most megabytes all run directories hold together."""
-CLUSTER = Setting[str | None]("NBDDP_CLUSTER", None, "a Ray address", lambda text: text)
-"""The Ray cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as the
+CLUSTER = Setting[str | None]("NBDDP_CLUSTER", None, "slurm or a Ray address", lambda text: text)
+"""The cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as the
 ``cluster`` option is)."""
+SLURM_ADDRESS = Setting[str | None](
+    "NBDDP_SLURM_ADDRESS", None, "an address of this host", lambda text: text
+)
+"""Where a Slurm job's agents reach the notebook (default: this host's address towards
+the job's first node)."""
 CLUSTER_IDLE = Setting("NBDDP_CLUSTER_IDLE", 300.0, "a number of seconds >= 0", _number(0))
 """Seconds after its last run before a cluster's kept agents are handed back (at once
 when another driver waits for the cluster): five minutes keeps launches warm while a
@@ -99,6 +104,7 @@ class Settings:
     log_max_bytes: int
     cluster: str | None
     cluster_idle: float
+    slurm_address: str | None
 
 
 def read(environ: Mapping[str, str] | None = None) -> Settings:
@@ -115,6 +121,7 @@ def read(environ: Mapping[str, str] | None = None) -> Settings:
         log_max_bytes=int(LOG_MAX_MB.get(env) * (1 << 20)),
         cluster=CLUSTER.get(env),
         cluster_idle=CLUSTER_IDLE.get(env),
+        slurm_address=SLURM_ADDRESS.get(env),
     )
 
 

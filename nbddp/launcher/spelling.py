@@ -189,7 +189,7 @@ PANEL = Spelling(
         "gpus": "GPUs",
         "procs": "Processes",
         "nodes": "Nodes",
-        "cluster": "Ray cluster",
+        "cluster": "Cluster",
         "start_method": "Start method",
         "port": "Master port",
         "mixed_precision": "Mixed precision",

@@ -79,6 +79,9 @@ class InProcess:
     def others_waiting(self, holds: list[object]) -> bool:
         return False
 
+    def note(self) -> str:
+        return ""
+
 
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcess]:

@@ -228,7 +228,7 @@ def test_notebook_launcher_rejects_multi_node_options_clearly(
 ) -> None:
     # Without a cluster configured (NBDDP_CLUSTER) there is nowhere to run the other nodes.
     monkeypatch.delenv("NBDDP_CLUSTER", raising=False)
-    with pytest.raises(nbddp.ConfigError, match=r"^num_nodes=2 needs a Ray cluster: set NBDDP_"):
+    with pytest.raises(nbddp.ConfigError, match=r"^num_nodes=2 needs a cluster: set NBDDP_"):
         nbddp.notebook_launcher(fns.all_reduce_sum, args=(0.0,), num_processes=2, num_nodes=2)
 
 

@@ -46,13 +46,17 @@ def test_ranks_per_node_times_nodes_is_the_world_and_gpus_are_the_nodes_own() ->
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"nodes": 2, "procs": 1}, "nodes=2 needs a Ray cluster: add cluster='ray://head:10001'"),
+        (
+            {"nodes": 2, "procs": 1},
+            "nodes=2 needs a cluster: add cluster='slurm' inside a Slurm allocation, or "
+            "cluster='ray://head:10001'",
+        ),
         ({"nodes": 0, "procs": 1}, "nodes must be at least 1, got 0"),
         (
             {"cluster": "head", "procs": 1},
             "cluster 'head' is not a Ray address; use 'ray://head:10001'",
         ),
-        ({"cluster": "", "procs": 1}, "cluster must be a Ray address such as 'ray://head:10001'"),
+        ({"cluster": "", "procs": 1}, "cluster must be 'slurm' (the Slurm allocation this runs in), a Ray address"),
         (
             {"cluster": "ray", "gpus": [0, 1]},
             "on a cluster gpus is a count per node, such as gpus=8",
@@ -73,7 +77,7 @@ def test_a_cluster_launch_that_cannot_work_is_refused_in_one_line(
 
 
 def test_the_magics_spell_the_cluster_options_as_flags() -> None:
-    needs = r"^--nodes 2 needs a Ray cluster: add --cluster ray://"
+    needs = r"^--nodes 2 needs a cluster: add --cluster slurm inside .* or --cluster ray://"
     with pytest.raises(ConfigError, match=needs), FLAGS.speaking():
         LaunchConfig.build(visible=NO_GPU, nodes=2, procs=1)
 
@@ -108,7 +112,7 @@ def test_notebook_launcher_runs_across_nodes_only_with_a_configured_cluster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("NBDDP_CLUSTER", raising=False)
-    with pytest.raises(ConfigError, match=r"^num_nodes=2 needs a Ray cluster: set NBDDP_CLUSTER="):
+    with pytest.raises(ConfigError, match=r"^num_nodes=2 needs a cluster: set NBDDP_CLUSTER=slurm"):
         notebook_launcher(print, num_nodes=2)
     with pytest.raises(ConfigError, match=r"^node_rank and rdzv_\* are not used"):
         notebook_launcher(print, num_nodes=2, node_rank=1)
@@ -219,8 +223,8 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
         "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
     }
     assert replace(settings, cluster="").errors() == {
-        "launch": "Nodes 2 needs a Ray cluster: add Ray cluster ray://head:10001 "
-        "(or 'ray' inside one)"
+        "launch": "Nodes 2 needs a cluster: add Cluster slurm inside a Slurm allocation, or "
+        "Cluster ray://head:10001 (or 'ray' inside a Ray cluster)"
     }
 
 

@@ -102,7 +102,7 @@ def test_every_wrong_field_is_flagged_and_counted_on_the_launch_button() -> None
     view.show_errors({"port": "a port number"})
     assert [n for n, w in view.inputs.items() if "nbddp-invalid" in w._dom_classes] == ["port"]
     assert view.launch_button.description == "Fix 1 field to launch"
-    view.show_errors({"launch": "Nodes 2 needs a Ray cluster"})
+    view.show_errors({"launch": "Nodes 2 needs a cluster"})
     assert view.launch_button.description == "Fix the settings to launch"
     view.show_errors({})
     assert view.launch_button.description == "Launch"

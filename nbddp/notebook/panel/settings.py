@@ -66,7 +66,7 @@ class PanelSettings:
     nodes: str = ""
     """Machines of the cluster, as typed; empty: this machine only."""
     cluster: str = ""
-    """The Ray cluster's address, as typed; empty: none."""
+    """The cluster, as typed (slurm, or a Ray address); empty: none."""
     start_method: str = cast(str, OPTIONS["start_method"].default)
     port: str = ""
     """Rendezvous port as typed; empty: a free one per run."""

@@ -1,9 +1,10 @@
-"""The ``cluster`` launch option's value: which Ray cluster a run goes to.
+"""The ``cluster`` launch option's value: which cluster a run goes to.
 
-``RayCluster(address, runtime_env=None)`` names a cluster as ``ray.init`` does.
-``as_cluster(value)`` turns an option's value into one or says in one line
+``RayCluster(address, runtime_env=None)`` names a Ray cluster as ``ray.init``
+does; ``SlurmCluster()`` (``"slurm"``) the Slurm allocation this process runs
+in. ``as_cluster(value)`` turns an option's value into one or says in one line
 what is wrong; ``configured()`` is the cluster ``NBDDP_CLUSTER`` names. Nothing
-here imports ray.
+here imports ray or calls Slurm.
 """
 
 from __future__ import annotations
@@ -38,16 +39,35 @@ class RayCluster:
         return "auto" if self.address == "ray" else self.address
 
 
-def as_cluster(value: object) -> RayCluster | None:
+@dataclass(frozen=True)
+class SlurmCluster:
+    """The Slurm allocation this process runs in (``salloc``, ``sbatch``), for
+    ``launch(..., cluster="slurm")``: one agent per node runs as a step of it."""
+
+    @property
+    def address(self) -> str:
+        return "slurm"
+
+    def __str__(self) -> str:
+        return self.address
+
+
+Cluster = RayCluster | SlurmCluster
+
+
+def as_cluster(value: object) -> Cluster | None:
     """The cluster an option's value names, or None; else ``ValueError`` saying what is wrong."""
-    if value is None or isinstance(value, RayCluster):
+    if value is None or isinstance(value, RayCluster | SlurmCluster):
         return value
     if not isinstance(value, str) or not value.strip():
         raise ValueError(
-            "must be a Ray address such as 'ray://head:10001', 'ray' (the cluster this runs "
-            f"in) or nbddp.RayCluster(...), got {value!r}"
+            "must be 'slurm' (the Slurm allocation this runs in), a Ray address such as "
+            f"'ray://head:10001', 'ray' (the Ray cluster this runs in) or nbddp.RayCluster(...), "
+            f"got {value!r}"
         )
     address = value.strip()
+    if address == "slurm":
+        return SlurmCluster()
     if address not in ("ray", "auto") and ":" not in address:
         raise ValueError(
             f"{address!r} is not a Ray address; use 'ray://{address}:10001' (Ray Client), "
@@ -56,7 +76,7 @@ def as_cluster(value: object) -> RayCluster | None:
     return RayCluster(address)
 
 
-def configured() -> RayCluster | None:
+def configured() -> Cluster | None:
     """The cluster ``NBDDP_CLUSTER`` names, if set; ``ConfigError`` if it names none."""
     try:
         return as_cluster(settings.read().cluster)
