@@ -56,7 +56,10 @@ def test_ranks_per_node_times_nodes_is_the_world_and_gpus_are_the_nodes_own() ->
             {"cluster": "head", "procs": 1},
             "cluster 'head' is not a Ray address; use 'ray://head:10001'",
         ),
-        ({"cluster": "", "procs": 1}, "cluster must be 'slurm' (the Slurm allocation this runs in), a Ray address"),
+        (
+            {"cluster": "", "procs": 1},
+            "cluster must be 'slurm' (the Slurm allocation this runs in), a Ray address",
+        ),
         (
             {"cluster": "ray", "gpus": [0, 1]},
             "on a cluster gpus is a count per node, such as gpus=8",
