@@ -1,0 +1,59 @@
+"""``%%ddp --cluster slurm`` and a session across the allocation's nodes in a real kernel
+started inside the allocation; a killed kernel leaves no rank, agent or step behind."""
+
+from __future__ import annotations
+
+import psutil
+
+from tests.kernel.kernel import Kernel, ok
+from tests.procs import wait_procs_gone
+from tests.slurm.conftest import steps
+
+
+def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
+    with Kernel() as kernel:
+        ok(kernel, "%load_ext nbddp")
+        result = kernel.execute(
+            "%%ddp --nodes 2 --procs 1 --cluster slurm\n"
+            "import os\n"
+            "print(f'rank {rank} of {world_size} on {os.environ[\"SLURMD_NODENAME\"]}')\n",
+            timeout=180,
+        )
+        assert result.status == "ok", result.text()
+        assert "[rank 0] rank 0 of 2 on n1\n" in result.rank_output
+        assert "[rank 1] rank 1 of 2 on n2\n" in result.rank_output
+        result = kernel.execute("%ddp_session start --nodes 2 --procs 1 --cluster slurm", 180)
+        assert result.status == "ok", result.text()
+        result = kernel.execute("%%ddp\nimport os\nwhere = os.environ['SLURMD_NODENAME']\n")
+        assert result.status == "ok", result.text()
+        result = kernel.execute("%%ddp\nif rank == 1:\n    raise LookupError(f'not on {where}')\n")
+        assert result.status == "error" and result.error is not None, result.text()
+        assert result.error["ename"] == "LookupError"
+        assert "not on n2" in "\n".join(result.error["traceback"])
+        result = kernel.execute("%%ddp\nprint('still', where)\n")  # the state is kept
+        assert result.status == "ok", result.text()
+        assert "[rank 0] still n1\n" in result.rank_output
+        assert "[rank 1] still n2\n" in result.rank_output
+        ok(kernel, "%ddp_session stop")
+
+
+def test_a_killed_kernel_with_a_run_and_a_session_leaves_nothing(in_allocation: str) -> None:
+    with Kernel() as doomed:
+        ok(doomed, "%load_ext nbddp")
+        result = doomed.execute("%ddp_session start --nodes 2 --procs 1 --cluster slurm", 180)
+        assert result.status == "ok", result.text()
+        ok(
+            doomed,
+            "import nbddp, time\nrun = nbddp.launch(time.sleep, 600, nodes=2, procs=1, "
+            "cluster='slurm', block=False)\nwhile len(run.pids) < 2: time.sleep(0.05)",
+        )
+        result = doomed.execute(
+            "from nbddp.cluster import agents\n"
+            "print(*run.pids.values(), *(i.pid for s in agents.kept() for i in s.infos))"
+        )
+        assert result.status == "ok", result.text()
+        pids = [int(pid) for pid in result.stdout.split()]
+        assert len(pids) == 4 and len(steps(in_allocation)) == 1, pids  # one set of agents
+        procs = [psutil.Process(pid) for pid in pids]
+        doomed.kill()
+        assert not wait_procs_gone(procs, timeout=30), "alive 30 s after the kernel was killed"
