@@ -26,7 +26,7 @@ if _TYPE_CHECKING:
         SessionError,
         WorkerError,
     )
-    from nbddp.launcher.clusters import RayCluster
+    from nbddp.launcher.clusters import RayCluster, SlurmCluster
     from nbddp.launcher.config import LaunchConfig
     from nbddp.launcher.run import Run, RunResult, UnloadedValue
     from nbddp.notebook.panel.panel import Panel
@@ -51,6 +51,7 @@ _HOMES = {
     "notebook_launcher": "nbddp.entry",
     "spawn": "nbddp.entry",
     "RayCluster": "nbddp.launcher.clusters",
+    "SlurmCluster": "nbddp.launcher.clusters",
     "Run": "nbddp.launcher.run",
     "RunResult": "nbddp.launcher.run",
     "UnloadedValue": "nbddp.launcher.run",
@@ -77,6 +78,7 @@ __all__ = [
     "RunResult",
     "Session",
     "SessionError",
+    "SlurmCluster",
     "UnloadedValue",
     "WorkerError",
     "launch",

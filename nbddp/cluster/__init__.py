@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import sys
 
-from nbddp.launcher.clusters import RayCluster
+from nbddp.launcher.clusters import RayCluster, SlurmCluster
 
-__all__ = ["RayCluster", "describe", "release"]
+__all__ = ["RayCluster", "SlurmCluster", "describe", "release"]
 
 
 def release() -> None:
-    """Hand back the agents (and their placement group) kept for the next launch.
+    """Hand back the agents kept for the next launch (and what holds their nodes: a
+    Ray placement group, an allocation nbddp asked Slurm for, kept ones included).
 
     The next cluster launch starts new ones (slower: seconds). Does nothing
     when no cluster run was made in this process."""
     agents = sys.modules.get("nbddp.cluster.agents")
     if agents is not None:
         agents.release_agents()
+    slurm = sys.modules.get("nbddp.cluster.slurm_engine")
+    if slurm is not None:
+        slurm.end_kept()
 
 
 def describe() -> str:

@@ -31,9 +31,11 @@ import time
 
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
-from nbddp.cluster.agents import Agents, Channel, Shape, keep, release_agents, reuse
+from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
+from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
+from nbddp.launcher.clusters import SlurmCluster
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.spelling import OptionError
 from nbddp.wire.calls import Caller, proven
@@ -50,26 +52,41 @@ GONE_WAIT = 3.0  # seconds a lost agent's step gets to end, so that Slurm says w
 
 def place(config: LaunchConfig) -> Agents:
     """Agents for the run (module contract)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        raise ConfigError(
-            "cluster='slurm' runs on the Slurm allocation this notebook runs in, but it runs "
-            "in none (no SLURM_JOB_ID): start Jupyter inside one (salloc -N2 ..., or a batch "
-            "job that serves it)"
-        )
+    cluster = config.cluster
+    assert isinstance(cluster, SlurmCluster)
     srun = shutil.which("srun")
     if srun is None:
-        raise ConfigError("cluster='slurm' needs Slurm's srun on PATH, and it is not there")
+        raise ConfigError(f"cluster={cluster} needs Slurm's srun on PATH, and it is not there")
     per = config.job.world_size // config.nodes
     gpus = per if config.job.device == "cuda" else 0
-    shape: Shape = (f"Slurm job {job}", config.nodes, gpus, 1)
+    job = os.environ.get("SLURM_JOB_ID")
+    if not cluster.submits and not job:
+        raise ConfigError(
+            "cluster='slurm' runs on the Slurm allocation this notebook runs in, but it runs "
+            "in none (no SLURM_JOB_ID): start Jupyter inside one (salloc -N2 ...), or have "
+            "nbddp ask for one: cluster=nbddp.SlurmCluster(partition=..., time=...)"
+        )
+    where = str(cluster) if cluster.submits else f"Slurm job {job}"
+    shape: Shape = (where, config.nodes, gpus, 1)
     kept = reuse(shape, _alive)
     if kept is not None:
         return kept
     release_agents()  # what no run uses: its step's CPUs may be what this run needs
+    if not cluster.submits:
+        assert job is not None
+        _check_fits(job, config.nodes)
+        return keep(_new_agents(srun, job, shape, None))
+    allocation = allocate(cluster, config.nodes, gpus)
+    try:
+        return keep(_new_agents(srun, allocation.job, shape, allocation))
+    except BaseException:
+        allocation.end()
+        raise
+
+
+def _check_fits(job: str, count: int) -> None:
     names = _job_nodes(job)
-    if config.nodes > len(names):
-        count = config.nodes
+    if count > len(names):
         raise OptionError(
             "nodes",
             count,
@@ -79,7 +96,6 @@ def place(config: LaunchConfig) -> Agents:
                 "more in the allocation (salloc -N)"
             ),
         )
-    return keep(_new_agents(srun, job, shape, names[0]))
 
 
 def _scontrol(*args: str) -> str:
@@ -108,10 +124,10 @@ def _notebook_address(first_node: str) -> str:
         return str(probe.getsockname()[0])
 
 
-def _new_agents(srun: str, job: str, shape: Shape, first_node: str) -> Agents:
+def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None) -> Agents:
     _, nodes, gpus, _ = shape
     secret = secrets.token_hex(16)
-    address = _notebook_address(first_node)
+    address = _notebook_address(_job_nodes(job)[0])
     server = socket.create_server((address, 0))
     command = [
         srun, "--overlap", f"--jobid={job}", f"--nodes={nodes}", "--ntasks-per-node=1",
@@ -126,7 +142,7 @@ def _new_agents(srun: str, job: str, shape: Shape, first_node: str) -> Agents:
         stderr=subprocess.PIPE,
         text=True,
     )
-    engine = SlurmEngine(job, step)
+    engine = SlurmEngine(job, step, allocation)
     try:
         with server:
             callers = _accept(server, secret, nodes, engine)
@@ -187,8 +203,10 @@ class SlurmEngine:
     """Slurm's side of ``agents.Engine`` for one step of agents: follows the step,
     and closes its agents' channels when it ends (module contract)."""
 
-    def __init__(self, job: str, step: subprocess.Popen[str]) -> None:
-        self.job, self.step = job, step
+    def __init__(
+        self, job: str, step: subprocess.Popen[str], allocation: Allocation | None
+    ) -> None:
+        self.job, self.step, self.allocation = job, step, allocation
         self.callers: dict[int, Caller] = {}
         self.ended = threading.Event()
         self._said: list[str] = []  # what srun said of the step's tasks, in order
@@ -256,6 +274,8 @@ class SlurmEngine:
             log.warning("nbddp: srun for job %s did not end; killing it", self.job)
             self.step.kill()
             self.step.wait()
+        if self.allocation is not None:
+            self.allocation.end()
 
     def others_waiting(self, holds: list[object]) -> bool:
         return False  # the allocation is this notebook's own
@@ -265,6 +285,12 @@ class SlurmEngine:
             ["squeue", "-h", "-j", self.job, "-o", "%L"], capture_output=True, text=True
         ).stdout.strip()
         return f"time left {left}" if left else ""
+
+
+def end_kept() -> None:
+    """End the kept allocations this process asked for that no agents hold."""
+    busy = {a.engine.job for a in kept() if isinstance(a.engine, SlurmEngine)}
+    cancel_kept(busy)
 
 
 def _alive(agents: Agents) -> bool:

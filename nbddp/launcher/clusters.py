@@ -9,6 +9,7 @@ here imports ray or calls Slurm.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -41,15 +42,85 @@ class RayCluster:
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """The Slurm allocation this process runs in (``salloc``, ``sbatch``), for
-    ``launch(..., cluster="slurm")``: one agent per node runs as a step of it."""
+    """A Slurm allocation to run on, for ``launch(..., cluster=SlurmCluster(...))``.
+
+    With no arguments (``"slurm"``): the allocation this process runs in
+    (``salloc``, ``sbatch``). With any: nbddp asks Slurm for one of its own
+    (from a login node), as ``salloc`` would with ``--partition``, ``--time``,
+    ``--account``, ``--qos``, ``--gpus-per-node`` and ``extra_args``, and gives
+    it back with its agents; ``keep=True`` keeps it past this process, under
+    ``name``, for a later process asking for the same name to use again.
+    As a string: ``"slurm --partition gpu --time 1:00:00 --keep exp1"``.
+    """
+
+    partition: str | None = None
+    time: str | None = None
+    """Slurm's time limit: ``"30"`` (minutes), ``"1:00:00"``, ``"1-0"``."""
+    account: str | None = None
+    qos: str | None = None
+    gpus_per_node: int | None = None
+    """None: the GPUs a run asks for on each node (``gpus=``)."""
+    extra_args: tuple[str, ...] = ()
+    """Any other ``salloc`` flags, as given on its command line."""
+    keep: bool = False
+    name: str | None = None
+    """The allocation's name with ``keep``: a later ``SlurmCluster(keep=True, name=...)``
+    uses the allocation of that name while it lasts."""
+
+    @property
+    def submits(self) -> bool:
+        """Whether nbddp asks Slurm for an allocation (not the one this runs in)."""
+        return self != SlurmCluster()
+
+    def __post_init__(self) -> None:
+        if self.keep and not self.name:
+            raise ConfigError(
+                "SlurmCluster(keep=True) needs a name=..., by which a later kernel finds the "
+                "allocation again"
+            )
 
     @property
     def address(self) -> str:
-        return "slurm"
+        gpus = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node else []
+        keep = [f"--keep={self.name}"] if self.keep else []
+        return " ".join(["slurm", *self.salloc_args(), *gpus, *keep])
 
     def __str__(self) -> str:
         return self.address
+
+    def salloc_args(self) -> list[str]:
+        """The allocation's ``salloc`` flags, nodes and GPUs aside."""
+        named = {"partition": self.partition, "time": self.time, "account": self.account}
+        named["qos"] = self.qos
+        return [*(f"--{k}={v}" for k, v in named.items() if v), *self.extra_args]
+
+
+def _slurm(text: str) -> SlurmCluster:
+    """``"slurm --partition gpu --keep exp1 --exclusive"`` as a ``SlurmCluster``."""
+    words = shlex.split(text)[1:]
+    given: dict[str, str] = {}
+    extra: list[str] = []
+    while words:
+        word = words.pop(0)
+        flag, eq, value = word.partition("=")
+        key = flag.removeprefix("--").replace("-", "_")
+        if key in ("partition", "time", "account", "qos", "gpus_per_node", "keep") and (
+            eq or words
+        ):
+            given[key] = value if eq else words.pop(0)
+        else:
+            extra.append(word)
+    gpus = given.pop("gpus_per_node", None)
+    if gpus is not None and not gpus.isdigit():
+        raise ValueError(f"--gpus-per-node must be a count, got {gpus!r}")
+    name = given.pop("keep", None)
+    return SlurmCluster(
+        **given,
+        gpus_per_node=int(gpus) if gpus else None,
+        extra_args=tuple(extra),
+        keep=name is not None,
+        name=name,
+    )
 
 
 Cluster = RayCluster | SlurmCluster
@@ -66,8 +137,8 @@ def as_cluster(value: object) -> Cluster | None:
             f"got {value!r}"
         )
     address = value.strip()
-    if address == "slurm":
-        return SlurmCluster()
+    if address.split()[0] == "slurm":
+        return _slurm(address)
     if address not in ("ray", "auto") and ":" not in address:
         raise ValueError(
             f"{address!r} is not a Ray address; use 'ray://{address}:10001' (Ray Client), "

@@ -55,6 +55,11 @@ def steps(job: str) -> list[str]:
     return slurm("squeue", "-h", "-s", "-j", job, "-o", "%i", check=False).split()
 
 
+def other_jobs(allocation: str) -> list[str]:
+    """The jobs in the queue besides the tests' own allocation."""
+    return [j for j in slurm("squeue", "-h", "-o", "%i", check=False).split() if j != allocation]
+
+
 def agents() -> list[psutil.Process]:
     """nbddp's agents that this test session started (by their command line)."""
     session = os.environ[MARKER]
@@ -94,7 +99,7 @@ def allocation() -> Iterator[str]:
 def in_allocation(
     allocation: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
-    """Each test runs inside the allocation, and leaves no agent, step or rank."""
+    """Each test runs inside the allocation, and leaves no agent, step, job or rank."""
     import nbddp.cluster
 
     monkeypatch.setenv("SLURM_JOB_ID", allocation)
@@ -105,7 +110,11 @@ def in_allocation(
     for proc in left:
         proc.kill()
     deadline = time.monotonic() + 15
-    while steps(allocation) and time.monotonic() < deadline:
+    while (steps(allocation) or other_jobs(allocation)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    jobs = other_jobs(allocation)
+    if jobs:
+        slurm("scancel", *jobs, check=False)
     assert not left, f"agents left: {[p.pid for p in left]}"
     assert not steps(allocation), f"job steps left: {steps(allocation)}"
+    assert not jobs, f"jobs left: {jobs}"
