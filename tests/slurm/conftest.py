@@ -75,20 +75,19 @@ def agents() -> list[psutil.Process]:
     return found
 
 
+def _allocate() -> str:
+    """The job id of a new allocation of both nodes (with their two fake GPUs each)."""
+    slurm("salloc", "-N2", "--gres=gpu:2", "--no-shell", "--job-name=nbddp-tests")
+    return slurm("squeue", "-h", "--name=nbddp-tests", "-t", "RUNNING", "-o", "%i").split()[-1]
+
+
 @pytest.fixture(scope="session")
-def allocation() -> Iterator[str]:
-    """The job id of an allocation of both nodes (with their two fake GPUs each)."""
+def allocation() -> Iterator[list[str]]:
+    """The tests' allocation, as a one-item list: a test that loses a node takes it down
+    with the node, and the next test gets a new one."""
     subprocess.run(["bash", str(SCRIPT), "start"], check=True, timeout=120)
     try:
-        out = subprocess.run(
-            ["salloc", "-N2", "--gres=gpu:2", "--no-shell", "--job-name=nbddp-tests"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "SLURM_CONF": CONF},
-        )
-        job = out.stderr.split("Granted job allocation ")[1].split()[0]
-        yield job
+        yield [_allocate()]
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], check=True, timeout=120)
     left = [p for p in psutil.process_iter(["name"]) if p.info["name"] in ("slurmstepd",)]
@@ -97,24 +96,28 @@ def allocation() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def in_allocation(
-    allocation: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+    allocation: list[str], no_leftovers: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
     """Each test runs inside the allocation, and leaves no agent, step, job or rank."""
     import nbddp.cluster
 
-    monkeypatch.setenv("SLURM_JOB_ID", allocation)
+    if slurm("squeue", "-h", "-j", allocation[0], "-o", "%T", check=False).strip() != "RUNNING":
+        slurm("scancel", allocation[0], check=False)
+        allocation[0] = _allocate()
+    job = allocation[0]
+    monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setenv("SLURM_CONF", CONF)
-    yield allocation
+    yield job
     nbddp.cluster.release()
     left = wait_procs_gone(agents(), timeout=15.0)
     for proc in left:
         proc.kill()
     deadline = time.monotonic() + 15
-    while (steps(allocation) or other_jobs(allocation)) and time.monotonic() < deadline:
+    while (steps(job) or other_jobs(job)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    jobs = other_jobs(allocation)
+    jobs = other_jobs(job)
     if jobs:
         slurm("scancel", *jobs, check=False)
     assert not left, f"agents left: {[p.pid for p in left]}"
-    assert not steps(allocation), f"job steps left: {steps(allocation)}"
+    assert not steps(job), f"job steps left: {steps(job)}"
     assert not jobs, f"jobs left: {jobs}"

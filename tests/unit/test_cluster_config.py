@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from nbddp import RayCluster, entry, notebook_launcher
+from nbddp import RayCluster, SlurmCluster, entry, notebook_launcher
 from nbddp.agent.portable import land_payload, land_value, ship_payload, ship_value
 from nbddp.errors import ConfigError, PayloadError, RankExitedError
+from nbddp.launcher.clusters import as_cluster
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import Failure
 from nbddp.launcher.failures import rank_error
@@ -304,3 +305,41 @@ def test_other_connection_failures_are_not_tried_again(fake_ray: Any) -> None:
     with pytest.raises(ConfigError):
         nodes.connect(RayCluster("ray://127.0.0.2:10001"))
     assert ray.inits == 1
+
+
+def test_slurm_clusters_are_spelled_as_salloc_flags_and_read_back() -> None:
+    assert as_cluster("slurm") == SlurmCluster() and not SlurmCluster().submits
+    given = as_cluster("'slurm --partition gpu --time=1:00:00 --exclusive --keep exp1'")
+    assert given == SlurmCluster(
+        partition="gpu", time="1:00:00", extra_args=("--exclusive",), keep=True, name="exp1"
+    )
+    assert given.submits and as_cluster(str(given)) == given
+    assert given.salloc_args() == ["--partition=gpu", "--time=1:00:00", "--exclusive"]
+    with pytest.raises(ValueError, match="--gpus-per-node must be a count, got 'two'"):
+        as_cluster("slurm --gpus-per-node two")
+    with pytest.raises(ConfigError, match=r"keep=True\) needs a name"):
+        SlurmCluster(keep=True)
+
+
+def test_inside_a_slurm_job_each_rank_gets_slurms_task_variables_as_torchs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    config = build(nodes=2, procs=2, cluster="slurm")
+    node = NodeSlice(1, 2, 2, 2, "10.0.0.1", 29500, address="10.0.0.2")
+    env = config.job.rank_env(node, 1, 29500)
+    assert {k: v for k, v in env.items() if k.startswith("SLURM_")} == {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_NPROCS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_GTIDS": "2,3",
+    }
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert not any(k.startswith("SLURM_") for k in config.job.rank_env(node, 1, 29500))
