@@ -35,6 +35,16 @@ def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
         assert "[rank 0] still n1\n" in result.rank_output
         assert "[rank 1] still n2\n" in result.rank_output
         ok(kernel, "%ddp_session stop")
+        # Set once for every later cell, with salloc's flags quoted as one value.
+        ok(kernel, "%ddp_config --nodes 2 --procs 1 --cluster 'slurm --time 10'")
+        result = kernel.execute(
+            "%%ddp\nimport os\nprint(os.environ['SLURM_JOB_ID'] != '')\n", timeout=180
+        )
+        assert result.status == "ok", result.text()
+        assert "[rank 1] True\n" in result.rank_output
+        result = kernel.execute("import nbddp\nprint(nbddp.cluster.describe())")
+        assert "slurm --time=10: 2 agents" in result.stdout, result.text()
+        ok(kernel, "nbddp.cluster.release()")
 
 
 def test_a_killed_kernel_with_a_run_and_a_session_leaves_nothing(in_allocation: str) -> None:

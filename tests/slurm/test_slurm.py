@@ -73,6 +73,15 @@ def test_ranks_on_both_nodes_form_one_group_with_torchs_and_slurms_numbers_agree
     ]
 
 
+def test_notebook_launcher_runs_on_the_cluster_nbddp_cluster_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NBDDP_CLUSTER", "slurm")
+    nbddp.notebook_launcher(all_reduce_ranks, (str(Path(__file__)),), num_processes=1, num_nodes=2)
+    (agents_set,) = kept.kept()
+    assert agents_set.shape[:2] == (f"Slurm job {os.environ['SLURM_JOB_ID']}", 2)
+
+
 def test_a_warm_launch_reuses_the_agents_and_describe_names_the_job(in_allocation: str) -> None:
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm")
     agents_before = newest()
