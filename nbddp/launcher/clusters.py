@@ -137,7 +137,9 @@ def as_cluster(value: object) -> Cluster | None:
             f"got {value!r}"
         )
     address = value.strip()
-    if address.split()[0] == "slurm":
+    if len(address) > 1 and address[0] == address[-1] and address[0] in "'\"":  # quoted
+        address = address[1:-1].strip()
+    if address.split()[:1] == ["slurm"]:
         return _slurm(address)
     if address not in ("ray", "auto") and ":" not in address:
         raise ValueError(

@@ -10,6 +10,7 @@ torch or ray.
 """
 
 import argparse
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import NoneType, UnionType
@@ -294,5 +295,7 @@ def format_options(options: LaunchOptions) -> str:
         if option.magic.switch:
             parts += [option.flag] if value else []
         else:
-            parts += [f"{option.flag} {text}" for text in option.magic.show(value)]
+            # A value with spaces (a Slurm cluster's flags) is one quoted word.
+            words = [shlex.quote(t) if t.split() != [t] else t for t in option.magic.show(value)]
+            parts += [f"{option.flag} {text}" for text in words]
     return " ".join(parts)

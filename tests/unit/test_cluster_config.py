@@ -226,6 +226,9 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
     assert replace(settings, nodes="two").errors() == {
         "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
     }
+    slurm = replace(settings, cluster="slurm --time 10")
+    assert slurm.validate().errors == {}
+    assert "--nodes 2 --cluster 'slurm --time 10'" in slurm.magic_cell("train()")
     assert replace(settings, cluster="").errors() == {
         "launch": "Nodes 2 needs a cluster: add Cluster slurm inside a Slurm allocation, or "
         "Cluster ray://head:10001 (or 'ray' inside a Ray cluster)"
