@@ -47,6 +47,25 @@ def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
         ok(kernel, "nbddp.cluster.release()")
 
 
+def test_prompts_from_a_rank_on_either_node_are_answered_in_the_cell(in_allocation: str) -> None:
+    answers = iter(["p where * 2", "c"])
+    with Kernel() as kernel:
+        ok(kernel, "%load_ext nbddp")
+        code = (
+            "%%ddp --nodes 2 --procs 1 --cluster slurm\n"
+            "import os\nwhere = os.environ['SLURMD_NODENAME']\n"
+            "if rank == 1:\n    breakpoint()\n"
+            "if rank == 0:\n    print('name', input('name? '))\n"
+        )
+        result, prompts = kernel.execute_answering(
+            code, lambda prompt, _: "alice" if prompt.startswith("name?") else next(answers), 180
+        )
+    assert result.status == "ok", result.text()
+    assert sorted(prompts) == ["(Pdb) [rank 1] ", "(Pdb) [rank 1] ", "name? [rank 0] "], prompts
+    assert "[rank 1] 'n2n2'\n" in result.rank_output, result.rank_output
+    assert "[rank 0] name alice\n" in result.rank_output
+
+
 def test_a_killed_kernel_with_a_run_and_a_session_leaves_nothing(in_allocation: str) -> None:
     with Kernel() as doomed:
         ok(doomed, "%load_ext nbddp")

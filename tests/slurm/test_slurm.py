@@ -19,7 +19,14 @@ from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
 from nbddp.wire import calls
 from tests.cluster.notebook import SESSION, stand_in_notebook
-from tests.cluster.ranks import StepFailed, all_reduce_ranks, env_of_rank, fail_on_rank
+from tests.cluster.ranks import (
+    StepFailed,
+    all_reduce_ranks,
+    env_of_rank,
+    fail_on_rank,
+    sleep_in_a_named_function,
+    wait_for,
+)
 from tests.procs import wait_procs_gone
 from tests.slurm.conftest import COMMANDS, agents, slurm, steps
 
@@ -101,6 +108,29 @@ def test_a_ranks_own_exception_is_raised_with_its_type_and_stops_the_others() ->
         nbddp.launch(fail_on_rank, 3, nodes=2, procs=2, cluster="slurm")
     assert time.monotonic() - started < 30  # not the others' 60 s sleep
     assert "StepFailed" in str(info.value.__cause__)
+
+
+def test_a_timeout_dumps_every_ranks_stacks_on_both_nodes_then_stops() -> None:
+    run = nbddp.launch(
+        sleep_in_a_named_function, nodes=2, procs=1, cluster="slurm", timeout=3, block=False
+    )
+    with pytest.raises(nbddp.LaunchTimeout, match="the stacks of ranks 0, 1 are in the output"):
+        run.wait()
+    for rank in (0, 1):
+        assert "stuck_here_for_a_while" in run.output(rank), run.output(rank)
+
+
+def test_two_runs_at_once_share_the_agents_and_end_on_their_own(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    first = nbddp.launch(
+        wait_for, str(gate), "first", nodes=2, procs=1, cluster="slurm", block=False
+    )
+    second = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm", block=False)
+    assert second.wait().values[0]["WORLD_SIZE"] == "2"
+    assert first.status == "running"
+    gate.touch()
+    assert first.wait().values == {0: "first", 1: "first"}
+    assert len(kept.kept()) == 1
 
 
 def test_stop_ends_every_rank_on_every_node_within_seconds() -> None:
