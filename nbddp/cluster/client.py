@@ -265,7 +265,8 @@ class ClusterJob:
             core.route(event)
         for shipped in batch.failures:
             error = _land(self._errors, shipped.failure.rank, shipped.error)
-            core.fail(replace(shipped.failure, error=error), local_time(shipped.at))
+            failure = replace(shipped.failure, error=error, where=self.where(shipped.failure.rank))
+            core.fail(failure, local_time(shipped.at))
         if batch.outcomes is not None:
             self._close_node(node, batch)
 

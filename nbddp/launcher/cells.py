@@ -208,7 +208,9 @@ class Cells:
         failed = error is not None
         if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
             when = local_time(error.raised_at) or time.monotonic()
-            cell.failures.append((when, Failure(rank, "raised", error=error)))
+            cell.failures.append(
+                (when, Failure(rank, "raised", error, where=self.transport.where(rank)))
+            )
             if len(cell.failures) == 1 and cell.busy:
                 self.core.later(self.spec.failure_grace, self._not_returned, cell)
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))

@@ -176,6 +176,8 @@ class Failure:
     """What it raised, when ``kind`` is ``raised``."""
     cause: str | None = None
     """What ended it, when nbddp knows better than its exit code (its node was lost)."""
+    where: str = ""
+    """Where it ran, as a message's words (``" on node 1 (10.0.0.3)"``; empty: here)."""
 
 
 def run_status(

@@ -22,6 +22,11 @@ def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
         assert result.status == "ok", result.text()
         assert "[rank 0] rank 0 of 2 on n1\n" in result.rank_output
         assert "[rank 1] rank 1 of 2 on n2\n" in result.rank_output
+        result = kernel.execute(
+            "%%ddp --nodes 2 --procs 1 --cluster slurm\nif rank == 1:\n    raise KeyError('k')\n"
+        )
+        assert result.status == "error" and result.error is not None, result.text()
+        assert "raised on rank 1 of 2 on node 1 (127.0.0.1)" in "\n".join(result.error["traceback"])
         result = kernel.execute("%ddp_session start --nodes 2 --procs 1 --cluster slurm", 180)
         assert result.status == "ok", result.text()
         result = kernel.execute("%%ddp\nimport os\nwhere = os.environ['SLURMD_NODENAME']\n")
@@ -29,7 +34,8 @@ def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
         result = kernel.execute("%%ddp\nif rank == 1:\n    raise LookupError(f'not on {where}')\n")
         assert result.status == "error" and result.error is not None, result.text()
         assert result.error["ename"] == "LookupError"
-        assert "not on n2" in "\n".join(result.error["traceback"])
+        shown = "\n".join(result.error["traceback"])
+        assert "not on n2" in shown and "raised on rank 1 of 2 on node 1 (127.0.0.1)" in shown
         result = kernel.execute("%%ddp\nprint('still', where)\n")  # the state is kept
         assert result.status == "ok", result.text()
         assert "[rank 0] still n1\n" in result.rank_output
