@@ -72,6 +72,23 @@ def test_prompts_from_a_rank_on_either_node_are_answered_in_the_cell(in_allocati
     assert "[rank 0] name alice\n" in result.rank_output
 
 
+def test_an_interrupt_ends_every_rank_on_both_nodes(in_allocation: str) -> None:
+    with Kernel() as kernel:
+        ok(kernel, "%load_ext nbddp")
+        msg_id = kernel.kc.execute(
+            "%%ddp --nodes 2 --procs 1 --cluster slurm\n"
+            "import os, time\nprint('PID', os.getpid(), flush=True)\ntime.sleep(600)\n"
+        )
+        kernel.wait_for_output(msg_id, "PID", timeout=120)
+        kernel.interrupt()
+        result = kernel.collect(msg_id, timeout=60)
+    assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
+    pids = [int(line.split()[-1]) for line in result.rank_output.splitlines() if "PID" in line]
+    assert pids and not wait_procs_gone(
+        [psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10
+    )
+
+
 def test_a_killed_kernel_with_a_run_and_a_session_leaves_nothing(in_allocation: str) -> None:
     with Kernel() as doomed:
         ok(doomed, "%load_ext nbddp")

@@ -226,6 +226,19 @@ def calls_secret_in(line: str) -> bool:
     return SECRET in line or any(len(word) == 32 and word.isalnum() for word in line.split())
 
 
+def test_a_node_with_other_versions_is_named_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, in_allocation: str
+) -> None:
+    ours = slurm_engine.local_versions()
+    monkeypatch.setattr(slurm_engine, "local_versions", lambda: {**ours, "nbddp": "0.0.1"})
+    with pytest.raises(
+        ConfigError, match=r"n1 \(127.0.0.1\) has different versions .*nbddp"
+    ) as info:
+        nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm")
+    assert "\n" not in str(info.value)
+    assert not steps(in_allocation) and not kept.kept()
+
+
 def test_a_session_keeps_its_state_across_cells_on_both_nodes() -> None:
     with nbddp.session(nodes=2, procs=1, cluster="slurm") as session:
         session.exec("import os\nnode = os.environ['SLURMD_NODENAME']\nvalue = 10 * rank\n")
