@@ -11,11 +11,13 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 
 import nbddp
 from nbddp.errors import ConfigError
 from tests.cluster.ranks import env_of_rank
+from tests.procs import wait_procs_gone
 from tests.slurm.conftest import other_jobs, slurm
 
 
@@ -113,5 +115,38 @@ def test_a_killed_notebooks_allocation_goes_with_it_unless_kept(in_allocation: s
     env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm --time 10 --keep exp1")
     assert env["WORLD_SIZE"] == "2" and other_jobs(in_allocation) == [kept]
     assert slurm("squeue", "-h", "-j", kept, "-o", "%j").strip() == "nbddp-exp1"
+    nbddp.cluster.release()
+    wait_until(lambda: not other_jobs(in_allocation), "release() left the kept allocation")
+
+
+def test_a_killed_kernel_with_a_run_a_session_and_a_kept_allocation(in_allocation: str) -> None:
+    from tests.kernel.kernel import Kernel, ok
+
+    cluster = "'slurm --time 10 --keep exp2'"
+    with Kernel() as doomed:
+        ok(doomed, "%load_ext nbddp")
+        result = doomed.execute(f"%ddp_session start --nodes 2 --procs 1 --cluster {cluster}", 180)
+        assert result.status == "ok", result.text()
+        result = ok(doomed, "%%ddp\nimport os\nprint('PID', os.getpid())")
+        pids = [int(line.split()[-1]) for line in result.rank_output.splitlines() if "PID" in line]
+        result = ok(
+            doomed,
+            "import nbddp, time\n"
+            f"run = nbddp.launch(time.sleep, 600, nodes=2, procs=1, cluster={cluster},"
+            " block=False)\n"
+            "while len(run.pids) < 2: time.sleep(0.05)\n"
+            "from nbddp.cluster import agents\n"
+            "print(*run.pids.values(), *(i.pid for s in agents.kept() for i in s.infos))",
+        )
+        (kept,) = other_jobs(in_allocation)
+        pids += [int(pid) for pid in result.stdout.split()]
+        assert len(pids) == 6, pids  # two ranks of the run, two of the session, two agents
+        procs = [psutil.Process(pid) for pid in pids]
+        doomed.kill()
+        assert not wait_procs_gone(procs, timeout=30), "alive 30 s after the kernel was killed"
+    wait_until(lambda: not slurm("squeue", "-h", "-s", "-j", kept, "-o", "%i").split(), "steps")
+    assert other_jobs(in_allocation) == [kept] and job_state(kept) == "RUNNING"
+    env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm --time 10 --keep exp2")
+    assert env["WORLD_SIZE"] == "2" and other_jobs(in_allocation) == [kept]
     nbddp.cluster.release()
     wait_until(lambda: not other_jobs(in_allocation), "release() left the kept allocation")
