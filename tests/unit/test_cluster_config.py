@@ -346,3 +346,13 @@ def test_inside_a_slurm_job_each_rank_gets_slurms_task_variables_as_torchs(
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
     monkeypatch.delenv("SLURM_JOB_ID")
     assert not any(k.startswith("SLURM_") for k in config.job.rank_env(node, 1, 29500))
+
+
+def test_the_address_slurm_agents_reach_the_notebook_on_can_be_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nbddp.cluster import slurm_engine
+
+    monkeypatch.setenv("NBDDP_SLURM_ADDRESS", "10.1.2.3")
+    monkeypatch.setattr(slurm_engine, "_scontrol", lambda *args: pytest.fail("asked Slurm"))
+    assert slurm_engine._notebook_address("n1") == "10.1.2.3"
