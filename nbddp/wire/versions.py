@@ -1,8 +1,8 @@
 """The versions a notebook and the nodes it runs on must share, and the check of them.
 
 Contract: ``local_versions()`` names what must match between the notebook and
-every node: Python (major.minor: pickled code is tied to it), ray, torch,
-cloudpickle and nbddp. ``mismatch(ours, node, where)`` is None when a node has
+every node: Python (major.minor: pickled code is tied to it), ray (on Ray),
+torch, cloudpickle and nbddp. ``mismatch(ours, node, where)`` is None when a node has
 the same, else a one-line message naming the node and what differs.
 """
 
@@ -40,16 +40,20 @@ def _imported_version(name: str) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def mismatch(ours: dict[str, str], theirs: dict[str, str], where: str) -> str | None:
-    """One line naming the node and every version that differs, or None."""
+def mismatch(
+    ours: dict[str, str], theirs: dict[str, str], where: str, *, ray: bool = True
+) -> str | None:
+    """One line naming the node and every version that differs, or None (``ray``: Ray's
+    version counts, and Ray can install the others)."""
     differ = [
         f"{name} {theirs.get(name, 'none')} there, {ours.get(name, 'none')} here"
         for name in VERSIONED
-        if theirs.get(name) != ours.get(name)
+        if theirs.get(name) != ours.get(name) and (ray or name != "ray")
     ]
     if not differ:
         return None
+    how = " (or pass runtime_env with nbddp.RayCluster)" if ray else ""
     return (
         f"node {where} has different versions than this notebook ({'; '.join(differ)}); "
-        "install the same versions there (or pass runtime_env with nbddp.RayCluster)"
+        f"install the same versions there{how}"
     )
