@@ -113,6 +113,7 @@ def _job_of(proc: subprocess.Popen[str]) -> str:
                 threading.Thread(target=_drain, args=(proc,), daemon=True).start()
                 return line.split(mark, 1)[1].split()[0]
         said.append(line.strip().removeprefix("salloc: error: "))
+    proc.stderr.close()
     proc.wait()
     raise ConfigError(f"Slurm refused the allocation: {'; '.join(said) or 'salloc failed'}")
 
@@ -121,6 +122,7 @@ def _drain(proc: subprocess.Popen[str]) -> None:
     assert proc.stderr is not None
     for line in proc.stderr:
         log.info("nbddp: salloc: %s", line.rstrip())
+    proc.stderr.close()
 
 
 def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:

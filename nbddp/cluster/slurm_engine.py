@@ -227,6 +227,7 @@ class SlurmEngine:
                     if caller.name.startswith(f"{name} "):
                         caller.close(self.why(name))
         self.step.wait()
+        self.step.stderr.close()
         with self._heard:
             self.ended.set()
             self._heard.notify_all()

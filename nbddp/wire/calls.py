@@ -71,9 +71,11 @@ class Caller:
         except (OSError, EOFError) as exc:
             log.debug("nbddp: connection to %s ended: %s", self.name, exc)
         self.close(self.gone())
+        self.sock.close()  # here, once nothing reads it any more
 
     def close(self, why: str) -> None:
-        """End the connection; every call not yet answered fails, saying ``why``."""
+        """End the connection (its reader then closes the socket); every call not yet
+        answered fails, saying ``why``."""
         with self._lock:
             if self.closed:
                 return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,12 @@ def steps(job: str) -> list[str]:
 def other_jobs(allocation: str) -> list[str]:
     """The jobs in the queue besides the tests' own allocation."""
     return [j for j in slurm("squeue", "-h", "-o", "%i", check=False).split() if j != allocation]
+
+
+def engine_threads() -> list[str]:
+    """This process's threads that follow a step of agents or their connections."""
+    names = ("nbddp-slurm-step", "nbddp-calls-", "nbddp-node")
+    return [t.name for t in threading.enumerate() if t.name.startswith(names)]
 
 
 def agents() -> list[psutil.Process]:
@@ -118,6 +125,9 @@ def in_allocation(
     jobs = other_jobs(job)
     if jobs:
         slurm("scancel", *jobs, check=False)
+    while engine_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not engine_threads(), f"threads left: {engine_threads()}"
     assert not left, f"agents left: {[p.pid for p in left]}"
     assert not steps(job), f"job steps left: {steps(job)}"
     assert not jobs, f"jobs left: {jobs}"

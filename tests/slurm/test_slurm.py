@@ -150,6 +150,9 @@ def test_stop_ends_every_rank_on_every_node_within_seconds() -> None:
 def test_losing_an_agent_ends_the_run_within_seconds_naming_the_node(
     how: str, in_allocation: str
 ) -> None:
+    nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm")  # what stays is made
+    nbddp.cluster.release()
+    fds = psutil.Process().num_fds()
     run = nbddp.launch(time.sleep, 600, nodes=2, procs=1, cluster="slurm", block=False)
     deadline = time.monotonic() + 60
     while set(run.rank_states().values()) != {RankState.RUNNING}:
@@ -168,6 +171,12 @@ def test_losing_an_agent_ends_the_run_within_seconds_naming_the_node(
     with pytest.raises(RankExitedError, match=match):
         run.wait()
     assert time.monotonic() - lost < 15
+    del run
+    nbddp.cluster.release()  # the broken agents' step, their connections and srun's pipe
+    deadline = time.monotonic() + 10
+    while psutil.Process().num_fds() > fds and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert psutil.Process().num_fds() <= fds
 
 
 def test_what_the_allocation_lacks_is_said_in_one_line_before_anything_starts(
