@@ -45,40 +45,23 @@ PROMPT_DRAW_WAIT = 0.25
 
 
 class RunSource(Protocol):
-    """What a ``Run`` reads of its run (``core.RunCore``): typed values only."""
+    """What a ``Run`` reads of its run: typed values only (the contracts: ``core.RunCore``)."""
 
     events: queue.SimpleQueue[RunEvent]
     log_dir: Path
     run_id: str
 
     @property
-    def root_cause(self) -> Failure | None:
-        """The run's root-cause failure, if any."""
-
+    def root_cause(self) -> Failure | None: ...
     @property
-    def status(self) -> RunStatus:
-        """Where the run is; once it has ended, how it ended."""
-
-    def outcomes(self) -> tuple[RankOutcome, ...]:
-        """Each rank as last seen."""
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the run has ended and all output has been read."""
-
-    def elapsed(self) -> float:
-        """Seconds since the start, until the end."""
-
-    def pids(self) -> dict[int, int]:
-        """Rank -> pid."""
-
-    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
-        """Stop every rank."""
-
-    def dump_stacks(self) -> None:
-        """Have every running rank dump its stacks."""
-
-    def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
+    def status(self) -> RunStatus: ...
+    def outcomes(self) -> tuple[RankOutcome, ...]: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def elapsed(self) -> float: ...
+    def pids(self) -> dict[int, int]: ...
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None: ...
+    def dump_stacks(self) -> None: ...
+    def answer(self, rank: int, number: int, text: str | None) -> None: ...
 
 
 class Shown(Protocol):
