@@ -1,12 +1,9 @@
-"""Sessions: ranks that live across calls and ``%%ddp`` cells, keeping their state.
+"""Sessions (``Session``): ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-``Session(options)`` validates as ``launch()`` does; ``start()`` returns once
-every rank is idle with its process group (a failed start leaves nothing).
-Calls (``run``, ``exec``, ``run_program``) go one at a time, each with its own
-display, value and error. A failed call keeps the session if every rank
-returned to idle; otherwise its error says the session ended (``alive`` is
-False). A name a cell bound on the ranks is theirs and never sent again
-(``names``); every other name a cell reads is the notebook's, sent each time.
+Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one
+at a time, each with its own display, value and error. A name a cell bound on the ranks is
+theirs and never sent again (``names``); every other name a cell reads is the notebook's, sent
+each time.
 """
 
 from __future__ import annotations
