@@ -188,20 +188,16 @@ class Pump:
                 drained = self._dispatch_batch(event)
                 if drained is None:
                     return
-                if drained:
+                if drained and not self._asked:
                     # Why pause: ranks printing a line per step would otherwise wake
                     # this thread (and take the GIL from the relay) once per line;
                     # letting events gather makes it one wakeup per batch. ``done``
                     # ends the pause early so the end of a run is not delayed.
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
-                    self._pause(pause)
+                    self.run.job.wait(max(0.0, pause))
             self._refresh()
             if self._asked and not (self._prompting and self._in_watcher()):
                 self._serve_prompts()
-
-    def _pause(self, seconds: float) -> None:
-        if not self._asked:
-            self.run.job.wait(max(0.0, seconds))
 
     def _serve_prompts(self, draw: bool = True) -> None:
         """Ask the user for each waiting rank's line, in order;
@@ -302,7 +298,8 @@ class Pump:
     def interrupt(self) -> None:
         # Why ignore SIGINT here: a second Ctrl-C while ranks are being
         # stopped must not leave them running.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             self.stop_and_drain(RunStatus.INTERRUPTED)
         finally:
@@ -365,7 +362,3 @@ class Pump:
             call()
         except Exception:
             log.exception("nbddp: the display of run %s failed", self.run.run_id)
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
