@@ -167,7 +167,7 @@ class Session:
         program = self.cell_program(
             source,
             header="# nbddp session",
-            filename=f"<ddp session cell {self._next_number()}>",
+            filename=f"<ddp session cell {self._job.cells_run + 1 if self._job else 1}>",
             user_ns=names or {},
             out=out,
         )
@@ -296,9 +296,6 @@ class Session:
         if not job.alive:
             raise SessionError(self.lost_message())
         return job
-
-    def _next_number(self) -> int:
-        return (self._job.cells_run + 1) if self._job is not None else 1
 
     # -- what it is ----------------------------------------------------------
 

@@ -153,7 +153,8 @@ def reduce(obj: object) -> Reduced | None:
         return _reduce_semlock(obj, sent)
     if isinstance(obj, queues.Queue):
         return _rebuild_queue, (type(obj), obj.__getstate__())
-    wrapper = getattr(obj, "_wrapper", None) if _ctypes_data(obj) else None
+    ctypes_data = isinstance(obj, ctypes.Array | ctypes._SimpleCData | ctypes.Structure)
+    wrapper = getattr(obj, "_wrapper", None) if ctypes_data else None
     if isinstance(wrapper, heap.BufferWrapper):
         return _reduce_ctype(obj, wrapper)
     return None
@@ -167,10 +168,6 @@ def handles(obj: object) -> bool:
 
     kinds = (connection.Connection, heap.Arena, synchronize.SemLock, queues.Queue)
     return isinstance(obj, kinds)
-
-
-def _ctypes_data(obj: object) -> bool:
-    return isinstance(obj, ctypes.Array | ctypes._SimpleCData | ctypes.Structure)
 
 
 def _authkey() -> bytes:
