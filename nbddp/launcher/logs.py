@@ -58,8 +58,6 @@ def _chosen_dir(base: Path) -> Path:
         raise ConfigError(
             f"NBDDP_LOG_DIR='{base}' cannot be made ({exc.strerror}); {fix}"
         ) from None
-    if not base.is_dir():
-        raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not a directory; {fix}")
     if base.stat().st_uid != os.getuid():
         raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not yours; {fix}")
     return base
