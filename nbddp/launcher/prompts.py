@@ -32,9 +32,8 @@ def ask_user(prompt: str, password: bool = False) -> str | None:
     """One line from the user, or None when nobody can answer."""
     try:
         return getpass.getpass(prompt) if password else input(prompt)
-    except EOFError:
-        return None
-    except NotImplementedError:  # IPython's StdinNotImplementedError: no stdin in this frontend
+    # NotImplementedError: IPython's StdinNotImplementedError, no stdin in this frontend.
+    except (EOFError, NotImplementedError):
         return None
 
 
