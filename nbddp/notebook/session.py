@@ -172,9 +172,7 @@ class Session:
             out=out,
         )
         values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
-        if not isinstance(values, CellValues):
-            return None
-        return values.restore()[1]
+        return values.restore()[1] if isinstance(values, CellValues) else None
 
     def cell_program(
         self,
