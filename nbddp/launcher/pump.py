@@ -208,7 +208,7 @@ class Pump:
             if self._prompting:
                 if draw:
                     self._draw_before_prompt()
-                text = self.run.asker(asked.rank, asked.prompt, asked.password)
+                text = self.run.asker(asked.rank, asked.prompt)
             self.run.job.answer(asked.rank, asked.number, text)
 
     def _in_watcher(self) -> bool:
