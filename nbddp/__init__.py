@@ -35,30 +35,19 @@ if _TYPE_CHECKING:
     from nbddp.rank.metrics import log
 
 _HOMES = {
-    "ConfigError": "nbddp.errors",
-    "LaunchTimeout": "nbddp.errors",
-    "NbddpError": "nbddp.errors",
-    "PayloadError": "nbddp.errors",
-    "RankError": "nbddp.errors",
-    "RankExitedError": "nbddp.errors",
-    "ResultError": "nbddp.errors",
-    "SessionError": "nbddp.errors",
-    "RemoteError": "nbddp.errors",
-    "WorkerError": "nbddp.errors",
-    "LaunchConfig": "nbddp.launcher.config",
-    "Launcher": "nbddp.entry",
-    "launch": "nbddp.entry",
-    "notebook_launcher": "nbddp.entry",
-    "spawn": "nbddp.entry",
-    "RayCluster": "nbddp.launcher.clusters",
-    "SlurmCluster": "nbddp.launcher.clusters",
-    "Run": "nbddp.launcher.run",
-    "RunResult": "nbddp.launcher.run",
-    "UnloadedValue": "nbddp.launcher.run",
-    "Session": "nbddp.notebook.session",
-    "session": "nbddp.notebook.session",
-    "log": "nbddp.rank.metrics",
-    "shutdown": "nbddp.prewarm",
+    name: home
+    for home, names in (
+        ("nbddp.errors", "ConfigError LaunchTimeout NbddpError PayloadError RankError"),
+        ("nbddp.errors", "RankExitedError ResultError SessionError RemoteError WorkerError"),
+        ("nbddp.launcher.config", "LaunchConfig"),
+        ("nbddp.entry", "Launcher launch notebook_launcher spawn"),
+        ("nbddp.launcher.clusters", "RayCluster SlurmCluster"),
+        ("nbddp.launcher.run", "Run RunResult UnloadedValue"),
+        ("nbddp.notebook.session", "Session session"),
+        ("nbddp.rank.metrics", "log"),
+        ("nbddp.prewarm", "shutdown"),
+    )
+    for name in names.split()
 }
 """Each lazily loaded public name, and the module that defines it."""
 

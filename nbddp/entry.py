@@ -147,35 +147,27 @@ def start_with_display(
             shown.notice(spoken(notice))
         shown.starting(config.job.world_size)
     try:
-        return _start(config, fn, args, kwargs, shown)
+        payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
+        if shown is not None and len(payload.data) > LARGE_PAYLOAD_BYTES:
+            shown.notice(
+                f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
+                "every rank (CPU tensors are shared, not copied); load large data inside "
+                "the function instead"
+            )
+        if config.cluster is not None:
+            from nbddp.cluster.client import ClusterJob  # imports ray: only for cluster runs
+
+            cluster_job = ClusterJob(config, payload)
+            cluster_job.start()
+            return Run(cluster_job.core, shown, config)
+        job = Job(config.job, payload)
+        job.start()
+        core = Restarting(job, payload) if config.job.max_restarts else job.core
+        return Run(core, shown, config)
     except BaseException:
         if shown is not None:
             shown.not_started()  # the error says why
         raise
-
-
-def _start(
-    config: LaunchConfig, fn: Fn, args: Args, kwargs: Kwargs, display: Guarded | None
-) -> Run:
-    """Serialise the call, start the job and wrap it in its ``Run``."""
-    payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
-    if display is not None and len(payload.data) > LARGE_PAYLOAD_BYTES:
-        display.notice(
-            f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
-            "every rank (CPU tensors are shared, not copied); load large data inside "
-            "the function instead"
-        )
-    if config.cluster is not None:
-        from nbddp.cluster.client import ClusterJob  # imports ray: only for cluster runs
-
-        cluster_job = ClusterJob(config, payload)
-        cluster_job.start()
-        return Run(cluster_job.core, display, config)
-    job = Job(config.job, payload)
-    job.start()
-    if config.job.max_restarts:
-        return Run(Restarting(job, payload), display, config)
-    return Run(job.core, display, config)
 
 
 @dataclass(frozen=True, init=False)

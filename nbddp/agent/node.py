@@ -82,6 +82,13 @@ class _Held:
     job: NodeRun
     sent: int = 0  # failures already sent
 
+    def new_failures(self) -> list[ShippedFailure]:
+        """The run's failures not sent yet, shipped (and from now on counted as sent)."""
+        failures = self.job.core.failures()
+        new = [ship_failure(_wall(at), f, self.job.first) for at, f in failures[self.sent :]]
+        self.sent = len(failures)
+        return new
+
 
 class NodeAgent:
     """One node's agent."""
@@ -182,14 +189,8 @@ class NodeAgent:
         with self._lock:
             held = list(self._runs.items())
         for run, record in held:
-            failures = record.job.core.failures()
-            if len(failures) > record.sent:
-                first = record.job.first
-                batch = batches.setdefault(run, Batch())
-                batch.failures = [
-                    ship_failure(_wall(at), f, first) for at, f in failures[record.sent :]
-                ]
-                record.sent = len(failures)
+            if new := record.new_failures():
+                batches.setdefault(run, Batch()).failures = new
         self._last_poll = time.monotonic()
         return batches
 
@@ -200,10 +201,7 @@ class NodeAgent:
         if record is None:
             return
         job = record.job
-        failures = job.core.failures()
-        batch.failures.extend(
-            ship_failure(_wall(at), f, job.first) for at, f in failures[record.sent :]
-        )
+        batch.failures.extend(record.new_failures())
         batch.outcomes = [ship_outcome(o, job.first) for o in job.core.outcomes()]
         batch.status = job.core.status
 

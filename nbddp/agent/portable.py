@@ -149,9 +149,7 @@ def ship_payload(payload: Payload) -> ShippedPayload:
 def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
     read_fd_check(fd)
     size = os.fstat(fd).st_size
-    if size == 0:
-        return b""
-    return pickle.PickleBuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+    return pickle.PickleBuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else b""
 
 
 def land_payload(shipped: ShippedPayload) -> Payload:

@@ -36,10 +36,10 @@ def probe(address: str) -> str | None:
         return f"nothing answers there ({why})"
     if os.environ.get("RAY_USE_TLS", "0") not in ("", "0"):
         return None
-    return _grpc_probe(f"{host}:{port}", client, port)
+    return _grpc_probe(f"{host}:{port}", client)
 
 
-def _grpc_probe(target: str, client: bool, port: int) -> str | None:
+def _grpc_probe(target: str, client: bool) -> str | None:
     import grpc  # type: ignore[import-untyped]
 
     method = CLIENT_METHOD if client else GCS_METHOD

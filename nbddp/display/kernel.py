@@ -51,13 +51,11 @@ class IPythonPublisher:
     """Blocks as display ids (``display(..., display_id=True)`` / ``handle.update``)."""
 
     def show(self, bundle: Bundle) -> object:
-        """Draw a new block in the running cell's output."""
         from IPython.display import display
 
         return display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
     def update(self, handle: object, bundle: Bundle) -> None:
-        """Update a block wherever it is shown."""
         cast(_DisplayHandle, handle).update(bundle, raw=True)
 
     def cell(self) -> object:

@@ -21,9 +21,7 @@ class RateLimiter:
 
     def delay(self) -> float:
         """Seconds until ``ready()`` (0.0 when it already is)."""
-        if self._last is None:
-            return 0.0
-        return max(0.0, self._last + self.interval - self.clock())
+        return 0.0 if self._last is None else max(0.0, self._last + self.interval - self.clock())
 
     def ready(self) -> bool:
         """True if an event may happen now."""

@@ -35,9 +35,7 @@ def strip_cursor_codes(line: str) -> str:
     For plain terminals, where a rank's ``ESC[A`` would move the cursor
     over other ranks' lines.
     """
-    if "\x1b" not in line:
-        return line
-    return _CSI_NOT_SGR.sub("", line)
+    return _CSI_NOT_SGR.sub("", line) if "\x1b" in line else line
 
 
 class Screen:

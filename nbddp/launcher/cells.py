@@ -98,8 +98,8 @@ class Cells:
         first = CellSource(self, 0, None)
         self._cell: CellState | None = CellState(0, first, None, set(range(self._ranks)))
         self.ready = first
-        self._rescue = _Rescue(self)
         """Cell 0: ends once every rank is idle with its process group."""
+        self._rescue = _Rescue(self)
 
     def start(self) -> None:
         """Start the session's ranks (caller thread)."""

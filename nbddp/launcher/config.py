@@ -208,8 +208,6 @@ class LaunchConfig:
         inherit_devices: bool = False,
         host_store: bool = True,
         port_fallback: bool = False,
-        failure_grace: float = 1.0,
-        kill_grace: float = 3.0,
         **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
         """Validate launch ``options`` and resolve defaults.
@@ -247,8 +245,6 @@ class LaunchConfig:
             debug=values.debug,
             max_restarts=values.max_restarts,
             host_store=bool(host_store),
-            failure_grace=_non_negative("failure_grace", failure_grace),
-            kill_grace=_non_negative("kill_grace", kill_grace),
             pool_max=chosen.pool,
             pool_idle=chosen.pool_idle,
         )
@@ -448,14 +444,6 @@ def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus) -> tuple[str, ..
         return f"{fewer}, or {on_cpu}" if s.cpu_over_gpus else fewer
 
     raise OptionError("gpus", gpus, too_many)
-
-
-def _non_negative(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise OptionError(
-            name, value, lambda s: f"{name} must be a non-negative number of seconds, got {value!r}"
-        )
-    return float(value)
 
 
 def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:

@@ -125,7 +125,6 @@ class InputAsked:
     rank: int
     number: int
     prompt: str
-    password: bool = False
 
 
 @dataclass(frozen=True)

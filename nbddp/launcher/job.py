@@ -169,7 +169,7 @@ class Job:
             record.state = RankState.WAITING
             self.drain(rank)  # what it printed before the prompt is shown first
             core.route(StateChanged(rank, RankState.WAITING))
-            core.route(InputAsked(rank, body.number, body.prompt, body.password))
+            core.route(InputAsked(rank, body.number, body.prompt))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.

@@ -26,7 +26,6 @@ from nbddp.launcher.fds import NOTEBOOK_FDS
 
 RECENT = 60.0  # seconds: a run written to this recently may still be going
 RUN_PREFIX = "run-"
-_MB = 1 << 20
 
 _fallback: dict[Path, Path] = {}  # our private base instead of one we must not use
 _quiet_until: dict[Path, float] = {}  # base -> time.time() before which no run there is removable
@@ -59,8 +58,6 @@ def _chosen_dir(base: Path) -> Path:
         raise ConfigError(
             f"NBDDP_LOG_DIR='{base}' cannot be made ({exc.strerror}); {fix}"
         ) from None
-    if not base.is_dir():
-        raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not a directory; {fix}")
     if base.stat().st_uid != os.getuid():
         raise ConfigError(f"NBDDP_LOG_DIR='{base}' is not yours; {fix}")
     return base

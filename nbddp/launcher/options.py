@@ -208,20 +208,14 @@ class LaunchOptions(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
-class Option:
-    """One launch option, as ``LaunchOptions`` defines it."""
+class Option(Opt):
+    """One launch option, as ``LaunchOptions`` defines it: its ``Opt``, named and typed."""
 
-    name: str
-    type: object
+    name: str = ""
+    type: object = None
     """The value's type (without the ``Annotated`` metadata)."""
-    default: object
-    help: str
-    choices: tuple[str, ...]
+    choices: tuple[str, ...] = ()
     """The allowed values when the type is a ``Literal`` (or one or None)."""
-    magic: Magic | None
-    panel: bool
-    group: str | None
-    merges: bool
 
     @property
     def flag(self) -> str:
@@ -244,17 +238,7 @@ def _read(definition: type) -> dict[str, Option]:
     options: dict[str, Option] = {}
     for name, hint in get_type_hints(definition, include_extras=True).items():
         tp, opt = get_args(hint)
-        options[name] = Option(
-            name=name,
-            type=tp,
-            default=opt.default,
-            help=opt.help,
-            choices=literal_choices(tp),
-            magic=opt.magic,
-            panel=opt.panel,
-            group=opt.group,
-            merges=opt.merges,
-        )
+        options[name] = Option(**vars(opt), name=name, type=tp, choices=literal_choices(tp))
     return options
 
 

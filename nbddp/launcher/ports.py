@@ -20,43 +20,25 @@ def _family(addr: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
-def port_is_free(addr: str, port: int) -> bool:
-    """True when a TCP listener could bind ``addr:port`` now."""
-    with socket.socket(_family(addr), socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((addr, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
-
-
-def free_port(addr: str) -> int:
-    with socket.socket(_family(addr), socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return int(sock.getsockname()[1])
-
-
 def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, str | None]:
     """``port`` if free, else a free one when ``fallback``, with a notice if replaced;
     ``OptionError`` when it is busy without ``fallback``, or ``addr`` cannot be bound."""
-    try:
-        if port is None:
-            return free_port(addr), None
-        if port_is_free(addr, port):
-            return port, None
-        if not fallback:
-            raise _busy(addr, port)
-        chosen = free_port(addr)
-    except OSError as exc:
-        raise _unusable(addr, "bind", exc) from exc
-    return chosen, f"port {port} on {addr} is in use; using port {chosen} instead"
+    sock, notice = _bound(addr, port, fallback, "bind")
+    with sock:
+        return int(sock.getsockname()[1]), notice
 
 
 def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socket, str | None]:
     """A socket listening on ``addr:port`` (any free port if None), and a notice if the
     requested port was busy and ``fallback`` took another. ``OptionError`` otherwise."""
+    return _bound(addr, port, fallback, "listen on", backlog=128)
+
+
+def _bound(
+    addr: str, port: int | None, fallback: bool, what: str, backlog: int | None = None
+) -> tuple[socket.socket, str | None]:
+    """``addr:port`` bound (listening with ``backlog``), as ``choose_port`` and ``listen``
+    say; ``what`` names the attempt in the error."""
     sock = socket.socket(_family(addr), socket.SOCK_STREAM)
     notice = None
     try:
@@ -69,10 +51,11 @@ def listen(addr: str, port: int | None, *, fallback: bool) -> tuple[socket.socke
                 raise _busy(addr, port) from None
             sock.bind((addr, 0))
             notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
-        sock.listen(128)
+        if backlog is not None:
+            sock.listen(backlog)
     except OSError as exc:
         sock.close()
-        raise _unusable(addr, "listen on", exc) from exc
+        raise _unusable(addr, what, exc) from exc
     except BaseException:
         sock.close()
         raise

@@ -1,6 +1,6 @@
 """Ranks waiting for the user: the prompt in the notebook, and the time it takes.
 
-``ask_user(prompt, password)`` asks for one line where ``input()`` would; None
+``ask_user(prompt)`` asks for one line where ``input()`` would; None
 when nobody can answer (the rank reads end of input). ``ask_rank`` names the
 rank in the prompt (``prompt_for``). ``WaitClock`` keeps which ranks wait and
 for how long: the run's timeout leaves that time out (``owed``).
@@ -8,7 +8,6 @@ for how long: the run's timeout leaves that time out (``owed``).
 
 from __future__ import annotations
 
-import getpass
 import time
 from collections.abc import Callable
 
@@ -19,22 +18,21 @@ def prompt_for(rank: int, prompt: str) -> str:
     return f"{head} [rank {rank}] " if head else f"[rank {rank}] "
 
 
-Asker = Callable[[int, str, bool], "str | None"]
-"""(rank, the rank's prompt, password) -> the user's line, None for end of input."""
+Asker = Callable[[int, str], "str | None"]
+"""(rank, the rank's prompt) -> the user's line, None for end of input."""
 
 
-def ask_rank(rank: int, prompt: str, password: bool) -> str | None:
+def ask_rank(rank: int, prompt: str) -> str | None:
     """Ask where ``input()`` asks, the prompt naming ``rank``."""
-    return ask_user(prompt_for(rank, prompt), password)
+    return ask_user(prompt_for(rank, prompt))
 
 
-def ask_user(prompt: str, password: bool = False) -> str | None:
+def ask_user(prompt: str) -> str | None:
     """One line from the user, or None when nobody can answer."""
     try:
-        return getpass.getpass(prompt) if password else input(prompt)
-    except EOFError:
-        return None
-    except NotImplementedError:  # IPython's StdinNotImplementedError: no stdin in this frontend
+        return input(prompt)
+    # NotImplementedError: IPython's StdinNotImplementedError, no stdin in this frontend.
+    except (EOFError, NotImplementedError):
         return None
 
 

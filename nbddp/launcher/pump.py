@@ -45,40 +45,23 @@ PROMPT_DRAW_WAIT = 0.25
 
 
 class RunSource(Protocol):
-    """What a ``Run`` reads of its run (``core.RunCore``): typed values only."""
+    """What a ``Run`` reads of its run: typed values only (the contracts: ``core.RunCore``)."""
 
     events: queue.SimpleQueue[RunEvent]
     log_dir: Path
     run_id: str
 
     @property
-    def root_cause(self) -> Failure | None:
-        """The run's root-cause failure, if any."""
-
+    def root_cause(self) -> Failure | None: ...
     @property
-    def status(self) -> RunStatus:
-        """Where the run is; once it has ended, how it ended."""
-
-    def outcomes(self) -> tuple[RankOutcome, ...]:
-        """Each rank as last seen."""
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the run has ended and all output has been read."""
-
-    def elapsed(self) -> float:
-        """Seconds since the start, until the end."""
-
-    def pids(self) -> dict[int, int]:
-        """Rank -> pid."""
-
-    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None:
-        """Stop every rank."""
-
-    def dump_stacks(self) -> None:
-        """Have every running rank dump its stacks."""
-
-    def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
+    def status(self) -> RunStatus: ...
+    def outcomes(self) -> tuple[RankOutcome, ...]: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def elapsed(self) -> float: ...
+    def pids(self) -> dict[int, int]: ...
+    def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None: ...
+    def dump_stacks(self) -> None: ...
+    def answer(self, rank: int, number: int, text: str | None) -> None: ...
 
 
 class Shown(Protocol):
@@ -205,20 +188,16 @@ class Pump:
                 drained = self._dispatch_batch(event)
                 if drained is None:
                     return
-                if drained:
+                if drained and not self._asked:
                     # Why pause: ranks printing a line per step would otherwise wake
                     # this thread (and take the GIL from the relay) once per line;
                     # letting events gather makes it one wakeup per batch. ``done``
                     # ends the pause early so the end of a run is not delayed.
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
-                    self._pause(pause)
+                    self.run.job.wait(max(0.0, pause))
             self._refresh()
             if self._asked and not (self._prompting and self._in_watcher()):
                 self._serve_prompts()
-
-    def _pause(self, seconds: float) -> None:
-        if not self._asked:
-            self.run.job.wait(max(0.0, seconds))
 
     def _serve_prompts(self, draw: bool = True) -> None:
         """Ask the user for each waiting rank's line, in order;
@@ -229,7 +208,7 @@ class Pump:
             if self._prompting:
                 if draw:
                     self._draw_before_prompt()
-                text = self.run.asker(asked.rank, asked.prompt, asked.password)
+                text = self.run.asker(asked.rank, asked.prompt)
             self.run.job.answer(asked.rank, asked.number, text)
 
     def _in_watcher(self) -> bool:
@@ -319,7 +298,8 @@ class Pump:
     def interrupt(self) -> None:
         # Why ignore SIGINT here: a second Ctrl-C while ranks are being
         # stopped must not leave them running.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             self.stop_and_drain(RunStatus.INTERRUPTED)
         finally:
@@ -382,7 +362,3 @@ class Pump:
             call()
         except Exception:
             log.exception("nbddp: the display of run %s failed", self.run.run_id)
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()

@@ -134,13 +134,9 @@ class _Ended:
     """The sink of a closed relay: a finished run hears nothing more."""
 
     def on_output(self, rank: int, stream: str, text: str) -> None: ...
-
     def on_message(self, rank: int, kind: str, body: Body) -> None: ...
-
     def on_link_closed(self, rank: int) -> None: ...
-
     def on_exit(self, rank: int, code: int | None) -> None: ...
-
     def on_closed(self, rank: int) -> None: ...
 
 
@@ -208,11 +204,8 @@ class Relay:
     def drain(self, rank: int) -> None:
         """Read ``rank``'s stdout and stderr now until empty, resting or not (loop thread)."""
         streams = self._ranks.get(rank)
-        if streams is None:
-            return
-        for fd in (streams.pipes.out, streams.pipes.err):
-            while fd in streams.open_fds and streams.readers[fd]() == FULL:
-                pass
+        if streams is not None:
+            _read_all(streams, streams.pipes.out, streams.pipes.err)
 
     def log_now(self, rank: int, text: str) -> None:
         """Append ``text`` to ``rank``'s log at once (loop thread)."""
@@ -293,10 +286,7 @@ class Relay:
         streams.exit_reported = True
         # Read what the rank sent before exiting before reporting the exit, so its
         # own error is never mistaken for a death without one; the rest, unrested.
-        for open_fd in (streams.ctrl_fd, *streams.pipes.fds()[:2]):
-            if open_fd in streams.readers:
-                while open_fd in streams.open_fds and streams.readers[open_fd]() == FULL:
-                    pass
+        _read_all(streams, streams.ctrl_fd, *streams.pipes.fds()[:2])
         for resting_fd in list(streams.resting):
             self._watch(streams, resting_fd)
         self.sink.on_exit(rank, code)
@@ -365,6 +355,13 @@ class Relay:
                 os.write(streams.log, text.encode("utf-8", "backslashreplace"))
             os.close(streams.log)
             self.sink.on_closed(rank)
+
+
+def _read_all(streams: _RankStreams, *fds: int) -> None:
+    """Read each of ``fds`` now until it is empty or closed, resting or not."""
+    for fd in fds:
+        while fd in streams.open_fds and fd in streams.readers and streams.readers[fd]() == FULL:
+            pass
 
 
 def _grow_pipe(fd: int) -> None:

@@ -48,9 +48,7 @@ class Restarting:
     @property
     def status(self) -> RunStatus:
         """Running until the last attempt has ended; then how it ended."""
-        if not self._done.is_set():
-            return RunStatus.RUNNING
-        return self._job.core.status
+        return self._job.core.status if self._done.is_set() else RunStatus.RUNNING
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         return self._job.core.outcomes()

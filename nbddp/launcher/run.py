@@ -1,14 +1,11 @@
 """``Run``: the user's handle of a launch, which shows it while it goes and gives its result.
 
-Contract: ``Run.wait()`` shows the run's output (``pump.Pump``) until every rank
-has finished and all output has been read, then returns a ``RunResult`` or
-raises the root-cause failure: the earliest failing rank's own exception when
-it can be rebuilt here (its traceback attached), else ``RemoteError`` or
-``RankExitedError`` (``failures.run_error``). ``KeyboardInterrupt`` during
-``wait`` stops every rank, waits for them to be gone, and re-raises; anything
-else that escapes stops every rank before it is raised. What the display shows
-is true when ``wait`` returns or raises. A ``Run`` reads its run only through
-``RunSource`` (a run core, or the restarts over one).
+Contract: beyond what ``Run`` states, ``wait`` reads output until all of it is read
+(``pump.Pump``), attaches the rank's traceback to a rebuilt exception
+(``failures.run_error``), and after an interrupt waits for every rank to be gone before
+re-raising; anything else that escapes stops every rank before it is raised. What the
+display shows is true when ``wait`` returns or raises. A ``Run`` reads its run only
+through ``RunSource`` (a run core, or the restarts over one).
 """
 
 from __future__ import annotations
@@ -31,8 +28,6 @@ __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "lates
 
 
 _LATEST: weakref.ref[Run] | None = None
-
-
 _LATEST_LOGS: tuple[Path, int] | None = None  # outlives the run: logs are kept
 
 

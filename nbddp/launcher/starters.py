@@ -52,11 +52,9 @@ class Starting(Protocol):
 
     def child(self) -> Child:
         """Wait for the worker's pid; raises, naming another start method, if it did not start."""
-        ...
 
     def abandon(self) -> None:
         """Give the worker up without waiting: release what ``child`` would have read."""
-        ...
 
 
 class Starter(Protocol):

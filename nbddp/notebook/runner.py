@@ -318,9 +318,7 @@ def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object]
     if failure is not None:
         # Raised outside the except blocks: no __context__ for IPython to walk.
         raise failure
-    if not isinstance(values, CellValues):
-        return {}, None
-    return values.restore()
+    return values.restore() if isinstance(values, CellValues) else ({}, None)
 
 
 def _interrupted(run: Run, session: Session | None) -> str:

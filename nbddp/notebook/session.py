@@ -1,12 +1,9 @@
-"""Sessions: ranks that live across calls and ``%%ddp`` cells, keeping their state.
+"""Sessions (``Session``): ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-``Session(options)`` validates as ``launch()`` does; ``start()`` returns once
-every rank is idle with its process group (a failed start leaves nothing).
-Calls (``run``, ``exec``, ``run_program``) go one at a time, each with its own
-display, value and error. A failed call keeps the session if every rank
-returned to idle; otherwise its error says the session ended (``alive`` is
-False). A name a cell bound on the ranks is theirs and never sent again
-(``names``); every other name a cell reads is the notebook's, sent each time.
+Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one
+at a time, each with its own display, value and error. A name a cell bound on the ranks is
+theirs and never sent again (``names``); every other name a cell reads is the notebook's, sent
+each time.
 """
 
 from __future__ import annotations
@@ -170,14 +167,12 @@ class Session:
         program = self.cell_program(
             source,
             header="# nbddp session",
-            filename=f"<ddp session cell {self._next_number()}>",
+            filename=f"<ddp session cell {self._job.cells_run + 1 if self._job else 1}>",
             user_ns=names or {},
             out=out,
         )
         values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
-        if not isinstance(values, CellValues):
-            return None
-        return values.restore()[1]
+        return values.restore()[1] if isinstance(values, CellValues) else None
 
     def cell_program(
         self,
@@ -299,9 +294,6 @@ class Session:
         if not job.alive:
             raise SessionError(self.lost_message())
         return job
-
-    def _next_number(self) -> int:
-        return (self._job.cells_run + 1) if self._job is not None else 1
 
     # -- what it is ----------------------------------------------------------
 

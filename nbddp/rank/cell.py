@@ -66,9 +66,7 @@ class CellValues:
 
     def restore(self) -> tuple[dict[str, object], object]:
         """(``--out`` name -> value, trailing expression's value) in the notebook."""
-        out: dict[str, object] = {}
-        for name, packed in self.out.items():
-            out[name] = _restore(f"--out {name}", packed)
+        out = {name: _restore(f"--out {name}", packed) for name, packed in self.out.items()}
         if self.last is not None:
             return out, _restore("the cell's last value", self.last)
         return out, _Repr(self.last_repr) if self.last_repr is not None else None

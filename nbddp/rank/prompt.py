@@ -51,7 +51,7 @@ def answer(body: object) -> None:
         _ASKING.answers.put(body)
 
 
-def ask(prompt: str, password: bool = False) -> str | None:
+def ask(prompt: str) -> str | None:
     """One line from the user for ``prompt``; None at the end of input."""
     asking = _ASKING
     if asking is None or asking.pid != os.getpid():
@@ -59,7 +59,7 @@ def ask(prompt: str, password: bool = False) -> str | None:
     prctl.flush_output()  # what the rank printed before the prompt is shown before it
     asking.asked += 1
     number = asking.asked
-    asking.channel.send("input", InputRequest(number, prompt, password))
+    asking.channel.send("input", InputRequest(number, prompt))
     while True:
         try:
             reply = asking.answers.get()

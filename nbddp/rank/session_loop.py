@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import types
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nbddp import prctl
@@ -93,7 +92,7 @@ def _backend() -> str | None:
 
 def serve_session_rank() -> None:
     """Answer cells until told to end; the function of a session's run."""
-    global _STATE, _MAIN
+    global _STATE, _MAIN, _BACKEND
     _STATE = SessionState()
     _MAIN = threading.get_ident()
     signal.signal(signal.SIGINT, _on_sigint)
@@ -102,7 +101,6 @@ def serve_session_rank() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     channel = installed()
     assert channel is not None, "runs in a rank, after the worker installed its channel"
-    global _BACKEND
     _BACKEND = _backend()
     if _BACKEND is not None:
         # A cell may destroy the group and init another: each later rendezvous gets a
@@ -114,18 +112,14 @@ def serve_session_rank() -> None:
         if kind == "cell":
             channel.send("cell_done", _run(_STATE, body))
         elif kind == "close_group":
-            _quietly(regroup.close_group)
+            try:
+                regroup.close_group()
+            except Exception as exc:  # the regroup that follows reports what is wrong
+                log.warning("nbddp: closing the process group failed: %s", exc)
         elif kind == "regroup":
             channel.send("regrouped", _regroup(int(body)))
         else:
             return
-
-
-def _quietly(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception as exc:  # the regroup that follows reports what is wrong
-        log.warning("nbddp: closing the process group failed: %s", exc)
 
 
 def _regroup(number: int) -> ErrorInfo | None:

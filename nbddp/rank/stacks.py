@@ -36,9 +36,7 @@ def user_frames(frame: FrameType) -> tuple[list[traceback.FrameSummary], bool]:
     """
     stack = traceback.extract_stack(frame)
     first = next((i for i, s in enumerate(stack) if not _launches(s)), None)
-    if first is None:
-        return list(stack), False
-    return list(stack)[first:], True
+    return (list(stack), False) if first is None else (list(stack)[first:], True)
 
 
 def format_stacks(rank: int) -> str:

@@ -18,10 +18,9 @@ import socket
 import sys
 import threading
 import traceback
-import types
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nbddp import prctl
 from nbddp.rank import prompt, session_loop
@@ -106,24 +105,21 @@ def _prepare_torch(order: RunOrder) -> None:
         import torch.distributed as dist
 
         dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
-        _wait_until_all_initialised(dist, place.world_size)
+        # Return once every rank's init has: init can return on one rank while another
+        # still builds gloo's mesh; a rank that then fails at once and exits would break the
+        # other's init ("Connection closed by peer") instead of letting it raise the cell's
+        # own error. Unbounded: a rank that fails its init fails the run, and the notebook
+        # stops the others.
+        _all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
 
 
-_INITIALISED_KEY = "nbddp/initialised"
-_ALL_INITIALISED_KEY = "nbddp/all_initialised"
-
-
-def _wait_until_all_initialised(dist: types.ModuleType, world_size: int) -> None:
-    """Return once every rank's ``init_process_group`` has returned (one store round trip)."""
-    # Why: init can return on one rank while another still builds gloo's mesh; a rank that
-    # then fails at once and exits would break the other's init ("Connection closed by
-    # peer") instead of letting it raise the cell's own error. Unbounded: a rank that fails
-    # its init fails the run, and the notebook stops the others.
-    store = dist.distributed_c10d._get_default_store()
-    if store.add(_INITIALISED_KEY, 1) >= world_size:
-        store.set(_ALL_INITIALISED_KEY, b"1")
+def _all_arrive(store: Any, name: str, world_size: int, *timeout: timedelta) -> None:
+    """Count this rank in at ``nbddp/{name}`` of ``store``; return once all ``world_size``
+    have (``timeout``: at most that long, else the store's ``wait`` raises)."""
+    if store.add(f"nbddp/{name}", 1) >= world_size:
+        store.set(f"nbddp/all_{name}", b"1")
     else:
-        store.wait([_ALL_INITIALISED_KEY])
+        store.wait([f"nbddp/all_{name}"], *timeout)
 
 
 def _call(order: RunOrder) -> object:
@@ -186,8 +182,6 @@ def run_rank(ctrl: socket.socket) -> int:
     return code
 
 
-_RETURNED_KEY = "nbddp/returned"
-_ALL_RETURNED_KEY = "nbddp/all_returned"
 PEER_WAIT = 3.0  # seconds a returned rank waits for the others before exiting anyway
 
 
@@ -202,10 +196,7 @@ def _wait_for_peers() -> None:
         return
     try:
         store = dist.distributed_c10d._get_default_store()
-        if store.add(_RETURNED_KEY, 1) >= dist.get_world_size():
-            store.set(_ALL_RETURNED_KEY, b"1")
-        else:
-            store.wait([_ALL_RETURNED_KEY], timedelta(seconds=PEER_WAIT))
+        _all_arrive(store, "returned", dist.get_world_size(), timedelta(seconds=PEER_WAIT))
     except Exception:
         pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 

@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
+from nbddp.wire.descriptors import OwnedFd
+
 if TYPE_CHECKING:
     from multiprocessing import synchronize
 
@@ -66,22 +68,11 @@ class Sending:
     def duplicate_for_child(self, fd: int) -> int:
         """Send a duplicate of ``fd``; its index among those sent."""
         dup = os.dup(fd)
-        return self.send(dup, _Closing(dup)).index
+        return self.send(dup, OwnedFd(dup)).index
 
     def DupFd(self, index: int) -> SentFd:  # multiprocessing's name for it
         """The reference a rank turns back into a descriptor (``SentFd.detach``)."""
         return SentFd(index)
-
-
-class _Closing:
-    """Closes a descriptor made for a payload when the payload goes."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
 
 
 class SentFd:
@@ -153,7 +144,8 @@ def reduce(obj: object) -> Reduced | None:
         return _reduce_semlock(obj, sent)
     if isinstance(obj, queues.Queue):
         return _rebuild_queue, (type(obj), obj.__getstate__())
-    wrapper = getattr(obj, "_wrapper", None) if _ctypes_data(obj) else None
+    ctypes_data = isinstance(obj, ctypes.Array | ctypes._SimpleCData | ctypes.Structure)
+    wrapper = getattr(obj, "_wrapper", None) if ctypes_data else None
     if isinstance(wrapper, heap.BufferWrapper):
         return _reduce_ctype(obj, wrapper)
     return None
@@ -167,10 +159,6 @@ def handles(obj: object) -> bool:
 
     kinds = (connection.Connection, heap.Arena, synchronize.SemLock, queues.Queue)
     return isinstance(obj, kinds)
-
-
-def _ctypes_data(obj: object) -> bool:
-    return isinstance(obj, ctypes.Array | ctypes._SimpleCData | ctypes.Structure)
 
 
 def _authkey() -> bytes:

@@ -136,7 +136,6 @@ class InputRequest:
     number: int
     """The rank's count of its requests, from 1: an answer names the one it is for."""
     prompt: str
-    password: bool = False
 
 
 @dataclass(frozen=True)

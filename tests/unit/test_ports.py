@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
 
 from nbddp.errors import ConfigError
-from nbddp.launcher.ports import choose_port, listen, port_is_free
+from nbddp.launcher.ports import choose_port, listen
+
+
+def port_is_free(addr: str, port: int) -> bool:
+    """True when a TCP listener could bind ``addr:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
 
 
 def test_auto_port_is_free() -> None:

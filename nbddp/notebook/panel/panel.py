@@ -238,14 +238,14 @@ class Panel:
             self.view.show_run_state("error", "not launched")
             self.view.show_result(f"{type(exc).__name__}: {exc}")
 
-    def _ask(self, rank: int, prompt: str, password: bool) -> str | None:
+    def _ask(self, rank: int, prompt: str) -> str | None:
         """A rank's prompt, in the panel (``Run.asker``; the pump thread waits here)."""
         answered = threading.Event()
         with self._lock:
             if self._stopping:
                 return None
             self._answered, self._answer_text = answered, None
-        self.view.ask(prompt_for(rank, prompt), password, self._answer)
+        self.view.ask(prompt_for(rank, prompt), self._answer)
         answered.wait()
         self.view.end_prompt()
         return self._answer_text

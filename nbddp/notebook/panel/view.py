@@ -265,17 +265,12 @@ class PanelView:
         self.stop_button.disabled = not running
         self.launch_button.disabled = running or not can_launch
 
-    def ask(self, prompt: str, password: bool, answered: Callable[[str], None]) -> None:
+    def ask(self, prompt: str, answered: Callable[[str], None]) -> None:
         """Show a rank's ``prompt`` (it names the rank); Send gives ``answered`` the line."""
         self.prompt_label.value = (
             f'<span style="font-family:monospace;white-space:pre">{html.escape(prompt)}</span>'
         )
         self.prompt_input.value = ""
-        # A password is typed into the same field: the rank asked for it, and its
-        # answer leaves the panel at once.
-        self.prompt_input.placeholder = _PROMPT + (
-            " (a password: shown as typed)" if password else ""
-        )
         self._answered = answered
         self.prompt_box.layout.display = None
 
