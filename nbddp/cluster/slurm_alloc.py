@@ -68,9 +68,8 @@ def allocate(cluster: SlurmCluster, nodes: int, gpus: int) -> Allocation:
     salloc = shutil.which("salloc")
     if salloc is None:
         raise ConfigError(f"cluster={cluster} needs Slurm's salloc on PATH, and it is not there")
-    per_node = cluster.gpus_per_node or gpus
     command = [salloc, f"--nodes={nodes}", f"--job-name={name}", *cluster.salloc_args()]
-    command += [f"--gpus-per-node={per_node}"] if per_node else []
+    command += [f"--gpus-per-node={gpus}"] if gpus and not cluster.gpus_per_node else []
     # Why cat: salloc gives the allocation back once its command ends, and cat ends
     # when this process does, however it ends.
     command += ["--no-shell"] if cluster.keep else ["cat"]

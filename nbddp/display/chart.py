@@ -2,9 +2,9 @@
 
 ``MetricHistory.add(row)`` keeps per metric and rank a series of (step or row count, value),
 thinned by half past ``max_points`` (the latest point always kept): memory stays constant.
-``chart_html(history, options)`` draws a panel per metric (``plot.metric_svg``; the first
+``chart_html(history)`` draws a panel per metric (``plot.metric_svg``; the first
 ``MAX_CHARTED``) and a legend of each rank's latest values, as lines or, past
-``ChartOptions.max_lines`` ranks, a mean over a min-max band; its size never grows with steps.
+``MAX_LINES`` ranks, a mean over a min-max band; its size never grows with steps.
 Plain HTML/SVG/CSS, no frontend extension. Rows come from another process: nothing in them
 raises; non-finite values are left out of the chart (``metric_summary`` shows them).
 """
@@ -15,7 +15,6 @@ import html
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from nbddp.display.axes import fmt
 from nbddp.display.plot import (
@@ -41,31 +40,8 @@ SHOWN_POINTS = 8000
 """Points of the visible lines of a whole chart, past which they are drawn coarser."""
 HIDDEN_POINTS = 4000
 """The same for the per-rank lines a band hides until asked for."""
-RankStyle = Literal["auto", "lines", "band"]
-
-
-@dataclass(frozen=True)
-class ChartOptions:
-    """How ``chart_html`` draws the ranks."""
-
-    ranks: RankStyle = "auto"
-    """``"lines"``: a line per rank (up to ``MAX_RANK_LINES`` ranks, past that the band);
-    ``"band"``: the ranks' mean over their min-max band, a rank's own line on demand;
-    ``"auto"``: lines up to ``max_lines`` ranks, else the band."""
-    max_lines: int = 4
-    """With ``ranks="auto"``, the most ranks drawn as a line each."""
-
-    def __post_init__(self) -> None:
-        if self.ranks not in ("auto", "lines", "band"):
-            raise ValueError(f"ChartOptions(ranks={self.ranks!r}): use 'auto', 'lines' or 'band'")
-        if self.max_lines < 1:
-            raise ValueError(f"ChartOptions(max_lines={self.max_lines}): use 1 or more")
-
-    def mode(self, ranks: int) -> Mode:
-        """How ``ranks`` ranks are drawn."""
-        if self.ranks == "band" or ranks > MAX_RANK_LINES:
-            return "band"
-        return "lines" if self.ranks == "lines" or ranks <= self.max_lines else "band"
+MAX_LINES = 4
+"""The most ranks drawn as a line each; more are drawn as a band."""
 
 
 @dataclass
@@ -156,10 +132,11 @@ class MetricHistory:
         return bool(self._series)
 
 
-def chart_html(history: MetricHistory, options: ChartOptions | None = None) -> str:
-    """Every metric's panel in a grid, then the legend."""
-    options = options or ChartOptions()
-    mode = options.mode(len(history.ranks()))
+def chart_html(history: MetricHistory, lines: bool = False) -> str:
+    """Every metric's panel in a grid, then the legend (``lines``: a line per rank even
+    past ``MAX_LINES`` ranks, up to ``MAX_RANK_LINES``)."""
+    ranks = len(history.ranks())
+    mode: Mode = "lines" if ranks <= (MAX_RANK_LINES if lines else MAX_LINES) else "band"
     x_label = "step" if history.stepped else "row"
     charted = {name: history.series(name) for name in history.names()}
     # Lines drawn in all panels: a line per rank, or a band's three (edges and mean)

@@ -9,6 +9,7 @@ here imports ray or calls Slurm.
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,48 +80,30 @@ class SlurmCluster:
                 "allocation again"
             )
 
-    @property
-    def address(self) -> str:
-        gpus = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node else []
-        keep = [f"--keep={self.name}"] if self.keep else []
-        return " ".join(["slurm", *self.salloc_args(), *gpus, *keep])
-
     def __str__(self) -> str:
-        return self.address
+        return " ".join(["slurm", *self.salloc_args(), *([f"--keep={self.name}"] * self.keep)])
+
+    address = property(__str__)
 
     def salloc_args(self) -> list[str]:
-        """The allocation's ``salloc`` flags, nodes and GPUs aside."""
-        named = {"partition": self.partition, "time": self.time, "account": self.account}
-        named["qos"] = self.qos
-        return [*(f"--{k}={v}" for k, v in named.items() if v), *self.extra_args]
+        """The allocation's ``salloc`` flags, nodes aside."""
+        named = [self.partition, self.time, self.account, self.qos, self.gpus_per_node]
+        flags = ("partition", "time", "account", "qos", "gpus-per-node")
+        return [*(f"--{k}={v}" for k, v in zip(flags, named, strict=True) if v), *self.extra_args]
 
 
 def _slurm(text: str) -> SlurmCluster:
     """``"slurm --partition gpu --keep exp1 --exclusive"`` as a ``SlurmCluster``."""
-    words = shlex.split(text)[1:]
-    given: dict[str, str] = {}
-    extra: list[str] = []
-    while words:
-        word = words.pop(0)
-        flag, eq, value = word.partition("=")
-        key = flag.removeprefix("--").replace("-", "_")
-        if key in ("partition", "time", "account", "qos", "gpus_per_node", "keep") and (
-            eq or words
-        ):
-            given[key] = value if eq else words.pop(0)
-        else:
-            extra.append(word)
-    gpus = given.pop("gpus_per_node", None)
-    if gpus is not None and not gpus.isdigit():
-        raise ValueError(f"--gpus-per-node must be a count, got {gpus!r}")
-    name = given.pop("keep", None)
-    return SlurmCluster(
-        **given,
-        gpus_per_node=int(gpus) if gpus else None,
-        extra_args=tuple(extra),
-        keep=name is not None,
-        name=name,
-    )
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for name in ("partition", "time", "account", "qos", "keep"):
+        parser.add_argument(f"--{name}")
+    parser.add_argument("--gpus-per-node", type=int)
+    try:
+        known, extra = parser.parse_known_args(shlex.split(text)[1:])
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"has {exc}") from None
+    name = vars(known).pop("keep")
+    return SlurmCluster(**vars(known), extra_args=tuple(extra), keep=bool(name), name=name)
 
 
 Cluster = RayCluster | SlurmCluster

@@ -318,7 +318,7 @@ def test_slurm_clusters_are_spelled_as_salloc_flags_and_read_back() -> None:
     )
     assert given.submits and as_cluster(str(given)) == given
     assert given.salloc_args() == ["--partition=gpu", "--time=1:00:00", "--exclusive"]
-    with pytest.raises(ValueError, match="--gpus-per-node must be a count, got 'two'"):
+    with pytest.raises(ValueError, match="argument --gpus-per-node: invalid int value: 'two'"):
         as_cluster("slurm --gpus-per-node two")
     with pytest.raises(ConfigError, match=r"keep=True\) needs a name"):
         SlurmCluster(keep=True)

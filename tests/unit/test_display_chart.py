@@ -13,7 +13,6 @@ import pytest
 from nbddp.display import plot
 from nbddp.display.axes import Axis, choose_scale, tick_labels
 from nbddp.display.chart import (
-    ChartOptions,
     MetricHistory,
     chart_html,
     chart_text,
@@ -204,19 +203,16 @@ def test_8_ranks_get_a_mean_line_over_a_band_and_hidden_rank_lines() -> None:
         assert f'<div class="nbddp-key" data-rank="{rank}">' in page
 
 
-def test_the_rank_style_can_be_chosen() -> None:
-    assert [ChartOptions().mode(n) for n in (1, 4, 5, 8)] == ["lines", "lines", "band", "band"]
-    assert ChartOptions(ranks="lines").mode(8) == "lines"
-    assert ChartOptions(ranks="band").mode(2) == "band"
-    assert ChartOptions(max_lines=8).mode(8) == "lines"
-    assert ChartOptions(ranks="lines").mode(plot.MAX_RANK_LINES + 1) == "band"  # bounded
-    eight_lines = panels(chart_html(history_of(200, 8), ChartOptions(ranks="lines")))["loss"]
-    assert len(lines(eight_lines)) == 8
-    assert all("display" not in g.attrib for g in lines(eight_lines))
-    with pytest.raises(ValueError, match="use 'auto', 'lines' or 'band'"):
-        ChartOptions(ranks="each")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="use 1 or more"):
-        ChartOptions(max_lines=0)
+def test_up_to_four_ranks_are_lines_past_that_a_band_unless_lines_are_asked_for() -> None:
+    def drawn(ranks: int, **forced: bool) -> tuple[int, int]:
+        """Rank lines in the loss panel, and how many of them show."""
+        drawn = lines(panels(chart_html(history_of(200, ranks), **forced))["loss"])
+        return len(drawn), sum("display" not in g.attrib for g in drawn)
+
+    assert drawn(4) == (4, 4)  # a line each, all shown
+    assert drawn(5)[1] < 5  # a band: the ranks' own lines hidden until asked for
+    assert drawn(8, lines=True) == (8, 8)
+    assert drawn(plot.MAX_RANK_LINES + 1, lines=True)[1] < plot.MAX_RANK_LINES  # bounded
 
 
 # -- bounded size, latest point kept -------------------------------------------------
@@ -250,7 +246,7 @@ def test_any_number_of_ranks_and_metrics_stays_under_a_fixed_size() -> None:
     assert len(page.encode()) < ANY_BOUND
     assert page.count("<svg") == 16
     assert "… and 48 more ranks" in page
-    page = chart_html(history_of(300, 16), ChartOptions(ranks="lines"))
+    page = chart_html(history_of(300, 16), lines=True)
     print(f"16 ranks x 3 metrics, a line each: {len(page.encode()):,} bytes")
     assert len(page.encode()) < ANY_BOUND
 
