@@ -47,7 +47,6 @@ def order(
         rank=node.first_rank + rank,
         local_rank=rank,
         world_size=spec.world_size,
-        local_world_size=node.ranks,
         device=spec.device,
         cuda_index=rank if spec.device == "cuda" else None,
     )

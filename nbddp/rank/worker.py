@@ -170,7 +170,7 @@ def run_rank(ctrl: socket.socket) -> int:
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
-        _flush()
+        prctl.flush_output()
         return 1
     _leave_if_forked(owner, None)
     # The process group is not destroyed here: the rank exits right after
@@ -213,7 +213,7 @@ def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
     elif exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
         code = 1
-    _flush()
+    prctl.flush_output()
     os._exit(code)
 
 
@@ -221,14 +221,14 @@ def _report_exit(channel: Channel, exc: SystemExit) -> int:
     code = exc.code
     if code is None or code == 0:
         channel.send("result", values.pack(None))
-        _flush()
+        prctl.flush_output()
         _wait_for_peers()
         return 0
     if not isinstance(code, int):
         sys.stderr.write(f"{code}\n")  # as Python's sys.exit(message) prints it
         code = 1
     channel.send("exit", code)
-    _flush()
+    prctl.flush_output()
     return code
 
 
@@ -237,20 +237,12 @@ def _report_result(channel: Channel, value: object) -> int:
         packed = values.pack(value)
     except Exception as exc:
         channel.send("error", error_info(unsendable("the return value", value, exc)))
-        _flush()
+        prctl.flush_output()
         return 1
     channel.send("result", packed)
     del packed  # the shared copies go once the notebook holds their descriptors
-    _flush()
+    prctl.flush_output()
     return 0
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
@@ -265,7 +257,7 @@ def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
     except BaseException:
         traceback.print_exc()
     finally:
-        _flush()
+        prctl.flush_output()
         # Why os._exit: like multiprocessing's children, a rank does not wait for
         # non-daemon threads the user's code left behind, nor run their atexit hooks.
         os._exit(code)

@@ -54,7 +54,6 @@ class Placement:
     rank: int
     local_rank: int
     world_size: int
-    local_world_size: int
     device: DeviceKind
     """cuda: one GPU, ``cuda_index``; cpu: GPUs hidden; inherit: the notebook's GPUs
     are visible and the rank's code chooses (``spawn()``)."""

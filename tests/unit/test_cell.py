@@ -97,7 +97,6 @@ def place(rank: int, device: DeviceKind = "cpu", cuda_index: int | None = None) 
         rank=rank,
         local_rank=rank,
         world_size=2,
-        local_world_size=2,
         device=device,
         cuda_index=cuda_index,
     )
@@ -162,11 +161,7 @@ def test_program_takes_rank_and_device_from_the_context_not_the_environment(
 ) -> None:
     monkeypatch.setenv("RANK", "5")  # the user's environment; the order's values win
     monkeypatch.setenv("WORLD_SIZE", "9")
-    rank_context(
-        Placement(
-            rank=0, local_rank=1, world_size=4, local_world_size=2, device="cuda", cuda_index=1
-        )
-    )
+    rank_context(Placement(rank=0, local_rank=1, world_size=4, device="cuda", cuda_index=1))
     values = program("(rank, local_rank, world_size, str(device))")()
     assert isinstance(values, CellValues)
     assert values.restore()[1] == (0, 1, 4, "cuda:1")

@@ -93,7 +93,7 @@ def test_nbddp_frames_are_left_out_of_what_is_shown_and_kept_in_the_log() -> Non
     program = build_program(
         CELL, header="%%ddp", filename="<ddp cell [12]>", user_ns={"WithRank": WithRank}
     )
-    context.install(Placement(0, 0, 2, 2, "cpu", None))
+    context.install(Placement(0, 0, 2, "cpu", None))
     try:
         with pytest.raises(KeyError) as raised:
             replace(program, shown="Cell In[12]")()

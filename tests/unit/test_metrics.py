@@ -58,7 +58,7 @@ def test_log_sends_through_the_installed_channel_with_the_contexts_rank(
     ours, theirs = socket.socketpair()
     theirs.settimeout(5.0)
     rank_channel.install(Channel(ours))
-    context.install(Placement(rank=3, local_rank=1, world_size=4, local_world_size=2, device="cpu"))
+    context.install(Placement(rank=3, local_rank=1, world_size=4, device="cpu"))
     try:
         nbddp.log(step=2, loss=torch.tensor(0.25), acc=1)
         reader, got = FrameReader(), []

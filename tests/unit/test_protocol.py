@@ -34,9 +34,7 @@ def test_blocking_send_and_recv_over_a_socketpair() -> None:
 def test_a_run_order_arrives_with_its_typed_values_and_its_call_beside_it() -> None:
     payload = Payload.serialize(divmod, (7, 2), {})
     order = protocol.RunOrder(
-        place=protocol.Placement(
-            rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
-        ),
+        place=protocol.Placement(rank=1, local_rank=1, world_size=2, device="cuda", cuda_index=1),
         env={"RANK": "1"},
         call=payload.ref(),
         sys_path=["/src"],
@@ -70,7 +68,7 @@ def test_the_job_orders_a_gpu_rank_with_its_device_and_thread_count() -> None:
     )
     order = order_for(config, 1)
     assert order.place == protocol.Placement(
-        rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
+        rank=1, local_rank=1, world_size=2, device="cuda", cuda_index=1
     )
     assert (order.backend, order.init_process_group, order.threads) == ("nccl", False, 3)
     assert (order.call.size, order.call.fds.fds[1:]) == (4, (7, 8))

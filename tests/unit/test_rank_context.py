@@ -12,7 +12,7 @@ from nbddp.rank import context
 from nbddp.rank.calls import WithRank
 from nbddp.wire.protocol import Placement
 
-RANK2 = Placement(rank=2, local_rank=0, world_size=4, local_world_size=2, device="cpu")
+RANK2 = Placement(rank=2, local_rank=0, world_size=4, device="cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -33,12 +33,10 @@ def test_the_installed_placement_is_the_context() -> None:
 
 
 def test_the_device_is_the_ranks_gpu_or_the_cpu() -> None:
-    gpu = Placement(
-        rank=1, local_rank=1, world_size=2, local_world_size=2, device="cuda", cuda_index=1
-    )
+    gpu = Placement(rank=1, local_rank=1, world_size=2, device="cuda", cuda_index=1)
     assert context.device(gpu) == torch.device("cuda", 1)
     assert context.device(RANK2) == torch.device("cpu")
-    inherit = Placement(rank=0, local_rank=0, world_size=1, local_world_size=1, device="inherit")
+    inherit = Placement(rank=0, local_rank=0, world_size=1, device="inherit")
     assert context.device(inherit) == torch.device("cpu")
 
 

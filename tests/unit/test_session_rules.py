@@ -25,7 +25,7 @@ from nbddp.wire.protocol import Placement
 @pytest.fixture
 def in_session_rank() -> Iterator[rank_session.SessionState]:
     """This process as rank 0 of a session (as ``serve_session_rank`` sets it up)."""
-    context.install(Placement(0, 0, 2, 2, "cpu"))
+    context.install(Placement(0, 0, 2, "cpu"))
     state = rank_session.SessionState()
     rank_session._STATE = state
     yield state
