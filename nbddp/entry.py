@@ -37,7 +37,7 @@ from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import Spelling, spoken
-from nbddp.rank.calls import WithRank
+from nbddp.rank.context import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Args, Fn, Kwargs, Payload
 
 if TYPE_CHECKING:

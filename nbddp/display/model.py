@@ -20,7 +20,7 @@ from nbddp.display.screen import Screen
 from nbddp.display.style import state_words
 from nbddp.launcher.events import RankEnd, RankState
 from nbddp.launcher.logs import rank_log
-from nbddp.launcher.summary import format_elapsed
+from nbddp.launcher.run import format_elapsed
 from nbddp.wire.protocol import MetricRow
 
 # A state's name -> its member (members hash as their names, so they find

@@ -35,9 +35,8 @@ PRELOAD = (
     "torch.distributed",
     "cloudpickle",
     "psutil",  # the keeper's
-    "nbddp.rank.worker",  # with the rank's channel and context, and the wire it loads and sends
+    "nbddp.rank.worker",  # its channel, context (spawn()'s wrapper), the wire it loads and sends
     "nbddp.rank.metrics",  # nbddp.log
-    "nbddp.rank.calls",  # spawn()'s wrapper
     "nbddp.rank.cell",  # what a %%ddp cell's ranks unpickle
 )
 """What every rank imports: imported once here, so that forked ranks start with it."""

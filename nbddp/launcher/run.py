@@ -10,8 +10,10 @@ through ``RunSource`` (a run core, or the restarts over one).
 
 from __future__ import annotations
 
+import html
 import time
 import weakref
+from collections import Counter
 from pathlib import Path
 
 from nbddp.launcher.config import LaunchConfig
@@ -22,7 +24,6 @@ from nbddp.launcher.logs import read_rank_log
 from nbddp.launcher.prompts import Asker, ask_rank
 from nbddp.launcher.pump import Pump, RunSource
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
-from nbddp.launcher.summary import run_html, run_line
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
 
@@ -126,8 +127,12 @@ class Run:
         return f"<nbddp Run {_line(self)}>"
 
     def _repr_html_(self) -> str:
-        """The same line in a notebook, with where the logs are."""
-        return run_html(_line(self), self.log_dir)
+        """The same line in a notebook, with where the logs are (all of it escaped)."""
+        return (
+            '<div class="nbddp-run" style="font-family:monospace">'
+            f"nbddp run {html.escape(_line(self))}<br>"
+            f'<span style="opacity:0.7">logs in {html.escape(str(self.log_dir))}</span></div>'
+        )
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's state, pid, exit code, value and error, as last seen."""
@@ -213,6 +218,20 @@ def _result(run: Run) -> RunResult:
     )
 
 
+def format_elapsed(seconds: float) -> str:
+    """``7s``, ``3m05s`` or ``1h02m``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def _line(run: Run) -> str:
-    states = [o.state for o in run.job.outcomes()]
-    return run_line(run.run_id, run.status, states, run.elapsed)
+    """``<run id>: <status>, <n> ranks (<count> <state>, …), <elapsed>``."""
+    counts = Counter(str(o.state) for o in run.job.outcomes())
+    world = sum(counts.values())
+    ranks = ", ".join(f"{count} {state}" for state, count in counts.items())
+    noun = "rank" if world == 1 else "ranks"
+    return f"{run.run_id}: {run.status}, {world} {noun} ({ranks}), {format_elapsed(run.elapsed)}"

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Mapping
 
 from nbddp.launcher.spelling import CallError, Say, close_options
-from nbddp.rank.calls import WithRank
+from nbddp.rank.context import WithRank
 from nbddp.wire.payload import Args, Fn
 
 _RANK = 0  # stands for the rank spawn() puts first; only its position matters

@@ -3,18 +3,22 @@
 The worker ``install``s the rank's ``Placement`` (from its order, never from the environment)
 before the function runs; code in the rank asks ``current()`` (None outside a launched rank) or
 ``require()`` (which raises there); ``device(place)`` is its ``torch.device``.
+``WithRank(fn)(*args)`` calls ``fn(rank, *args)``, as ``torch.multiprocessing.spawn`` does
+(``nbddp.spawn``); pickled by reference, it needs no more than this module in the rank.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from nbddp.wire.protocol import Placement
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Placement", "current", "device", "install", "require"]
+__all__ = ["Placement", "WithRank", "current", "device", "install", "require"]
 
 _installed: Placement | None = None
 
@@ -47,3 +51,16 @@ def device(place: Placement) -> torch.device:
     if place.cuda_index is not None:
         return torch.device("cuda", place.cuda_index)
     return torch.device("cpu")
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class WithRank(Generic[R]):
+    """``fn(rank, *args)``, as torch.multiprocessing.spawn calls it."""
+
+    fn: Callable[..., R]
+
+    def __call__(self, *args: object) -> R:
+        return self.fn(require().rank, *args)

@@ -73,11 +73,6 @@ def register(sources: Iterable[Source]) -> None:
             _SHOWN[source.filename] = source.shown
 
 
-def shown_name(filename: str) -> str | None:
-    """The name registered for ``filename``'s frames, if any."""
-    return _SHOWN.get(filename)
-
-
 def named(text: str) -> str:
     """``text`` (formatted traceback or stack lines) with the frames of registered
     named files headed as IPython heads them (see contract); other text unchanged."""

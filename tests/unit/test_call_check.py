@@ -13,7 +13,7 @@ from nbddp.entry import Launcher, launch, notebook_launcher, spawn
 from nbddp.errors import ConfigError, PayloadError
 from nbddp.launcher.signature import check_call
 from nbddp.launcher.spelling import FLAGS, PANEL, close_options, spoken
-from nbddp.rank.calls import WithRank
+from nbddp.rank.context import WithRank
 
 
 def train(data: int, epochs: int = 1) -> int:

@@ -18,7 +18,7 @@ from nbddp.launcher.events import Failure, RankOutcome, RankState
 from nbddp.launcher.failures import rank_error, release
 from nbddp.notebook.program import build_program
 from nbddp.rank import context
-from nbddp.rank.calls import WithRank
+from nbddp.rank.context import WithRank
 from nbddp.rank.worker import error_info
 from nbddp.wire import values
 from nbddp.wire.descriptors import Descriptors
@@ -113,5 +113,5 @@ def test_nbddp_frames_are_left_out_of_what_is_shown_and_kept_in_the_log() -> Non
     # The log keeps every frame: the cell program's and the wrapper's too.
     full = info.logged
     assert os.path.join(package, "rank", "cell.py") in full
-    assert os.path.join(package, "rank", "calls.py") in full
+    assert os.path.join(package, "rank", "context.py") in full
     assert "  Cell In[12], line 5, in <module>\n" in full

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nbddp.rank import context
-from nbddp.rank.calls import WithRank
+from nbddp.rank.context import WithRank
 from nbddp.wire.protocol import Placement
 
 RANK2 = Placement(rank=2, local_rank=0, world_size=4, device="cpu")
