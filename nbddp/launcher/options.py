@@ -1,7 +1,7 @@
 """The user-facing launch options, defined once.
 
 ``LaunchOptions`` defines every option: its type, and in its ``Opt`` metadata
-its default, help, panel field and magic spelling (``Magic``). ``OPTIONS``
+its default, help and magic spelling (``Magic``). ``OPTIONS``
 reads it back as ``Option`` records; ``LaunchConfig.build``, ``Launcher``, the
 magics' flags and help, ``merge_options``/``format_options`` and the panel all
 derive from it (``tests/unit/test_options.py`` holds ``launch()``'s parameters
@@ -90,8 +90,6 @@ class Opt:
     help: str
     magic: Magic | None = None
     """None: the magics have no flag for it."""
-    panel: bool = False
-    """The panel's form has a field for it."""
     group: str | None = None
     """Options of one group replace each other when merged (``--procs``, ``--gpus``)."""
     merges: bool = False
@@ -107,7 +105,6 @@ class LaunchOptions(TypedDict, total=False):
             None,
             "one process per GPU: a count (2) or GPU ids (0,1; one id as 3,); nccl",
             Magic("N|IDS", parse_gpus, show_gpus),
-            panel=True,
             group="devices",
         ),
     ]
@@ -117,7 +114,6 @@ class LaunchOptions(TypedDict, total=False):
             None,
             "N CPU processes (gloo), GPUs hidden",
             Magic("N", int),
-            panel=True,
             group="devices",
         ),
     ]
@@ -127,7 +123,6 @@ class LaunchOptions(TypedDict, total=False):
             1,
             "machines to run on, gpus/procs ranks on each (more than 1 needs --cluster)",
             Magic("N", int),
-            panel=True,
         ),
     ]
     cluster: Annotated[
@@ -137,7 +132,6 @@ class LaunchOptions(TypedDict, total=False):
             "the cluster to run on: slurm (the allocation this runs in), ray://head:10001, "
             "ray (the Ray cluster this runs in), host:port",
             Magic("ADDRESS"),
-            panel=True,
         ),
     ]
     start_method: Annotated[
@@ -146,19 +140,18 @@ class LaunchOptions(TypedDict, total=False):
             "forkserver",
             "how ranks start (default forkserver: torch preloaded, CUDA untouched)",
             Magic(),
-            panel=True,
         ),
     ]
     port: Annotated[
         int | str | None,
-        Opt(None, "rendezvous port (default: a free one per run)", Magic(None, int), panel=True),
+        Opt(None, "rendezvous port (default: a free one per run)", Magic(None, int)),
     ]
     master_addr: Annotated[
         str, Opt("127.0.0.1", "rendezvous address (default 127.0.0.1)", Magic("ADDR"))
     ]
     timeout: Annotated[
         float | None,
-        Opt(None, "stop the run after this long", Magic("SECONDS", float), panel=True),
+        Opt(None, "stop the run after this long", Magic("SECONDS", float)),
     ]
     env: Annotated[
         Mapping[str, str] | None,
@@ -166,13 +159,12 @@ class LaunchOptions(TypedDict, total=False):
             None,
             "an environment variable for every rank (repeatable)",
             Magic("NAME=VALUE", parse_env_pair, show_env, repeat=True),
-            panel=True,
             merges=True,
         ),
     ]
     mixed_precision: Annotated[
         MixedPrecision,
-        Opt("no", "exported as ACCELERATE_MIXED_PRECISION for Accelerator()", Magic(), panel=True),
+        Opt("no", "exported as ACCELERATE_MIXED_PRECISION for Accelerator()", Magic()),
     ]
     backend: Annotated[
         Backend | None,
@@ -187,7 +179,6 @@ class LaunchOptions(TypedDict, total=False):
             0,
             "after a failure, stop every rank and restart them all, up to N times",
             Magic("N", int),
-            panel=True,
         ),
     ]
     output: Annotated[
