@@ -85,7 +85,9 @@ class _Held:
     def new_failures(self) -> list[ShippedFailure]:
         """The run's failures not sent yet, shipped (and from now on counted as sent)."""
         failures = self.job.core.failures()
-        new = [ship_failure(_wall(at), f, self.job.first) for at, f in failures[self.sent :]]
+        # A failure's monotonic time in this process, as time.time().
+        wall = time.time() - time.monotonic()
+        new = [ship_failure(wall + at, f, self.job.first) for at, f in failures[self.sent :]]
         self.sent = len(failures)
         return new
 
@@ -293,8 +295,3 @@ def _prewarm() -> None:
 
     FORKSERVER.prewarm()
     import torch.distributed  # noqa: F401
-
-
-def _wall(monotonic: float) -> float:
-    """A ``time.monotonic()`` of this process as ``time.time()``."""
-    return time.time() - (time.monotonic() - monotonic)

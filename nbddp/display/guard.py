@@ -41,11 +41,9 @@ class Guarded:
         self._call("attach", log_dir, world_size)
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        """As the display's."""
         self._call("output", rank, stream, text)
 
     def notice(self, text: str) -> None:
-        """As the display's."""
         self._call("notice", text)
 
     def state(self, rank: int, state: str) -> None:
@@ -54,7 +52,6 @@ class Guarded:
         self._retired_call("state", rank, state)
 
     def metric(self, rank: int, row: MetricRow) -> None:
-        """As the display's."""
         self._call("metric", rank, row)
 
     def refresh(self) -> float | None:

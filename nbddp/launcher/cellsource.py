@@ -94,7 +94,6 @@ class CellSource:
         self._started_at = time.monotonic()
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
         self._job.core.answer(rank, number, text)
 
     def _finish(self, status: RunStatus, cell: CellState | None) -> None:

@@ -67,16 +67,11 @@ class Listener(Protocol):
     def ending(self) -> None: ...
 
 
-def new_run_id() -> str:
-    """A run id: when it started, and six random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-
-
 class RunCore:
     """One run's bookkeeping."""
 
     def __init__(self, ranks: int, failure_grace: float) -> None:
-        self.run_id = new_run_id()
+        self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]  # + 6 random hex
         self._run_dir = new_run_dir(self.run_id)  # locked until the run ends; old runs pruned
         self.log_dir = self._run_dir.path
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
@@ -143,7 +138,6 @@ class RunCore:
         self.call_soon(self.dump_running)
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
         self.call_soon(self._answer, rank, number, text)
 
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:

@@ -234,7 +234,6 @@ class Job:
             self.core.later(self.spec.kill_grace, _signal_all, self._ranks, signal.SIGKILL)
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
-        """Send ``rank`` the user's line for its prompt ``number``."""
         self.send(rank, "answer", InputAnswer(number, text))
 
     def send(self, rank: int, kind: str, body: object) -> bool:
@@ -246,11 +245,9 @@ class Job:
         self._relay.drain(rank)
 
     def log(self, rank: int, text: str) -> None:
-        """Append ``text`` to ``rank``'s log."""
         self._relay.log_now(rank, text)
 
     def where(self, rank: int) -> str:
-        """Where ``rank`` runs, as a message's words (empty: this machine)."""
         return ""
 
     def cell_order(self, number: int, payload: Payload, debug: bool) -> CellOrder:
