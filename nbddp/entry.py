@@ -22,7 +22,6 @@ from nbddp.errors import ConfigError
 from nbddp.launcher.clusters import Cluster, configured
 from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
-from nbddp.launcher.display import Display
 from nbddp.launcher.failures import interrupted
 from nbddp.launcher.job import Job
 from nbddp.launcher.options import (
@@ -33,6 +32,7 @@ from nbddp.launcher.options import (
     Output,
     StartMethod,
 )
+from nbddp.launcher.pump import Display
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.signature import check_call

@@ -9,7 +9,7 @@ from typing import Any
 
 
 class QuietDisplay:
-    """Implements ``nbddp.launcher.display.Display`` doing nothing; override ``output``."""
+    """Implements ``nbddp.launcher.pump.Display`` doing nothing; override ``output``."""
 
     def attach(self, log_dir: Path, world_size: int) -> None: ...
     def output(self, rank: int, stream: str, text: str) -> None: ...

@@ -1,4 +1,4 @@
-"""How a run's output is shown; each display implements ``launcher.display.Display``.
+"""How a run's output is shown; each display implements ``launcher.pump.Display``.
 
 ``model``: the per-rank view model the kernel display and the panel render; ``text``:
 rank-prefixed lines; ``kernel``: per-rank blocks updated in place in the cell, and a chart;

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from nbddp.display.text import TextDisplay
-from nbddp.launcher.display import Display
 from nbddp.launcher.events import RankEnd
+from nbddp.launcher.pump import Display
 from nbddp.wire.protocol import MetricRow
 
 MAX_ERROR_TEXT = 200  # characters of an error's message in its one-line report

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from nbddp.launcher import events as ev
 from nbddp.launcher.collateral import collateral
-from nbddp.launcher.display import Display
 from nbddp.launcher.events import Failure, RankEnd, RankOutcome, RunEvent, RunStatus, rank_end
 from nbddp.launcher.prompts import Asker
 from nbddp.launcher.results import Metrics
+from nbddp.wire.protocol import MetricRow
 
 if TYPE_CHECKING:
     from nbddp.launcher.config import LaunchConfig
@@ -42,6 +42,33 @@ BATCH_SECONDS = 0.05  # longest stretch of event handling before the display may
 BATCH_PAUSE = 0.05  # after a batch, let events gather this long before taking the next
 PROMPT_DRAWS = 3  # refreshes before a prompt, each at most PROMPT_DRAW_WAIT seconds apart
 PROMPT_DRAW_WAIT = 0.25
+
+
+class Display(Protocol):
+    """What a run's display implements (text, kernel blocks, the panel), fed by ``Run.wait``:
+    ``attach`` once, then the event methods (cheap: they record) on the thread that waits,
+    ``refresh`` between batches, ``close`` at the end."""
+
+    def attach(self, log_dir: Path, world_size: int) -> None:
+        """The run's log directory and rank count, before any event."""
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """A chunk of decoded text ``rank`` wrote to ``stream`` (stdout or stderr)."""
+
+    def notice(self, text: str) -> None:
+        """A message from nbddp itself."""
+
+    def state(self, rank: int, state: str) -> None:
+        """``rank`` is now running, done, failed or stopped."""
+
+    def metric(self, rank: int, row: MetricRow) -> None:
+        """A row ``rank`` sent with ``nbddp.log``."""
+
+    def refresh(self) -> float | None:
+        """Draw what is due; return seconds until another call is useful (None: no need)."""
+
+    def close(self) -> None:
+        """The run's output is complete: draw everything that is left."""
 
 
 class RunSource(Protocol):

@@ -21,10 +21,10 @@ from nbddp.entry import guarded, make_display
 from nbddp.errors import ConfigError, SessionError
 from nbddp.launcher.cells import Cells
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.display import Display
 from nbddp.launcher.failures import describe_exit
 from nbddp.launcher.job import Job
 from nbddp.launcher.options import LaunchOptions, format_options
+from nbddp.launcher.pump import Display
 from nbddp.launcher.run import Run
 from nbddp.notebook.program import build_program, definitions_read
 from nbddp.rank import session_loop as rank_session

@@ -72,8 +72,8 @@ import nbddp
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.display import Display
 from nbddp.launcher.job import Job
+from nbddp.launcher.pump import Display
 from nbddp.launcher.run import Run
 from nbddp.wire.payload import Payload
 

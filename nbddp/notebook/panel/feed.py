@@ -1,6 +1,6 @@
 """What the panel shows of a run while it goes on: the ``Display`` a panel run is fed.
 
-``PanelFeed`` implements ``launcher.display.Display``: its events only record, in a ``RunModel``;
+``PanelFeed`` implements ``launcher.pump.Display``: its events only record, in a ``RunModel``;
 ``refresh()`` hands the sink a ``RankView`` per rank and the chart's HTML, at most once per
 ``interval`` and only when something changed; ``close()`` hands over the final state. The sink
 (the panel's widgets, or a fake) is only called from the thread pumping the run. No ipywidgets.
