@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import psutil
 
@@ -39,18 +39,7 @@ class RankRecord:
 
     def outcome(self) -> RankOutcome:
         """A frozen copy, for other threads."""
-        return RankOutcome(
-            rank=self.rank,
-            state=self.state,
-            pid=self.pid,
-            exit_code=self.exit_code,
-            exited=self.exited,
-            value=self.value,
-            error=self.error,
-            stacks=self.stacks,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-        )
+        return RankOutcome(**{f.name: getattr(self, f.name) for f in fields(RankOutcome)})
 
     def signal(self, sig: int) -> bool:
         """Signal the rank's group (its tree while it lives); True if any process was there.
