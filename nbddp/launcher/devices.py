@@ -53,13 +53,6 @@ def parse_visible_devices(value: str, physical_count: int) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-def _count_physical(proc_dir: Path) -> int:
-    try:
-        return sum(1 for _ in proc_dir.iterdir())
-    except OSError:
-        return 0
-
-
 def cuda_initialised() -> bool:
     """Whether this process has initialised CUDA (asked without initialising it)."""
     # getattr: torch may be half-imported (nbddp imports it in the background);
@@ -81,7 +74,10 @@ def visible_gpus(
             tokens = tuple(t.strip() for t in cvd.split(","))[:count]
             return VisibleGpus(tokens, f"CUDA_VISIBLE_DEVICES={cvd}")
         return VisibleGpus(tuple(str(i) for i in range(count)), "torch.cuda")
-    physical = _count_physical(proc_dir)
+    try:
+        physical = sum(1 for _ in proc_dir.iterdir())
+    except OSError:
+        physical = 0
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return VisibleGpus(tuple(str(i) for i in range(physical)), f"{physical} in {proc_dir}")

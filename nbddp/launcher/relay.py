@@ -216,11 +216,14 @@ class Relay:
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = open_rank_log(self.log_dir, rank)
         streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
+        setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
         self._ranks[rank] = streams
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
             streams.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             os.set_blocking(fd, False)
-            _grow_pipe(fd)
+            if setpipe is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(fd, setpipe, PIPE_SIZE)
             streams.readers[fd] = functools.partial(self._read_stream, rank, streams, stream, fd)
             self._watch(streams, fd)
         pipes.ctrl.setblocking(False)
@@ -362,10 +365,3 @@ def _read_all(streams: _RankStreams, *fds: int) -> None:
     for fd in fds:
         while fd in streams.open_fds and fd in streams.readers and streams.readers[fd]() == FULL:
             pass
-
-
-def _grow_pipe(fd: int) -> None:
-    setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
-    if setpipe is not None:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, setpipe, PIPE_SIZE)

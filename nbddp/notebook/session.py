@@ -227,7 +227,8 @@ class Session:
         try:
             return run.wait()
         except BaseException as exc:
-            self.note_if_ended(exc)
+            if not isinstance(exc, KeyboardInterrupt) and hasattr(exc, "add_note"):
+                exc.add_note(self.state_note())
             raise
         finally:
             self.record_failures(run)
@@ -258,10 +259,6 @@ class Session:
             )
         # Not ``finish``: looking at a failure does not replace it.
         self.run_call(rank_session.DebugLast(rank), (), {}, self._cell_config).wait()
-
-    def note_if_ended(self, exc: BaseException) -> None:
-        if not isinstance(exc, KeyboardInterrupt) and hasattr(exc, "add_note"):
-            exc.add_note(self.state_note())
 
     def state_note(self) -> str:
         """After a failed call: that the session keeps its state, or why it ended."""
