@@ -9,17 +9,23 @@ read typed values (``events``, ``outcomes()``, ``root_cause``, ``status``,
 (a session's cells, an agent's forwarder) takes the events, rank messages and
 the end instead of ``events``. Once the run has ended the core holds only
 typed values: its timers are cancelled and its transport and listener let go.
+A ``RankRecord`` is one rank's mutable record, on the loop thread only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import queue
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from threading import Event
 from typing import Protocol
+
+import psutil
 
 from nbddp.launcher.events import (
     Done,
@@ -29,18 +35,66 @@ from nbddp.launcher.events import (
     RankState,
     RunEvent,
     RunStatus,
+    StacksTaken,
     StateChanged,
     run_status,
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import new_run_dir
 from nbddp.launcher.prompts import WaitClock
-from nbddp.launcher.ranks import RankRecord
 from nbddp.launcher.relay import loop
-from nbddp.wire.protocol import Body
+from nbddp.wire.descriptors import Packed
+from nbddp.wire.protocol import Body, ErrorInfo
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
+
+
+@dataclass
+class RankRecord:
+    """What the notebook knows about one rank. Written on the relay loop only."""
+
+    rank: int
+    pid: int | None = None
+    state: RankState = RankState.STARTING
+    exit_code: int | None = None
+    exited: bool = False
+    closed: bool = False
+    value: Packed | None = None
+    error: ErrorInfo | None = None
+    exit_request: int | None = None
+    stacks: StacksTaken | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+
+    def outcome(self) -> RankOutcome:
+        """A frozen copy, for other threads."""
+        return RankOutcome(**{f.name: getattr(self, f.name) for f in fields(RankOutcome)})
+
+    def signal(self, sig: int) -> bool:
+        """Signal the rank's group (its tree while it lives); True if any process was there.
+        Nothing once its pipes are closed: its group id may since be someone else's."""
+        if self.pid is None or self.closed:
+            return False
+        return signal_group(self.pid, sig, tree=not self.exited)
+
+
+def signal_group(pid: int, sig: int, *, tree: bool) -> bool:
+    """Signal the process group led by ``pid``; with ``tree`` (only while it is our live
+    rank: a reaped pid may be another's), its live descendants too."""
+    alive = False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+        alive = True
+    if not tree:
+        return alive
+    # Descendants that left the group (setsid) are still found through the tree.
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+                alive = True
+    return alive
 
 
 class Transport(Protocol):

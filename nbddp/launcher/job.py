@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from nbddp.launcher import launching
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.core import STACKS_WAIT, RunCore, arm_timeout, stacks_written
+from nbddp.launcher.core import STACKS_WAIT, RankRecord, RunCore, arm_timeout, stacks_written
 from nbddp.launcher.events import (
     Failure,
     InputAsked,
@@ -34,7 +34,6 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import local_time
 from nbddp.launcher.ports import rendezvous
-from nbddp.launcher.ranks import RankRecord
 from nbddp.launcher.relay import RankPipes, Relay
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
