@@ -3,9 +3,12 @@ and what changed since the last draw.
 
 ``RunModel`` records the ``Display`` events (``attach``, ``output``, ``state``, ``metric``,
 ``ended``) in a ``RankModel`` per rank (state, header words, elapsed time, ``Screen`` when shown
-live, last metric row) and the run's ``history``, rate limiters and dirty flags; renderers say
-what they drew with ``RankModel.drawn`` and decide when to draw. The event methods run once per
-line and per row, so they only record. States arrive as ``RankState`` or its plain string.
+live, last metric row) and the run's ``history``, rate limiters and dirty flags; renderers say what
+they drew with ``RankModel.drawn`` and decide when to draw. The event methods run once per line and
+per row, so they only record. States arrive as ``RankState`` or its plain string. ``RateLimiter``,
+for redraws: ``ready()`` once ``interval`` seconds passed since the last ``fire()`` (or never
+fired), ``delay()`` until then; the clock is injectable. It drops nothing: callers keep a dirty
+flag, draw when allowed, and always at the end.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nbddp.display.chart import MetricHistory, metric_summary
-from nbddp.display.ratelimit import RateLimiter
 from nbddp.display.screen import Screen
 from nbddp.display.style import state_words
 from nbddp.launcher.events import RankEnd, RankState
@@ -216,3 +218,33 @@ class RunModel:
         """Every rank must be drawn again (its earlier drawing is gone)."""
         for entry in self.ranks.values():
             entry.dirty = True
+
+
+class RateLimiter:
+    """Allows one event per ``interval`` seconds of ``clock``."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if interval < 0:
+            raise ValueError(f"interval must be >= 0, not {interval}")
+        self.interval = interval
+        self.clock = clock
+        self._last: float | None = None
+
+    def delay(self) -> float:
+        """Seconds until ``ready()`` (0.0 when it already is)."""
+        return 0.0 if self._last is None else max(0.0, self._last + self.interval - self.clock())
+
+    def ready(self) -> bool:
+        """True if an event may happen now."""
+        return self.delay() <= 0.0
+
+    def fire(self) -> None:
+        """Record that the event happened now."""
+        self._last = self.clock()
+
+    def try_fire(self) -> bool:
+        """``fire()`` and return True if ``ready()``; else False."""
+        if not self.ready():
+            return False
+        self.fire()
+        return True

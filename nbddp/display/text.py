@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from nbddp.display.chart import metric_summary
-from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.model import RateLimiter
 from nbddp.display.screen import strip_cursor_codes
 from nbddp.launcher.logs import rank_log
 from nbddp.wire.protocol import MetricRow

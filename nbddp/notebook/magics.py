@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, magics_class
 from IPython.core.magic import cell_magic as _cell_magic
 from IPython.core.magic import line_magic as _line_magic
 
-from nbddp.display.links import path_html
+from nbddp.display.blocks import path_html
 from nbddp.errors import CellError, ConfigError
 from nbddp.launcher.options import OPTIONS, LaunchOptions, Option, magic_options, merge_options
 from nbddp.launcher.spelling import FLAGS, close_options

@@ -27,8 +27,7 @@ from nbddp.rank import prompt, session_loop
 from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
-from nbddp.rank.errors import error_info, unsendable
-from nbddp.rank.stacks import format_stacks
+from nbddp.rank.errors import error_info, format_stacks, unsendable
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import Message, RunOrder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbddp.display.ratelimit import RateLimiter
+from nbddp.display.model import RateLimiter
 
 
 class Clock:

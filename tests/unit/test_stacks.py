@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from nbddp.rank import stacks
-from nbddp.rank.stacks import format_stacks
+from nbddp.rank import errors as stacks
+from nbddp.rank.errors import format_stacks
 
 
 def _park(ready: threading.Event, release: threading.Event) -> None:
