@@ -1,13 +1,14 @@
 """What the kernel display's blocks hold: a MIME bundle per rank, the footer, the start line.
 
-Pure functions from plain values to ``{"text/plain", "text/html"}`` bundles that escape everything a
-rank wrote. A rank's ``text/plain`` is its header, a note of hidden lines, then its tail; its
-``text/html`` folds the tail under the header (open when short, failed or waiting for input), and a
-one-line script keeps a fold the user toggled across updates. The footer holds nbddp's notices over
-the metrics chart. A file's path (``path_html(path)``) is escaped text unless ``path`` lies under
-the root of the Jupyter server that started this kernel (found once by its ``jpserver-<pid>.json``;
-the notebook by ``JPY_SESSION_NAME``): then a link, relative to the notebook, that opens in a tab.
-(A path outside the root would open a "Start debugger?" dialog.) Anything missing means no link.
+Pure functions from plain values to ``{"text/plain", "text/html"}`` bundles that escape everything
+a rank wrote. A rank's ``text/plain`` is its header, a note of hidden lines, then its tail; its
+``text/html`` folds the tail under the header (open when short, failed or waiting for input), and
+a one-line script keeps a fold the user toggled across updates. The footer holds nbddp's notices
+over the metrics chart. A file's path (``path_html(path)``) is escaped text unless ``path`` lies
+under the root of the Jupyter server that started this kernel (found once by its
+``jpserver-<pid>.json``; the notebook by ``JPY_SESSION_NAME``): then a link, relative to the
+notebook, that opens in a tab. (A path outside the root would open a "Start debugger?" dialog.)
+Anything missing means no link.
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from nbddp.forkserver.server import REQUEST
-from nbddp.launcher.config import JobSpec, first_pool
-from nbddp.launcher.execenv import fits_exec
+from nbddp.launcher.config import JobSpec, first_pool, fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.starters import (
     FORKSERVER_REPLY_TIMEOUT,

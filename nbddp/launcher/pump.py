@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from nbddp.launcher import events as ev
-from nbddp.launcher.collateral import collateral
 from nbddp.launcher.events import Failure, RankEnd, RankOutcome, RunEvent, RunStatus, rank_end
+from nbddp.launcher.failures import collateral
 from nbddp.launcher.prompts import Asker
 from nbddp.launcher.results import Metrics
 from nbddp.wire.protocol import MetricRow

@@ -1,8 +1,8 @@
 """A rank's exception and its stacks, in the form that crosses to the notebook.
 
 ``error_info(exc)`` is its ``protocol.ErrorInfo``: type name, message, the time it reached nbddp,
-the exception packed as a value when it rebuilds as its own type, and two tracebacks: the one shown,
-without nbddp's frames (in every chained exception), and the full one for the rank's log.
+the exception packed as a value when it rebuilds as its own type, and two tracebacks: the one
+shown, without nbddp's frames (in every chained exception), and the full one for the rank's log.
 ``unsendable(what, value, exc)``: the error for a value that cannot be pickled back;
 ``is_ours(filename)``: whether code is nbddp's. The notebook's own exceptions: ``nbddp.errors``.
 

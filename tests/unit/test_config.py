@@ -12,9 +12,9 @@ import pytest
 
 from nbddp.entry import NOTEBOOK_LAUNCHER, SPAWN
 from nbddp.errors import ConfigError
+from nbddp.launcher.checks import USER_MAY_SET
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.devices import VisibleGpus, parse_visible_devices, visible_gpus
-from nbddp.launcher.reserved import USER_MAY_SET
 from nbddp.launcher.spelling import FLAGS, KEYWORDS, PANEL, Spelling, spoken
 from tests.unit.configs import build
 

@@ -10,7 +10,8 @@ import pytest
 
 import nbddp
 from nbddp.errors import RemoteTraceback
-from nbddp.launcher import collateral, failures
+from nbddp.launcher import failures
+from nbddp.launcher import failures as collateral
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.wire import values
 from nbddp.wire.descriptors import Descriptors, Packed
