@@ -20,8 +20,7 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import read_rank_log
-from nbddp.launcher.prompts import Asker, ask_rank
-from nbddp.launcher.pump import Display, Pump, RunSource
+from nbddp.launcher.pump import Asker, Display, Pump, RunSource, ask_rank
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
