@@ -35,8 +35,7 @@ from nbddp.launcher.options import (
 from nbddp.launcher.pump import Display
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run, RunResult
-from nbddp.launcher.signature import check_call
-from nbddp.launcher.spelling import Spelling, spoken
+from nbddp.launcher.spelling import Spelling, check_call, spoken
 from nbddp.rank.context import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Args, Fn, Kwargs, Payload
 

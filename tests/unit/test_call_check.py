@@ -11,8 +11,7 @@ import pytest
 import nbddp.entry as entry
 from nbddp.entry import Launcher, launch, notebook_launcher, spawn
 from nbddp.errors import ConfigError, PayloadError
-from nbddp.launcher.signature import check_call
-from nbddp.launcher.spelling import FLAGS, PANEL, close_options, spoken
+from nbddp.launcher.spelling import FLAGS, PANEL, check_call, close_options, spoken
 from nbddp.rank.context import WithRank
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.signature import check_call
+from nbddp.launcher.spelling import check_call
 from nbddp.notebook.panel import panel as panel_module
 from nbddp.notebook.panel import settings as settings_module
 from nbddp.notebook.panel.code import call_source, run_code

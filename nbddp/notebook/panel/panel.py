@@ -24,8 +24,7 @@ from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions
 from nbddp.launcher.pump import prompt_for
 from nbddp.launcher.run import Run, RunResult
-from nbddp.launcher.signature import check_call
-from nbddp.launcher.spelling import PANEL
+from nbddp.launcher.spelling import PANEL, check_call
 from nbddp.notebook.panel.code import CallSource, bound_name, call_source, literal_source, run_code
 from nbddp.notebook.panel.feed import PanelFeed
 from nbddp.notebook.panel.settings import PanelSettings, Validated
