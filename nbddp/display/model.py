@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nbddp.display.blocks import state_words
 from nbddp.display.chart import MetricHistory, metric_summary
 from nbddp.display.screen import Screen
-from nbddp.display.style import state_words
 from nbddp.launcher.events import RankEnd, RankState
 from nbddp.launcher.logs import rank_log
 from nbddp.launcher.run import format_elapsed

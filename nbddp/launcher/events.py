@@ -33,7 +33,7 @@ class _Word(str, Enum):
 class RankState(_Word):
     """Where one rank is; ``rank_end`` refines an ended rank into the later members.
 
-    A new state needs a colour in ``display.style``; an ended one goes into ``_ENDED``.
+    A new state needs a colour in ``display.blocks``; an ended one goes into ``_ENDED``.
     """
 
     STARTING = "starting"

@@ -43,7 +43,7 @@ nbddp.launch(hang, procs=2)
 """
 CELLS = ["%load_ext nbddp\nimport nbddp", TRAIN, "nbddp.launch(train, 10_000, procs=2)", DDP_CELL]
 NBDDP_FRAMES = re.compile(r"nbddp/(rank|launcher|notebook|wire)|entry\.py|run\.py|_pump")
-RED = "rgb(214, 39, 40)"  # ``display.style``'s failed
+RED = "rgb(214, 39, 40)"  # ``display.blocks``' failed
 
 
 @pytest.fixture

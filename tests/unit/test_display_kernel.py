@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from nbddp.display.blocks import STATE_COLORS
 from nbddp.display.kernel import KernelDisplay
-from nbddp.display.style import STATE_COLORS
 from nbddp.launcher.events import RankState
 
 

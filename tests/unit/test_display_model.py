@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from nbddp.display.blocks import RUN_COLORS, STATE_COLORS
 from nbddp.display.model import RankModel, RunModel, format_elapsed
-from nbddp.display.style import RUN_COLORS, STATE_COLORS
 from nbddp.launcher.events import RankState, RunStatus
 
 

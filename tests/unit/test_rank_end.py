@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbddp.display.style import STATE_COLORS, state_words
+from nbddp.display.blocks import STATE_COLORS, state_words
 from nbddp.launcher.events import (
     Failure,
     RankOutcome,

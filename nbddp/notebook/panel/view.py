@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
-from nbddp.display.style import RUN_COLORS
+from nbddp.display.blocks import RUN_COLORS
 from nbddp.launcher.options import OPTIONS
 from nbddp.launcher.spelling import PANEL
 from nbddp.notebook.panel.feed import RankView
