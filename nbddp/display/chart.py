@@ -16,7 +16,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nbddp.display.axes import fmt
 from nbddp.display.plot import (
     MAX_RANK_LINES,
     PX_PER_POINT,
@@ -24,6 +23,7 @@ from nbddp.display.plot import (
     Mode,
     Point,
     color,
+    fmt,
     metric_svg,
     short,
 )
