@@ -294,7 +294,9 @@ class Pump:
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
                     self.run.job.wait(max(0.0, pause))
             self._refresh()
-            if self._asked and not (self._prompting and self._in_watcher()):
+            # The watcher thread never asks (it only answers end of input while the ranks are
+            # being stopped): its input() would land in whatever cell runs then, or nowhere.
+            if self._asked and not (self._prompting and self.watcher is threading.current_thread()):
                 self._serve_prompts()
 
     def _serve_prompts(self, draw: bool = True) -> None:
@@ -308,12 +310,6 @@ class Pump:
                     self._draw_before_prompt()
                 text = self.run.asker(asked.rank, asked.prompt)
             self.run.job.answer(asked.rank, asked.number, text)
-
-    def _in_watcher(self) -> bool:
-        """True in the watcher thread: it never asks (only answers end of input while
-        the ranks are being stopped), as its ``input()`` would land in whatever cell
-        runs then, or nowhere; the thread in ``wait`` asks."""
-        return self.watcher is threading.current_thread()
 
     def _draw_before_prompt(self) -> None:
         """Let the display draw what is pending (the rank's state, what pdb printed)
