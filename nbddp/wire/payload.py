@@ -5,6 +5,7 @@ value, large CPU tensors as shared memory: ``shm``; multiprocessing objects: ``m
 raises ``PayloadError`` naming the object, the path to it and what to do, before any process
 starts. Ranks receive ``Payload.ref()`` beside their order and rebuild the ``Call`` with
 ``load_call(ref)``, which also registers the notebook's cell sources (``wire.sources``).
+Code keeps the file it was written in, whatever file name cloudpickle gives it.
 Non-goal: objects that only make sense in one process (locks, files, sockets, connections).
 """
 
@@ -57,15 +58,30 @@ class _SourcesFound:
 
     def __init__(self) -> None:
         self.filenames: list[str] = []
+        self.copies: dict[int, types.CodeType] = {}
+        """id -> a code object's copy, pickled as cloudpickle pickles code."""
 
     def reduce(self, obj: object) -> mpobjects.Reduced | None:
         """The payload's extra reducer (``shm.dumps``): notes each function's file,
-        and pickles this placeholder as the sources found; the rest as ``mpobjects``."""
+        pickles code with its file name beside it, and this placeholder as the
+        sources found; the rest as ``mpobjects``."""
         if isinstance(obj, types.FunctionType):
             self.filenames.append(obj.__code__.co_filename)
+        elif isinstance(obj, types.CodeType) and id(obj) not in self.copies:
+            # cloudpickle may pickle code under a file name of its own (3.1.3:
+            # ``<dynamic-code>``), which no linecache entry has: the rank puts the
+            # real one back. A copy, so that the pickler's memo (by id) keeps both.
+            copy = obj.replace()
+            self.copies[id(copy)] = copy
+            return _in_file, (copy, obj.co_filename)
         elif obj is self:
             return tuple, (notebook_sources(self.filenames),)
         return mpobjects.reduce(obj)
+
+
+def _in_file(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` as written in ``filename`` (its nested code was restored before it)."""
+    return code.replace(co_filename=filename)
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,25 @@ def test_an_interrupt_at_a_prompt_in_a_session_ends_the_cell_and_keeps_the_state
         assert ok(kernel, "%%ddp\nkept + 1").result == "2"
         ok(kernel, "%ddp_session stop")
         assert wait_gone(pids=set(pids.values())) == []
+
+
+def test_torch_distributed_breakpoint_prompts_in_the_cell_while_the_other_rank_waits(
+    notebook: Kernel,
+) -> None:
+    # torch's own distributed breakpoint: pdb on the rank asked for, the others wait in a
+    # barrier until it continues. It stops inside torch, so "up" reaches the cell's frame.
+    code = (
+        "%%ddp --procs 2\n"
+        "import torch.distributed as dist\n"
+        "x = 41 + rank\n"
+        "dist.breakpoint(rank=1)\n"
+        "print('after', x, dist.get_world_size())\n"
+    )
+    result, prompts = notebook.execute_answering(code, answering("up", "p x * 10", "c"))
+    assert result.status == "ok", shown(result)
+    assert prompts == ["(Pdb) [rank 1] "] * 3, prompts
+    output = result.rank_output
+    assert "Type 'up' to get to the frame that called dist.breakpoint(rank=1)" in output, output
+    assert re.search(r"^\[rank 1\] 420$", output, re.M), output
+    assert re.search(r"^\[rank 0\] after 41 2$", output, re.M), output
+    assert re.search(r"^\[rank 1\] after 42 2$", output, re.M), output

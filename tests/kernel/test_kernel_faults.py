@@ -211,3 +211,27 @@ def test_a_failing_ddp_cell_names_its_own_cell_and_says_why_the_other_rank_stopp
         other,
     ), other
     assert "pair.cc" not in shown and "GLHF" not in shown and shown.isascii()
+
+
+def test_a_ddp_cell_calling_an_earlier_cells_function_shows_that_cells_line(
+    kernel: Kernel,
+) -> None:
+    assert kernel.execute("%load_ext nbddp").status == "ok"
+    defined = kernel.execute(
+        "def check(rank):\n"
+        "    def inner(value):\n"
+        "        if value == 1:\n"
+        "            raise ValueError(f'bad rank {value}')\n"
+        "    inner(rank)\n"
+    )
+    assert defined.status == "ok", defined.text()
+    number = defined.reply["execution_count"]
+    cell = kernel.execute("%%ddp --procs 2 --no-init\ncheck(rank)\n")
+    shown = shown_error(cell)
+    here = cell.reply["execution_count"]
+    # Every frame of the notebook's code: its cell, its line, the line's text.
+    assert f"  Cell In[{here}], line 2, in <module>\n    check(rank)\n" in shown
+    assert f"  Cell In[{number}], line 5, in check\n    inner(rank)\n" in shown
+    raised = "raise ValueError(f'bad rank {value}')"
+    assert f"  Cell In[{number}], line 4, in inner\n    {raised}\n" in shown
+    assert "<dynamic-code>" not in shown and not NBDDP_FRAMES.search(shown), shown

@@ -132,6 +132,36 @@ def check_session(nb: nbformat.NotebookNode) -> None:
     assert "%ddp_session: stopped" in text
 
 
+def check_fsdp2(nb: nbformat.NotebookNode) -> None:
+    assert "FSDP2: " + PROVED + ", every parameter sharded in halves" in notebook_text(nb)
+
+
+def check_torch_compile(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert re.search(r"torch\.compile: " + PROVED + r", [1-9]\d* graph\(s\) compiled", text)
+
+
+def check_lightning_fabric(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert "Lightning Fabric: " + PROVED + ", no process of its own" in text
+    # Lightning joined the group that nbddp's environment describes, once per rank.
+    for rank in (0, 1):
+        assert len(rank_lines(text, rank, f"Initializing distributed: GLOBAL_RANK: {rank}")) == 1
+
+
+def check_lightning_trainer(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert "Lightning Trainer: " + PROVED + ", no process of its own" in text
+    for rank in (0, 1):
+        assert len(rank_lines(text, rank, f"Initializing distributed: GLOBAL_RANK: {rank}")) == 1
+    assert rank_lines(text, 0, "`Trainer.fit` stopped: `max_epochs=2` reached.")
+
+
+def check_device_mesh(nb: nbformat.NotebookNode) -> None:
+    text = notebook_text(nb)
+    assert "init_device_mesh: distributed: world size 2, one mesh over both ranks" in text
+
+
 CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "quickstart": check_quickstart,
     "ddp_plain": check_ddp_plain,
@@ -141,6 +171,11 @@ CHECKS: dict[str, Callable[[nbformat.NotebookNode], None]] = {
     "dataloader_workers": check_dataloader_workers,
     "panel": check_panel,
     "session": check_session,
+    "fsdp2": check_fsdp2,
+    "torch_compile": check_torch_compile,
+    "lightning_fabric": check_lightning_fabric,
+    "lightning_trainer": check_lightning_trainer,
+    "device_mesh": check_device_mesh,
 }
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import linecache
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from nbddp.notebook.runner import notebook_cell
@@ -83,6 +85,47 @@ def test_a_cells_function_takes_its_source_and_name_with_it(notebook: FakeShell)
     assert "  Cell In[6], line 6, in f\n" in info.traceback
     assert '    raise ValueError(f"bad {x}")\n' in info.traceback
     assert CELL_FILE not in info.traceback
+
+
+NESTED = """\
+class Model:
+    def step(self, x):
+        def check(value):
+            if value > 2:
+                raise ValueError(f"bad {value}")
+        check(x + 1)
+"""
+
+
+@pytest.fixture(params=["as installed", "renamed"])
+def code_file_names(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """cloudpickle as installed (3.1.3 and later name every code object's file
+    ``<dynamic-code>``), or one that pickles every code object under another file name."""
+    if request.param == "renamed":
+        table = cloudpickle.Pickler.dispatch_table
+        reduce_code = table[types.CodeType]
+
+        def renamed(code: types.CodeType) -> Any:
+            return reduce_code(code.replace(co_filename="<elsewhere>"))
+
+        monkeypatch.setitem(table, types.CodeType, renamed)
+    return str(request.param)
+
+
+def test_nested_code_keeps_its_cells_lines_whatever_file_cloudpickle_names(
+    notebook: FakeShell, code_file_names: str
+) -> None:
+    linecache.cache[CELL_FILE] = (len(NESTED), None, NESTED.splitlines(True), CELL_FILE)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(NESTED, CELL_FILE, "exec"), namespace)
+    model = namespace["Model"]()
+    call = as_in_a_rank(Payload.serialize(model.step, (2,), {}))
+    with pytest.raises(ValueError) as raised:
+        call()
+    shown = error_info(raised.value).traceback
+    assert "  Cell In[6], line 6, in step\n    check(x + 1)\n" in shown
+    assert '  Cell In[6], line 5, in check\n    raise ValueError(f"bad {value}")\n' in shown
+    assert "<dynamic-code>" not in shown and "<elsewhere>" not in shown
 
 
 def test_only_files_that_exist_in_linecache_alone_are_sent(notebook: FakeShell) -> None:
