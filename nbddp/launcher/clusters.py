@@ -74,6 +74,7 @@ class SlurmCluster:
         return self != SlurmCluster()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))  # a list given too
         if self.keep and not self.name:
             raise ConfigError(
                 "SlurmCluster(keep=True) needs a name=..., by which a later kernel finds the "

@@ -128,13 +128,8 @@ def proven(sock: socket.socket, secret: str) -> object | None:
     """What a new connection says of itself once it proved ``secret``; None, with
     nothing unpickled, when it did not."""
     want = secret.encode()
-    given = b""
-    while len(given) < len(want):
-        chunk = sock.recv(len(want) - len(given))
-        if not chunk:
-            return None
-        given += chunk
-    if not hmac.compare_digest(given, want):
+    given = protocol.recv_exact(sock, len(want))
+    if given is None or not hmac.compare_digest(given, want):
         return None
     message = protocol.recv(sock)
     return message[1] if message is not None and message[0] == "hello" else None

@@ -219,11 +219,11 @@ def send(sock: socket.socket, kind: str, body: object) -> None:
 
 def recv(sock: socket.socket) -> Message | None:
     """Receive one message (blocking); None when the peer has closed."""
-    header = _recv_exact(sock, HEADER.size)
+    header = recv_exact(sock, HEADER.size)
     if header is None:
         return None
     (length,) = HEADER.unpack(header)
-    data = _recv_exact(sock, length)
+    data = recv_exact(sock, length)
     if data is None:
         return None
     kind, body = pickle.loads(data)
@@ -247,7 +247,8 @@ def messages(sock: socket.socket) -> Iterator[Message]:
         reader.close()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes from the blocking ``sock``; None when the peer closes first."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(min(n - len(buf), 1 << 20))

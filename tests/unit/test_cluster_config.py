@@ -317,6 +317,8 @@ def test_slurm_clusters_are_spelled_as_salloc_flags_and_read_back() -> None:
         partition="gpu", time="1:00:00", extra_args=("--exclusive",), keep=True, name="exp1"
     )
     assert given.submits and as_cluster(str(given)) == given
+    listed = SlurmCluster(partition="gpu", extra_args=["--exclusive"])  # type: ignore[arg-type]
+    assert as_cluster(str(listed)) == listed and not SlurmCluster(extra_args=[]).submits  # type: ignore[arg-type]
     assert given.salloc_args() == ["--partition=gpu", "--time=1:00:00", "--exclusive"]
     with pytest.raises(ValueError, match="argument --gpus-per-node: invalid int value: 'two'"):
         as_cluster("slurm --gpus-per-node two")
