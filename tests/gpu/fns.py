@@ -83,18 +83,21 @@ def accelerate_bf16_train() -> dict[str, Any]:
 
     acc = Accelerator(mixed_precision="bf16")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    first = torch.nn.Linear(32, 64)
+    model = torch.nn.Sequential(first, torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    # What a layer computes in: the model's own output is cast back to float32 by
+    # Accelerate (``convert_outputs_to_fp32``), so it cannot tell.
+    computed: list[str] = []
+    first.register_forward_hook(lambda _mod, _args, out: computed.append(str(out.dtype)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = torch.randn(256, 32), torch.randn(256, 1)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
     model, opt, data = acc.prepare(model, opt, data)
     losses = []
-    autocast_dtype = None
     for _ in range(5):
         for xb, yb in data:
             with acc.autocast():
                 out = model(xb)
-                autocast_dtype = str(out.dtype)
                 loss = torch.nn.functional.mse_loss(out.float(), yb)
             acc.backward(loss)
             opt.step()
@@ -104,7 +107,7 @@ def accelerate_bf16_train() -> dict[str, Any]:
         "device": str(acc.device),
         "num_processes": acc.num_processes,
         "mixed_precision": acc.mixed_precision,
-        "autocast_dtype": autocast_dtype,
+        "autocast_dtype": computed[-1],
         "first_loss": losses[0],
         "last_loss": losses[-1],
     }
