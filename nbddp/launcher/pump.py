@@ -5,10 +5,13 @@ batches (up to ``BATCH_SECONDS`` of work) and hands them to ``run.display``,
 which only records them; between batches the display's ``refresh()`` draws at its
 own rate. Metric rows reach ``run.metrics`` whatever the display does. On
 ``Done`` the display learns how each rank ended and draws its final frame.
-Prompts from ranks are asked (``run.asker``) between batches, one at a time, in
-the thread that waits, never in the watcher (``watch``, for ``block=False``).
-``stop_and_drain`` stops every rank and pumps until the run is done, answering
-prompts with end of input; a display that raises meanwhile is dropped.
+Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits,
+never in the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a
+watcher, so output, failures and the end of the run go on while the user answers. A
+prompt whose rank ended, or whose run did, is withdrawn (``run.withdraw`` ends the
+wait) and its late answer dropped. ``stop_and_drain`` stops every rank and pumps until
+the run is done, answering prompts with end of input; a display that raises meanwhile
+is dropped.
 
 Ranks waiting for the user, the prompt in the notebook and the time it takes: ``ask_user(prompt)``
 asks for one line where ``input()`` would; None when nobody can answer (the rank reads end of
@@ -22,6 +25,7 @@ import collections
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -70,6 +74,16 @@ def ask_user(prompt: str) -> str | None:
     # NotImplementedError: IPython's StdinNotImplementedError, no stdin in this frontend.
     except (EOFError, NotImplementedError):
         return None
+
+
+def withdraw_prompt(asking: threading.Thread) -> None:
+    """End the ``ask_user`` that ``asking`` waits in: a SIGINT to the main thread (which
+    interrupts its read) raises ``KeyboardInterrupt`` there, where Python's own handler is
+    installed; a wait in any other thread cannot be ended from outside."""
+    if asking is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
+        signal.default_int_handler
+    ):
+        signal.pthread_kill(asking.ident or 0, signal.SIGINT)
 
 
 PROMPT_RECHECK = 1.0  # seconds between timeout checks while a rank waits at a prompt
@@ -169,6 +183,7 @@ class Shown(Protocol):
     display: Display | None
     metrics: Metrics
     asker: Asker
+    withdraw: Callable[[threading.Thread], None]
 
     @property
     def run_id(self) -> str: ...
@@ -194,6 +209,10 @@ class Pump:
         self.done = False  # the job's last event (``Done``) was taken from its queue
         self._asked: collections.deque[ev.InputAsked] = collections.deque()
         self._prompting = True  # False while the ranks are being stopped
+        self._ended: set[int] = set()  # ranks whose prompts nobody needs answered
+        self._asking: tuple[ev.InputAsked, threading.Thread] | None = None  # the user has it
+        self._withdrawn = False  # the prompt the user has was withdrawn
+        self._ask_lock = threading.Lock()
         self.watcher: threading.Thread | None = None  # pumps a background run (``watch``)
         self._watch_error: BaseException | None = None  # what broke the watcher, if anything
 
@@ -246,22 +265,25 @@ class Pump:
         )
 
     def follow(self, deadline: float | None) -> None:
-        """Until the run is done: join the watcher when there is one, else pump here."""
-        watcher = self.watcher
-        if self.watching(watcher):
-            assert watcher is not None
-            while watcher.is_alive():
-                if self._asked:
-                    self._serve_prompts(draw=False)  # the watcher draws; this thread asks
-                # Why bounded joins: a KeyboardInterrupt is only raised between them.
-                wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
-                if wait <= 0:
-                    raise TimeoutError("the run is still going; call stop() to end it")
-                watcher.join(min(wait, PROMPT_DRAW_WAIT))  # a prompt waits no longer
-        error, self._watch_error = self._watch_error, None
-        if error is not None:
-            raise error  # once: a later wait() gives the run's own result or error
-        if not self.done:
+        """Until the run is done: join the watcher when there is one, asking its prompts,
+        else pump here (until a prompt hands the pumping to a watcher)."""
+        while True:
+            watcher = self.watcher
+            if self.watching(watcher):
+                assert watcher is not None
+                while watcher.is_alive():
+                    if self._asked:
+                        self._serve_prompts()
+                    # Why bounded joins: a KeyboardInterrupt is only raised between them.
+                    wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise TimeoutError("the run is still going; call stop() to end it")
+                    watcher.join(min(wait, PROMPT_DRAW_WAIT))  # a prompt waits no longer
+            error, self._watch_error = self._watch_error, None
+            if error is not None:
+                raise error  # once: a later wait() gives the run's own result or error
+            if self.done:
+                return
             self._pump(deadline)
 
     def _pump(self, deadline: float | None) -> None:
@@ -294,22 +316,60 @@ class Pump:
                     pause = BATCH_PAUSE if deadline is None else min(BATCH_PAUSE, deadline - now)
                     self.run.job.wait(max(0.0, pause))
             self._refresh()
-            # The watcher thread never asks (it only answers end of input while the ranks are
-            # being stopped): its input() would land in whatever cell runs then, or nowhere.
-            if self._asked and not (self._prompting and self.watcher is threading.current_thread()):
-                self._serve_prompts()
+            if self._asked and not self._prompting:
+                self._serve_prompts()  # end of input for each: the ranks are being stopped
+            elif self._asked and self.watcher is None:
+                # The watcher pumps from now on and this thread asks (``follow``): its
+                # input() belongs to this cell, and the run goes on while the user answers.
+                self._draw_before_prompt()
+                self.watch()
+                return
 
-    def _serve_prompts(self, draw: bool = True) -> None:
-        """Ask the user for each waiting rank's line, in order;
-        ``draw``: let the display draw first (not while the watcher draws)."""
+    def _serve_prompts(self) -> None:
+        """Ask the user for each waiting rank's line, in order (end of input while the
+        ranks are being stopped); none for a rank that ended."""
         while self._asked:
             asked = self._asked.popleft()
-            text = None
-            if self._prompting:
-                if draw:
-                    self._draw_before_prompt()
-                text = self.run.asker(asked.rank, asked.prompt)
-            self.run.job.answer(asked.rank, asked.number, text)
+            if self.done or asked.rank in self._ended:
+                continue  # nobody waits for this answer
+            if not self._prompting:
+                self.run.job.answer(asked.rank, asked.number, None)
+                continue
+            with self._ask_lock:
+                self._asking, self._withdrawn = (asked, threading.current_thread()), False
+            try:
+                try:
+                    text = self.run.asker(asked.rank, asked.prompt)
+                finally:
+                    with self._ask_lock:
+                        self._asking = None
+            except KeyboardInterrupt:
+                if not self._withdrawn:
+                    raise  # the user's own interrupt
+            if self._withdrawn:
+                said = "no longer asks: it ended, so its prompt takes no answer"
+                self._say(prompt_for(asked.rank, "") + said)
+            else:
+                self.run.job.answer(asked.rank, asked.number, text)
+
+    def _withdraw(self, rank: int | None) -> None:
+        """``rank`` ended (None: the run did): end the user's prompt if it is that rank's
+        (any, for None). Whatever thread pumps calls this; the asking thread is another."""
+        with self._ask_lock:
+            if self._asking is None or self._withdrawn:
+                return
+            asked, thread = self._asking
+            if rank is None or asked.rank == rank:
+                self._withdrawn = True
+                self.run.withdraw(thread)
+
+    def _say(self, text: str) -> None:
+        """A line of nbddp's in the run's display while it is live, else in the cell."""
+        display = self.run.display
+        if display is not None and not self.done:
+            display.notice(text)
+        else:
+            print(f"nbddp: {text}", file=sys.stderr)
 
     def _draw_before_prompt(self) -> None:
         """Let the display draw what is pending (the rank's state, what pdb printed)
@@ -348,6 +408,7 @@ class Pump:
             self.run.metrics.extend(event.rows)  # first: whatever the display does next
         if isinstance(event, ev.Done):
             self.done = True
+            self._withdraw(None)
             if display is not None:
                 self._show_ends(display)
                 display.close()
@@ -365,6 +426,9 @@ class Pump:
                 display.notice(event.text)
         if isinstance(event, ev.InputAsked):
             self._asked.append(event)
+        elif isinstance(event, ev.StateChanged) and event.state.ended:
+            self._ended.add(event.rank)
+            self._withdraw(event.rank)
         return False
 
     def _show_ends(self, display: Display) -> None:

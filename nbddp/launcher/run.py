@@ -11,16 +11,18 @@ through ``RunSource`` (a run core, or the restarts over one).
 from __future__ import annotations
 
 import html
+import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import read_rank_log
-from nbddp.launcher.pump import Asker, Display, Pump, RunSource, ask_rank
+from nbddp.launcher.pump import Asker, Display, Pump, RunSource, ask_rank, withdraw_prompt
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]
@@ -63,6 +65,8 @@ class Run:
         self.asker: Asker = ask_rank
         """Asks the user for a waiting rank's line (``input()`` where it asks, naming
         the rank; the panel sets its own)."""
+        self.withdraw: Callable[[threading.Thread], None] = withdraw_prompt
+        """Ends ``asker``'s wait in the given thread: the prompt's rank or run ended."""
         self.pump = Pump(self)
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))

@@ -17,9 +17,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any, NoReturn
 
 from nbddp import prctl
@@ -112,13 +112,19 @@ def _prepare_torch(order: RunOrder) -> None:
         _all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
 
 
-def _all_arrive(store: Any, name: str, world_size: int, *timeout: timedelta) -> None:
+def _all_arrive(store: Any, name: str, world_size: int, timeout: float | None = None) -> None:
     """Count this rank in at ``nbddp/{name}`` of ``store``; return once all ``world_size``
-    have (``timeout``: at most that long, else the store's ``wait`` raises)."""
+    have, or after ``timeout`` seconds whether they have or not."""
     if store.add(f"nbddp/{name}", 1) >= world_size:
         store.set(f"nbddp/all_{name}", b"1")
+    elif timeout is None:
+        store.wait([f"nbddp/all_{name}"])
     else:
-        store.wait([f"nbddp/all_{name}"], *timeout)
+        # Polled, not a ``wait`` with a timeout: one that times out (a peer at a prompt,
+        # say) has torch write two warnings into the rank's output.
+        until = time.monotonic() + timeout
+        while not store.check([f"nbddp/all_{name}"]) and time.monotonic() < until:
+            time.sleep(0.01)
 
 
 def _call(order: RunOrder) -> object:
@@ -195,7 +201,7 @@ def _wait_for_peers() -> None:
         return
     try:
         store = dist.distributed_c10d._get_default_store()
-        _all_arrive(store, "returned", dist.get_world_size(), timedelta(seconds=PEER_WAIT))
+        _all_arrive(store, "returned", dist.get_world_size(), PEER_WAIT)
     except Exception:
         pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 

@@ -156,6 +156,7 @@ class Kernel:
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=True)
         prompts: list[str] = []
         messages: list[dict[str, Any]] = []
+        self.seen = messages  # what ``respond`` may look at: the cell's output so far
         pending: tuple[str, bool] | None = None
         deadline = time.monotonic() + timeout
         while True:

@@ -182,6 +182,7 @@ class Panel:
             self.run = run
             self._stopping = False
             run.asker = self._ask
+            run.withdraw = lambda _thread: self._answer(None)
             self.view.show_run_state(RunStatus.RUNNING)
             self.view.set_running(True, can_launch=False)
             self._thread = threading.Thread(
