@@ -92,3 +92,23 @@ def test_a_failure_while_a_rank_waits_at_a_prompt_ends_the_cell_unanswered(
         if (lines := rank_block_lines(plain)) is not None or plain.startswith("rank 0 ")
     ]
     assert headers, result.text()
+
+
+def test_a_rank_answered_stops_saying_waiting_while_the_next_is_asked(notebook: Kernel) -> None:
+    code = "%%ddp --procs 2\nprint(rank, 'got', input('name? '))\n"
+    asked: list[str] = []
+
+    def respond(prompt: str, password: bool) -> str | None:
+        if prompt not in asked:
+            asked.append(prompt)
+        if len(asked) == 1:
+            return "first"
+        # The second prompt: answered only once the first rank's header moved on.
+        first = asked[0].split("[rank ")[1][0]
+        headers = [b.split("\n")[0] for b in shown_blocks(notebook.seen).values()]
+        moved = [h for h in headers if h.startswith(f"rank {first} ") and "waiting" not in h]
+        return "second" if moved else None
+
+    result, prompts = notebook.execute_answering(code, respond, 60)
+    assert result.status == "ok", result.text()
+    assert len(prompts) == 2, prompts
