@@ -356,7 +356,7 @@ class _Rescue:
                     "ranks to free them"
                 )
             )
-            for rank in idle:
+            for rank in range(self.cells._ranks):  # the busy ones shut their ends too
                 self.cells.transport.send(rank, "close_group", None)
             self.cells.core.later(INTERRUPT_GRACE, self.give_up, cell)
             return

@@ -1,7 +1,8 @@
 """Freeing a session's ranks from a collective, and giving them a new process group.
 
-With gloo, ``close_group()`` on the idle ranks closes the connections their blocked peers wait
-on, so those collectives raise and the peers return to idle; ``regroup(n)`` on every rank then
+With gloo, ``shut_accepted()`` on every rank (its link thread) and ``close_group()`` on the idle
+ranks close the connections their blocked peers wait on, so those collectives raise and the
+peers return to idle; ``regroup(n)`` on every rank then
 replaces the default group by a new one (same backend, rank, world size) that rendezvouses under
 ``nbddp/regroup/<n>/`` in the run's store, returning once every rank has it. ``fresh_rendezvous()``
 gives each later ``env://`` rendezvous of this process a prefix of its own. Objects bound to the
@@ -14,6 +15,7 @@ import importlib
 import itertools
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -28,6 +30,24 @@ def close_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def shut_accepted() -> None:
+    """Shut every TCP connection this process accepted on a listening socket of its own: a
+    gloo group's connections to the other ranks (each pair has one accepting end). An object
+    alive that holds the group (a DDP model) keeps them open past ``close_group``; shut, the
+    peers blocked on them raise."""
+    import psutil
+
+    conns = psutil.Process().net_connections("tcp")
+    listening = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    for conn in conns:
+        if conn.status == psutil.CONN_ESTABLISHED and conn.laddr.port in listening:
+            try:
+                with socket.socket(fileno=os.dup(conn.fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed since it was listed
+                log.debug("nbddp: connection on fd %d was already gone", conn.fd)
 
 
 def regroup(number: int, backend: str, rank: int, world_size: int) -> None:

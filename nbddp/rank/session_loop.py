@@ -65,6 +65,8 @@ def deliver(kind: str, body: Body) -> bool:
             current.interrupt_for = int(body)
             signal.pthread_kill(_MAIN, signal.SIGINT)
         return True
+    if kind == "close_group":
+        regroup.shut_accepted()  # here: a rank blocked in a collective holds the main thread
     if kind in ("cell", "end", "close_group", "regroup"):
         _INBOX.put((kind, body))
         return True

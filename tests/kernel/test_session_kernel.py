@@ -314,6 +314,29 @@ def test_a_rank_blocked_in_a_collective_is_freed_and_the_state_kept(kernel: Kern
     group_works_then_stop(kernel, pids, state_kept=True)
 
 
+DDP_MODEL = """\
+%%ddp
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(torch.nn.Linear(4, 2))
+state = 1
+"""
+
+
+def test_a_rank_blocked_in_a_collective_is_freed_while_a_ddp_model_is_alive(
+    kernel: Kernel,
+) -> None:
+    # The model holds the process group: destroying the group alone leaves its
+    # connections open and the blocked rank waiting.
+    pids = start_session(kernel)
+    ok(kernel, DDP_MODEL)
+    text = traceback_of(failed(kernel, BLOCKED))
+    assert "RuntimeError: rank 1 fails before the all_reduce" in text
+    assert REGROUPED in text.splitlines()[-1], text
+    assert rank_pids(kernel) == pids
+    group_works_then_stop(kernel, pids, state_kept=True)
+
+
 STUCK_IN_C = """\
 %%ddp
 import signal, time
