@@ -293,9 +293,9 @@ class Cells:
 
 
 class _Rescue:
-    """Frees ranks blocked in a collective whose peer failed (gloo): the idle ranks
-    close their process group, then every rank joins a new one; else the session
-    ends, saying why (loop thread)."""
+    """Frees ranks blocked in a collective whose peer failed (gloo): the ranks close
+    their process group's connections, then every rank joins a new one; else the
+    session ends, saying why (loop thread)."""
 
     def __init__(self, cells: Cells) -> None:
         self.cells = cells
@@ -343,7 +343,7 @@ class _Rescue:
 
     def give_up(self, cell: CellState) -> None:
         """Interrupted ranks did not return: with gloo, free them by closing the process
-        group on the idle ranks (``nbddp.rank.regroup``), once; else end the session."""
+        group's connections (``nbddp.rank.regroup``), once; else end the session."""
         if self.cells._cell is not cell or not cell.busy:
             return
         idle = sorted(set(range(self.cells._ranks)) - cell.busy)
@@ -352,8 +352,8 @@ class _Rescue:
             busy = ", ".join(map(str, sorted(cell.busy)))
             cell.source.events.put(
                 Notice(
-                    f"rank(s) {busy} still blocked: closing the process group on the idle "
-                    "ranks to free them"
+                    f"rank(s) {busy} still blocked: closing the process group's connections "
+                    "to free them"
                 )
             )
             for rank in range(self.cells._ranks):  # the busy ones shut their ends too
