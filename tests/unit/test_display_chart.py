@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from nbddp.display import plot
+from nbddp.display.axes import Axis, choose_scale, tick_labels
 from nbddp.display.chart import (
     MetricHistory,
     chart_html,
@@ -18,7 +19,6 @@ from nbddp.display.chart import (
     metric_summary,
     metric_svg,
 )
-from nbddp.display.plot import Axis, choose_scale, tick_labels
 from nbddp.wire.protocol import MetricRow
 
 SVG = "{http://www.w3.org/2000/svg}"
