@@ -159,7 +159,6 @@ def test_validate_carries_the_config_exactly_when_there_are_no_errors() -> None:
     checked = replace(CPU, procs="3", timeout="5").validate()
     assert checked.errors == {} and checked.config is not None
     assert (checked.config.job.world_size, checked.config.job.timeout) == (3, 5.0)
-    assert checked.options == {"procs": 3, "timeout": 5.0}
     bad = replace(CPU, port="http").validate()
     assert bad.config is None and list(bad.errors) == ["port"]
 

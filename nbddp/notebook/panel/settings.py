@@ -46,8 +46,6 @@ class Validated:
 
     errors: dict[str, str]
     """Field (or ``launch``) -> what is wrong, in form order; empty when valid."""
-    options: LaunchOptions
-    """The fields that parsed, as launch options (only what differs from the defaults)."""
     config: LaunchConfig | None
     """The launch the form describes; None exactly when there are errors."""
     kwargs: dict[str, object] = field(default_factory=dict)
@@ -133,7 +131,7 @@ class PanelSettings:
         config = _build(options, errors)
         order = [*FORM, "launch"]
         errors = dict(sorted(errors.items(), key=lambda e: order.index(e[0])))
-        return Validated(errors, options, config if not errors else None, kwargs)
+        return Validated(errors, config if not errors else None, kwargs)
 
     def errors(self) -> dict[str, str]:
         """Field -> what is wrong with it; empty when the form describes a valid launch."""
