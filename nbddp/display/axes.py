@@ -1,11 +1,6 @@
-"""The axes of a metric chart: which scale a metric gets, where its ticks go, their labels.
-
-``choose_scale(values)``: ``"log"`` when all are positive, span at least ``LOG_MIN_RATIO`` and a
-linear axis would press most into its bottom quarter; else ``"linear"``. ``Axis.fit`` builds an
-axis (log: the exact range with a little room; linear: widened to round ticks; ``exact``: the
-steps seen), ``Axis.pixels`` places values, ``Axis.ticks(count)`` lists about ``count`` round
-ticks, and ``tick_labels`` writes them in a few characters (``0.25``, ``1.5k``, ``5e-4``).
-Values are finite floats; a range no float can span ticks only its ends.
+"""The axes of a metric chart: which scale a metric gets (``choose_scale``), where its ticks go
+(``Axis``), their labels (``tick_labels``). Values are finite floats; a range no float can span
+ticks only its ends.
 """
 
 from __future__ import annotations
@@ -24,7 +19,8 @@ _SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
 def choose_scale(values: Sequence[float]) -> ScaleKind:
-    """``"log"`` or ``"linear"`` for these values."""
+    """``"log"`` when all ``values`` are positive, span at least ``LOG_MIN_RATIO`` and a linear
+    axis would press most into its bottom quarter; else ``"linear"``."""
     if not values:
         return "linear"
     ordered = sorted(values)
@@ -47,7 +43,8 @@ class Axis:
 
     @classmethod
     def fit(cls, values: Sequence[float], scale: ScaleKind, count: int, exact: bool) -> Axis:
-        """An axis over ``values``; ``count``: ticks wanted."""
+        """An axis over ``values`` (log: their range with a little room; linear: widened to
+        about ``count`` round ticks; ``exact``: their range)."""
         lo, hi = min(values), max(values)
         if scale == "log" and lo > 0:
             a, b = math.log10(lo), math.log10(hi)
