@@ -4,8 +4,7 @@
 form once and reports every wrong field at once (by field name, or ``launch`` for a wrong
 combination): it parses the text fields, checks each option (``checks.check_option``) and the
 call, then builds the ``LaunchConfig``; errors are empty exactly when it carries the config the
-panel launches. ``magic_cell`` and ``launch_call`` write valid settings as ``%%ddp`` flags and
-``launch`` keywords. Nothing here imports ipywidgets, starts a process or touches CUDA.
+panel launches. Nothing here imports ipywidgets, starts a process or touches CUDA.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Literal, cast
 from nbddp.errors import ConfigError
 from nbddp.launcher.checks import check_option
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
+from nbddp.launcher.options import OPTIONS, LaunchOptions
 from nbddp.launcher.spelling import PANEL, OptionError
 
 DeviceChoice = Literal["gpu", "cpu"]
@@ -174,20 +173,6 @@ class PanelSettings:
         if not _WHOLE.match(text) or not 1 <= int(text) <= MAX_PROCS:
             return {}, {"procs": f"a whole number, e.g. 2 (from 1 to {MAX_PROCS}); got {typed!r}"}
         return {"procs": int(text)}, {}
-
-    # -- the same run as code ---------------------------------------------
-
-    def magic_cell(self, call: str) -> str:
-        """The ``%%ddp`` cell that runs ``call`` (e.g. ``train(3)``) with these settings.
-
-        With ``--no-init``: like ``launch``, it leaves the process group to the function.
-        """
-        return f"%%ddp --no-init {format_options(self.options())}\n{call}"
-
-    def launch_call(self, fn_name: str, args_code: str) -> str:
-        """``nbddp.launch(fn, args..., options...)`` with these settings."""
-        parts = [fn_name, args_code, *(f"{k}={v!r}" for k, v in self.options().items())]
-        return f"nbddp.launch({', '.join(filter(None, parts))})"
 
 
 def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | None:
