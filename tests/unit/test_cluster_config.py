@@ -226,13 +226,13 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
     magic, launch = run_code(train, settings)
     assert "--procs 2 --nodes 2 --cluster ray://head:10001" in magic
     assert "nodes=2, cluster='ray://head:10001'" in launch
-    assert replace(settings, nodes="two").errors() == {
+    assert replace(settings, nodes="two").validate().errors == {
         "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
     }
     slurm = replace(settings, cluster="slurm --time 10")
     assert slurm.validate().errors == {}
     assert "--nodes 2 --cluster 'slurm --time 10'" in run_code(train, slurm)[0]
-    assert replace(settings, cluster="").errors() == {
+    assert replace(settings, cluster="").validate().errors == {
         "launch": "Nodes 2 needs a cluster: add Cluster slurm inside a Slurm allocation, or "
         "Cluster ray://head:10001 (or 'ray' inside a Ray cluster)"
     }

@@ -36,7 +36,7 @@ FIELDS = ("device", *PANEL.names)
 panel labels (``spelling.PANEL``)."""
 FORM = ("kwargs", *FIELDS)
 """Every field, in display order: the function's keyword arguments, then the launch's
-(``errors()`` keys are among these, or ``launch``)."""
+(``Validated.errors`` keys are among these, or ``launch``)."""
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,6 @@ class PanelSettings:
         order = [*FORM, "launch"]
         errors = dict(sorted(errors.items(), key=lambda e: order.index(e[0])))
         return Validated(errors, config if not errors else None, kwargs)
-
-    def errors(self) -> dict[str, str]:
-        """Field -> what is wrong with it; empty when the form describes a valid launch."""
-        return dict(self.validate().errors)
 
     def options(self) -> LaunchOptions:
         """The settings as launch options (only what differs from the defaults).
