@@ -133,21 +133,20 @@ def start_with_display(
     fn: Fn,
     args: Args,
     kwargs: Kwargs,
-    display: Display | None,
+    display: Display,
 ) -> Run:
     """``start_run`` with a display of the caller's (the panel's widgets).
 
     First the call is checked against ``fn``'s signature (``check_call``), so a
     call that cannot bind fails here, not as a traceback from every rank."""
     check_call(fn, args, kwargs)
-    shown = guarded(display, config.view) if display is not None else None
-    if shown is not None:
-        for notice in config.view.notices:
-            shown.notice(spoken(notice))
-        shown.starting(config.job.world_size)
+    shown = guarded(display, config.view)
+    for notice in config.view.notices:
+        shown.notice(spoken(notice))
+    shown.starting(config.job.world_size)
     try:
         payload = Payload.serialize(fn, args, kwargs, forked=config.job.start_method == "fork")
-        if shown is not None and len(payload.data) > LARGE_PAYLOAD_BYTES:
+        if len(payload.data) > LARGE_PAYLOAD_BYTES:
             shown.notice(
                 f"the payload is {len(payload.data) >> 20} MiB of pickled data, copied to "
                 "every rank (CPU tensors are shared, not copied); load large data inside "
@@ -164,8 +163,7 @@ def start_with_display(
         core = Restarting(job, payload) if config.job.max_restarts else job.core
         return Run(core, shown, config)
     except BaseException:
-        if shown is not None:
-            shown.not_started()  # the error says why
+        shown.not_started()  # the error says why
         raise
 
 

@@ -10,11 +10,9 @@ under the root of the Jupyter server that started this kernel (found once by its
 notebook, that opens in a tab. (A path outside the root would open a "Start debugger?" dialog.)
 Anything missing means no link.
 
-How states look, in the kernel display and the panel: ``STATE_COLORS`` maps each ``RankState`` drawn
-in a colour of its own to a CSS colour, ``RUN_COLORS`` each ended ``RunStatus`` (and the rank
-states); keys are ``str`` enums, so plain names work; a state without an entry is drawn in the
-default colour. ``state_words(state, detail)`` is a state as a header says it. The failed rank is
-red, ranks stopped because of it grey.
+How states look, in the kernel display and the panel: ``STATE_COLORS`` and ``RUN_COLORS`` (keyed
+by ``str`` enums, so plain names work; a state without an entry takes the default colour), and
+``state_words``.
 """
 
 from __future__ import annotations

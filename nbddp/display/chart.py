@@ -132,11 +132,9 @@ class MetricHistory:
         return bool(self._series)
 
 
-def chart_html(history: MetricHistory, lines: bool = False) -> str:
-    """Every metric's panel in a grid, then the legend (``lines``: a line per rank even
-    past ``MAX_LINES`` ranks, up to ``MAX_RANK_LINES``)."""
-    ranks = len(history.ranks())
-    mode: Mode = "lines" if ranks <= (MAX_RANK_LINES if lines else MAX_LINES) else "band"
+def chart_html(history: MetricHistory) -> str:
+    """Every metric's panel in a grid, then the legend."""
+    mode: Mode = "lines" if len(history.ranks()) <= MAX_LINES else "band"
     x_label = "step" if history.stepped else "row"
     charted = {name: history.series(name) for name in history.names()}
     # Lines drawn in all panels: a line per rank, or a band's three (edges and mean)

@@ -94,7 +94,6 @@ class KernelDisplay:
         publisher: Publisher | None = None,
         err: TextIO | None = None,
     ) -> None:
-        self.tail = tail
         self.model = model = RunModel(tail, live, interval, chart_interval, clock)
         self.output, self.state, self.metric = model.output, model.state, model.metric
         self.ended = model.ended

@@ -6,9 +6,8 @@ and what changed since the last draw.
 live, last metric row) and the run's ``history``, rate limiters and dirty flags; renderers say
 what they drew with ``RankModel.drawn`` and decide when to draw. The event methods run once per
 line and per row, so they only record. States arrive as ``RankState`` or its plain string.
-``RateLimiter``, for redraws: ``ready()`` once ``interval`` seconds passed since the last ``fire()``
-(or never fired), ``delay()`` until then; the clock is injectable. It drops nothing: callers keep a
-dirty flag, draw when allowed, and always at the end.
+``RateLimiter`` paces redraws and drops nothing: callers keep a dirty flag, draw when allowed,
+and always at the end.
 """
 
 from __future__ import annotations

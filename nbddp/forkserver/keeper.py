@@ -18,7 +18,7 @@ import socket
 import struct
 import sys
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Collection, Iterator
 from typing import NoReturn
 
 from nbddp import prctl
@@ -211,15 +211,12 @@ def _start_rank(idle: tuple[int, socket.socket] | None, link: socket.socket, fds
     if rank is None:
         rank = os.fork()
         if rank == 0:  # pragma: no cover - runs in the rank
-
-            def detach_rank() -> None:
+            with in_child():
                 # Named at once: its free keeper's name would count it as an idle process.
                 prctl.set_name(WORKER_NAME)
                 link.close()
                 os.close(status_w)
                 os.setsid()
-
-            in_child(detach_rank)
             become_rank(ctrl, out, err)
     for fd in (ctrl, out, err):
         os.close(fd)
@@ -235,14 +232,11 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
     prctl.set_name(WARMING_NAME)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the idle worker
-
-        def detach_idle() -> None:
+        with in_child():
             link.close()
             ours.close()
             os.setsid()
             prctl.die_with(keeper)
-
-        in_child(detach_idle)
         prctl.set_name(IDLE_NAME)
         try:
             _, fds, _, _ = socket.recv_fds(theirs, 1, 3)
@@ -258,10 +252,11 @@ def _fork_idle(link: socket.socket) -> tuple[int, socket.socket]:
     return pid, ours
 
 
-def in_child(steps: Callable[[], None]) -> None:
-    """Take the first ``steps`` of a forked child; any failure ends it."""
+@contextlib.contextmanager
+def in_child() -> Iterator[None]:
+    """The first steps of a forked child: any failure in them ends it."""
     try:
-        steps()
+        yield
     except BaseException:
         traceback.print_exc()
         os._exit(1)

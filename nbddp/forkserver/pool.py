@@ -84,12 +84,9 @@ class Pool:
         forkserver = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the keeper
-
-            def detach_keeper() -> None:
+            with keeper.in_child():
                 keeper.detach({*close, *self.fds()})
                 ours.close()
-
-            keeper.in_child(detach_keeper)
             keeper.serve_keeper(theirs, forkserver, None if fds is None else list(fds), fds is None)
         theirs.close()
         found = _Keeper(ours, warm=fds is None)

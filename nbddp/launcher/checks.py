@@ -5,10 +5,8 @@ value, or raises ``OptionError`` for the first wrong in itself, saying what to
 do; ``check_option(name, value)`` checks one (the panel's fields). Combinations
 (gpus and procs, GPUs not visible) are ``LaunchConfig.build``'s.
 
-``env=`` may not override a variable nbddp sets for each rank: ``check_env(env, sets)`` raises a
-one-line ``OptionError`` for the first variable of ``env`` in ``sets`` (what
-``LaunchConfig.rank_env`` gives a rank of that launch), naming the option to use instead.
-``USER_MAY_SET`` are the variables nbddp only defaults (``OMP_NUM_THREADS``).
+``env=`` may not override a variable nbddp sets for each rank (``check_env``); its error names
+the option to use instead.
 """
 
 from __future__ import annotations
@@ -329,7 +327,8 @@ def reason(key: str, value: str, spell: Spelling) -> str:
 
 
 def check_env(env: Mapping[str, str], sets: Collection[str]) -> None:
-    """Raise ``OptionError`` for the first variable of ``env`` that nbddp sets (``sets``)."""
+    """Raise ``OptionError`` for the first variable of ``env`` that nbddp sets (``sets``:
+    what ``JobSpec.rank_env`` gives a rank of that launch), in one line."""
     refused = [(k, v) for k, v in env.items() if k in sets and k not in USER_MAY_SET]
     if refused:
         key, value = refused[0]

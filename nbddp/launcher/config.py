@@ -9,11 +9,6 @@ starts and stops the ranks), ``view`` (``ViewSpec``: what the display reads),
 ``nodes`` and ``cluster``. A machine's share of a run is a ``NodeSlice``, and
 ``JobSpec.rank_env`` is the one place that builds a rank's torchrun variables.
 Nothing here starts a process, initialises CUDA or keeps a port.
-
-What a new process can be given: ``working_directory()`` is the notebook's, or a ``ConfigError``
-when it no longer exists. ``exec_env_problem(env)`` is None when ``env`` can be handed to ``execve``
-(spawn, the forkserver), else a one-line reason naming the variable (Linux's ``E2BIG`` names none);
-``fits_exec(key, value)`` checks one variable.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from nbddp.launcher import settings
 from nbddp.launcher.checks import Values, check_env
 from nbddp.launcher.clusters import Cluster
 from nbddp.launcher.devices import VisibleGpus, cuda_initialised, visible_gpus
+from nbddp.launcher.execenv import exec_env_problem, working_directory
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
     DEFAULTS,
@@ -41,55 +37,8 @@ from nbddp.wire.protocol import DeviceKind
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-from nbddp.errors import ConfigError
 
 DEFAULT_CPU_PROCS = 2
-
-
-MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
-ARG_MAX = os.sysconf("SC_ARG_MAX")
-MARGIN = 8192  # bytes kept for what the starter adds (argv, PYTHONPATH, nbddp's variables)
-
-
-def working_directory() -> str:
-    """The notebook's working directory, which every rank starts in."""
-    try:
-        return os.getcwd()
-    except FileNotFoundError:
-        raise ConfigError(
-            "the notebook's working directory no longer exists (deleted or moved); "
-            "os.chdir() to a directory that exists, then launch again"
-        ) from None
-
-
-def _size(key: str, value: str) -> int:
-    """Bytes of ``KEY=value`` as ``execve`` copies it, with its NUL."""
-    return len(os.fsencode(key)) + len(os.fsencode(value)) + 2
-
-
-def fits_exec(key: str, value: str) -> bool:
-    """Whether one variable alone can be handed to a new program."""
-    return _size(key, value) <= MAX_ARG_STRLEN
-
-
-def exec_env_problem(env: Mapping[str, str]) -> str | None:
-    """Why ``env`` cannot be handed to a new program, or None."""
-    sizes = {key: _size(key, value) for key, value in env.items()}
-    for key, size in sizes.items():
-        if size > MAX_ARG_STRLEN:
-            return (
-                f"environment variable {key} is {size - len(key) - 2} bytes, more than a "
-                f"new process can be given ({MAX_ARG_STRLEN - 1})"
-            )
-    pointer = 8  # each string's entry in envp
-    total = sum(sizes.values()) + pointer * len(sizes)
-    if total > ARG_MAX - MARGIN:
-        largest = max(sizes, key=sizes.__getitem__)
-        return (
-            f"the environment is {total} bytes in all, more than a new process can be "
-            f"given ({ARG_MAX - MARGIN}; the largest variable is {largest}, {sizes[largest]} bytes)"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -494,15 +443,3 @@ def _select_gpus(gpus: int | tuple[int, ...], vis: VisibleGpus) -> tuple[str, ..
         return f"{fewer}, or {on_cpu}" if s.cpu_over_gpus else fewer
 
     raise OptionError("gpus", gpus, too_many)
-
-
-def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
-    """(idle workers, seconds they wait) for a new forkserver to keep before any launch
-    has said: as many as a launch with no options starts (every visible GPU, else
-    ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the settings are wrong
-    (the launch then says what is wrong)."""
-    try:
-        chosen = settings.read(environ)
-    except ValueError:
-        return 0, 0.0
-    return min(chosen.pool, len(visible_gpus(environ)) or DEFAULT_CPU_PROCS), chosen.pool_idle

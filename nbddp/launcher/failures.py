@@ -9,10 +9,8 @@ run. ``presentable``/``rendered`` make it show in IPython as the rank's own
 traceback, its rank and its log, with no frame of nbddp's; ``summary`` is the
 failure as the panel shows it.
 
-``collateral(outcome, cause)`` says in plain words why a rank failed or was stopped only because the
-root cause's rank failed, or None; ``broken_link(error)`` says whether an error is a process group's
-connection broken by a peer, in one line; ``plain(message)`` makes any error message one plain line.
-All are pure over the job's typed values; the backend's own text stays in the rank's log.
+What became of the other ranks is said in plain words (``collateral``, ``broken_link``,
+``plain``), pure over the job's typed values; the backend's own text stays in the rank's log.
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from nbddp.forkserver.server import REQUEST
-from nbddp.launcher.config import JobSpec, first_pool, fits_exec
+from nbddp.launcher import settings
+from nbddp.launcher.config import DEFAULT_CPU_PROCS, JobSpec
+from nbddp.launcher.devices import visible_gpus
+from nbddp.launcher.execenv import fits_exec
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.starters import (
     FORKSERVER_REPLY_TIMEOUT,
@@ -41,6 +44,18 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
     env["NBDDP_ROLE"] = "forkserver"
     env["PYTHONPATH"] = package_pythonpath(env)
     return env
+
+
+def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
+    """(idle workers, seconds they wait) for a new forkserver to keep before any launch
+    has said: as many as a launch with no options starts (every visible GPU, else
+    ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the settings are wrong
+    (the launch then says what is wrong)."""
+    try:
+        chosen = settings.read(environ)
+    except ValueError:
+        return 0, 0.0
+    return min(chosen.pool, len(visible_gpus(environ)) or DEFAULT_CPU_PROCS), chosen.pool_idle
 
 
 @contextlib.contextmanager

@@ -130,8 +130,7 @@ def settle_forkserver(timeout: float = 60.0) -> None:
     itself, seconds after import, is what ``--first-reps`` measures."""
     import psutil
 
-    from nbddp.launcher.config import first_pool
-    from nbddp.launcher.forkserver_link import FORKSERVER
+    from nbddp.launcher.forkserver_link import FORKSERVER, first_pool
 
     FORKSERVER.prewarm()
     size, _ = first_pool(os.environ)

@@ -213,6 +213,7 @@ def test_a_rank_lost_with_its_node_says_so() -> None:
 
 
 def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code() -> None:
+    from nbddp.notebook.panel.code import CallSource, run_code
     from nbddp.notebook.panel.settings import PanelSettings
 
     settings = replace(PanelSettings.initial(0), procs=2, nodes="2", cluster=" ray://head:10001 ")
@@ -221,15 +222,17 @@ def test_the_panel_form_takes_the_nodes_and_the_cluster_and_writes_them_as_code(
     assert validated.config is not None
     assert (validated.config.job.world_size, validated.config.nodes) == (4, 2)
     assert validated.config.cluster == RayCluster("ray://head:10001")
-    assert "--procs 2 --nodes 2 --cluster ray://head:10001" in settings.magic_cell("train()")
-    assert "nodes=2, cluster='ray://head:10001'" in settings.launch_call("train", "")
-    assert replace(settings, nodes="two").errors() == {
+    train = CallSource("train", (), ())
+    magic, launch = run_code(train, settings)
+    assert "--procs 2 --nodes 2 --cluster ray://head:10001" in magic
+    assert "nodes=2, cluster='ray://head:10001'" in launch
+    assert replace(settings, nodes="two").validate().errors == {
         "nodes": "a number of machines (1 or more), or empty for this one; got 'two'"
     }
     slurm = replace(settings, cluster="slurm --time 10")
     assert slurm.validate().errors == {}
-    assert "--nodes 2 --cluster 'slurm --time 10'" in slurm.magic_cell("train()")
-    assert replace(settings, cluster="").errors() == {
+    assert "--nodes 2 --cluster 'slurm --time 10'" in run_code(train, slurm)[0]
+    assert replace(settings, cluster="").validate().errors == {
         "launch": "Nodes 2 needs a cluster: add Cluster slurm inside a Slurm allocation, or "
         "Cluster ray://head:10001 (or 'ray' inside a Ray cluster)"
     }

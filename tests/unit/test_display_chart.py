@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from nbddp.display import plot
+from nbddp.display.axes import Axis, choose_scale, tick_labels
 from nbddp.display.chart import (
     MetricHistory,
     chart_html,
@@ -18,7 +19,6 @@ from nbddp.display.chart import (
     metric_summary,
     metric_svg,
 )
-from nbddp.display.plot import Axis, choose_scale, tick_labels
 from nbddp.wire.protocol import MetricRow
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -203,16 +203,15 @@ def test_8_ranks_get_a_mean_line_over_a_band_and_hidden_rank_lines() -> None:
         assert f'<div class="nbddp-key" data-rank="{rank}">' in page
 
 
-def test_up_to_four_ranks_are_lines_past_that_a_band_unless_lines_are_asked_for() -> None:
-    def drawn(ranks: int, **forced: bool) -> tuple[int, int]:
+def test_up_to_four_ranks_are_lines_past_that_a_band() -> None:
+    def drawn(ranks: int) -> tuple[int, int]:
         """Rank lines in the loss panel, and how many of them show."""
-        drawn = lines(panels(chart_html(history_of(200, ranks), **forced))["loss"])
+        drawn = lines(panels(chart_html(history_of(200, ranks)))["loss"])
         return len(drawn), sum("display" not in g.attrib for g in drawn)
 
     assert drawn(4) == (4, 4)  # a line each, all shown
     assert drawn(5)[1] < 5  # a band: the ranks' own lines hidden until asked for
-    assert drawn(8, lines=True) == (8, 8)
-    assert drawn(plot.MAX_RANK_LINES + 1, lines=True)[1] < plot.MAX_RANK_LINES  # bounded
+    assert drawn(plot.MAX_RANK_LINES + 1) == (plot.MAX_RANK_LINES, 0)  # bounded, hidden
 
 
 # -- bounded size, latest point kept -------------------------------------------------
@@ -246,9 +245,6 @@ def test_any_number_of_ranks_and_metrics_stays_under_a_fixed_size() -> None:
     assert len(page.encode()) < ANY_BOUND
     assert page.count("<svg") == 16
     assert "… and 48 more ranks" in page
-    page = chart_html(history_of(300, 16), lines=True)
-    print(f"16 ranks x 3 metrics, a line each: {len(page.encode()):,} bytes")
-    assert len(page.encode()) < ANY_BOUND
 
 
 def test_history_is_bounded_and_keeps_the_latest_point() -> None:

@@ -52,8 +52,7 @@ def test_blocks_in_a_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ipython(monkeypatch, types.SimpleNamespace(kernel=object()))
     display = shown(config(output="rank0", tail=5))
     assert isinstance(display, KernelDisplay)
-    assert display.tail == 5
-    assert display.model.live == {0}
+    assert (display.model.tail, display.model.live) == (5, {0})
 
 
 @pytest.mark.parametrize(("output", "ranks"), [("all", None), ("rank0", {0}), ("none", set())])

@@ -252,7 +252,7 @@ def test_the_panel_offers_the_options_choices() -> None:
         assert tuple(view.fields[name].options) == choices, name
         for choice in choices:
             settings = replace(PanelSettings.initial(0), **{name: choice})
-            assert settings.errors() == {}, (name, choice)
+            assert settings.validate().errors == {}, (name, choice)
 
 
 def test_the_panel_presets_every_panel_option_and_reads_it_back() -> None:

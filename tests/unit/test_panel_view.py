@@ -58,7 +58,7 @@ def test_both_devices_are_offered_and_a_missing_gpu_is_said_in_plain_words() -> 
     assert note in view.gpus_note.value
     assert "/proc" not in view.gpus_note.value
     view.device.value = "gpu"
-    errors = view.settings().errors()
+    errors = view.settings().validate().errors
     assert "no GPU is visible" in errors["device"]
     view.show_device("gpu")
     assert view._gpu_row.layout.display == "none"  # no empty GPU list
@@ -113,7 +113,7 @@ def test_letters_in_the_process_count_stay_and_are_refused_in_words() -> None:
     view = view_with_gpus(0)
     view.procs.value = "two"  # a text field: what was typed is kept, never dropped
     assert view.settings().procs == "two"
-    assert "a whole number, e.g. 2" in view.settings().errors()["procs"]
+    assert "a whole number, e.g. 2" in view.settings().validate().errors["procs"]
 
 
 def test_a_value_is_shown_short_with_how_to_get_all_of_it() -> None:

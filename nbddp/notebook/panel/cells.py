@@ -61,9 +61,6 @@ def _before_cell(info: object) -> None:
 
 def _request_metadata(shell: KernelShell) -> dict[str, object]:
     """The running execute request's metadata (JupyterLab: cellId, deletedCells)."""
-    try:
-        parent = shell.kernel.get_parent()
-    except Exception:  # an older ipykernel without get_parent
-        parent = getattr(shell, "parent_header", None) or {}
+    parent = shell.kernel.get_parent()  # ipykernel 6 and later
     metadata = parent.get("metadata") if isinstance(parent, dict) else None
     return metadata if isinstance(metadata, dict) else {}

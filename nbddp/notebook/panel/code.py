@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from nbddp.launcher.options import OPTIONS
+from nbddp.launcher.options import OPTIONS, format_options
 from nbddp.notebook.panel.settings import PanelSettings
 
 SHORT_LITERAL = 60  # characters: a literal up to this long beats a notebook name
@@ -53,9 +53,11 @@ class CallSource:
 
 def run_code(source: CallSource, settings: PanelSettings) -> tuple[str, str]:
     """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call that make ``source``'s call
-    with valid ``settings``."""
+    with valid ``settings`` (the options that differ from the defaults)."""
+    options = settings.options()
     setup = list(source.setup)
-    magic = settings.magic_cell("\n".join([*setup, source.call()]))
+    # --no-init: like launch(), the cell leaves the process group to the function.
+    magic = "\n".join([f"%%ddp --no-init {format_options(options)}", *setup, source.call()])
     # A keyword launch() would take as its own option reaches fn through a partial.
     bound = tuple((k, v) for k, v in source.kwargs if k in _LAUNCH_KEYWORDS)
     passed = tuple((k, v) for k, v in source.kwargs if k not in _LAUNCH_KEYWORDS)
@@ -63,7 +65,8 @@ def run_code(source: CallSource, settings: PanelSettings) -> tuple[str, str]:
     if bound:
         setup.insert(0, "import functools")
         fn = f"functools.partial({fn}, {_joined((), bound)})"
-    launch = settings.launch_call(fn, _joined(source.args, passed))
+    given = tuple((k, repr(v)) for k, v in options.items())
+    launch = f"nbddp.launch({_joined((fn, *source.args), (*passed, *given))})"
     return magic, "\n".join([*setup, launch])
 
 

@@ -47,7 +47,6 @@ class Panel:
         kwargs: Mapping[str, object] | None = None,
         *,
         options: LaunchOptions | None = None,
-        tail: int = PANEL_TAIL,
         namespace: Mapping[str, object] | None = None,
     ) -> None:
         """``namespace``: the notebook's names, for the code (default: the kernel's, or
@@ -60,7 +59,6 @@ class Panel:
         # Why here too: no panel for a call that cannot bind (Launch checks it again).
         with PANEL.speaking():
             check_call(fn, self.args, self.kwargs)
-        self.tail = tail
         self.namespace = _notebook_namespace() if namespace is None else namespace
         self.run: Run | None = None
         """The latest run started from this panel (running or ended)."""
@@ -175,7 +173,7 @@ class Panel:
                 self.view.show_errors(checked.errors)
                 raise ConfigError(_describe(checked.errors))
             self.view.start_run(checked.config.job.world_size)
-            feed = PanelFeed(self.view, tail=self.tail)
+            feed = PanelFeed(self.view, tail=PANEL_TAIL)
             kwargs = self._call_kwargs(checked)
             with PANEL.speaking():
                 run = start_with_display(checked.config, self.fn, self.args, kwargs, feed)

@@ -4,8 +4,7 @@
 form once and reports every wrong field at once (by field name, or ``launch`` for a wrong
 combination): it parses the text fields, checks each option (``checks.check_option``) and the
 call, then builds the ``LaunchConfig``; errors are empty exactly when it carries the config the
-panel launches. ``magic_cell`` and ``launch_call`` write valid settings as ``%%ddp`` flags and
-``launch`` keywords. Nothing here imports ipywidgets, starts a process or touches CUDA.
+panel launches. Nothing here imports ipywidgets, starts a process or touches CUDA.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Literal, cast
 from nbddp.errors import ConfigError
 from nbddp.launcher.checks import check_option
 from nbddp.launcher.config import LaunchConfig
-from nbddp.launcher.options import OPTIONS, LaunchOptions, format_options
+from nbddp.launcher.options import OPTIONS, LaunchOptions
 from nbddp.launcher.spelling import PANEL, OptionError
 
 DeviceChoice = Literal["gpu", "cpu"]
@@ -37,7 +36,7 @@ FIELDS = ("device", *PANEL.names)
 panel labels (``spelling.PANEL``)."""
 FORM = ("kwargs", *FIELDS)
 """Every field, in display order: the function's keyword arguments, then the launch's
-(``errors()`` keys are among these, or ``launch``)."""
+(``Validated.errors`` keys are among these, or ``launch``)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,6 @@ class Validated:
 
     errors: dict[str, str]
     """Field (or ``launch``) -> what is wrong, in form order; empty when valid."""
-    options: LaunchOptions
-    """The fields that parsed, as launch options (only what differs from the defaults)."""
     config: LaunchConfig | None
     """The launch the form describes; None exactly when there are errors."""
     kwargs: dict[str, object] = field(default_factory=dict)
@@ -133,11 +130,7 @@ class PanelSettings:
         config = _build(options, errors)
         order = [*FORM, "launch"]
         errors = dict(sorted(errors.items(), key=lambda e: order.index(e[0])))
-        return Validated(errors, options, config if not errors else None, kwargs)
-
-    def errors(self) -> dict[str, str]:
-        """Field -> what is wrong with it; empty when the form describes a valid launch."""
-        return dict(self.validate().errors)
+        return Validated(errors, config if not errors else None, kwargs)
 
     def options(self) -> LaunchOptions:
         """The settings as launch options (only what differs from the defaults).
@@ -176,20 +169,6 @@ class PanelSettings:
         if not _WHOLE.match(text) or not 1 <= int(text) <= MAX_PROCS:
             return {}, {"procs": f"a whole number, e.g. 2 (from 1 to {MAX_PROCS}); got {typed!r}"}
         return {"procs": int(text)}, {}
-
-    # -- the same run as code ---------------------------------------------
-
-    def magic_cell(self, call: str) -> str:
-        """The ``%%ddp`` cell that runs ``call`` (e.g. ``train(3)``) with these settings.
-
-        With ``--no-init``: like ``launch``, it leaves the process group to the function.
-        """
-        return f"%%ddp --no-init {format_options(self.options())}\n{call}"
-
-    def launch_call(self, fn_name: str, args_code: str) -> str:
-        """``nbddp.launch(fn, args..., options...)`` with these settings."""
-        parts = [fn_name, args_code, *(f"{k}={v!r}" for k, v in self.options().items())]
-        return f"nbddp.launch({', '.join(filter(None, parts))})"
 
 
 def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | None:
