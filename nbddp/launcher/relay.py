@@ -35,6 +35,7 @@ from nbddp.wire.protocol import (
     received_fds,
     send_with_fds,
 )
+from nbddp.wire.stdio import Demux
 
 READ_SIZE = 1 << 16
 CTRL_READ_SIZE = 1 << 20
@@ -119,7 +120,8 @@ class _RankStreams:
     pipes: RankPipes
     log: int
     open_fds: set[int] = field(default_factory=set)
-    decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+    decoders: dict[tuple[int, str], codecs.IncrementalDecoder] = field(default_factory=dict)
+    demux: Demux = field(default_factory=Demux)  # the stdout pipe carries Python's stderr too
     frames: FrameReader = field(default_factory=FrameReader)
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
@@ -128,6 +130,10 @@ class _RankStreams:
     watched: set[int] = field(default_factory=set)  # fds the loop watches for reading
     resting: set[int] = field(default_factory=set)  # fds read at the next tick
     idle: set[int] = field(default_factory=set)  # resting fds the last tick found empty
+
+
+def _utf8() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 class _Ended:
@@ -219,7 +225,9 @@ class Relay:
         setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
         self._ranks[rank] = streams
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
-            streams.decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            streams.decoders[fd, stream] = _utf8()
+            if stream == "stdout":  # it carries Python's stderr too (``wire.stdio``)
+                streams.decoders[fd, "stderr"] = _utf8()
             os.set_blocking(fd, False)
             if setpipe is not None:
                 with contextlib.suppress(OSError):
@@ -239,18 +247,27 @@ class Relay:
             return EMPTY
         except OSError:
             data = b""
-        decoder = streams.decoders[stream]
+        split = stream == "stdout"
         if not data:
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                self.sink.on_output(rank, stream, tail)
+            self._pass_on(rank, streams, fd, streams.demux.end() if split else [])
+            for (of, piece_stream), decoder in streams.decoders.items():
+                tail = decoder.decode(b"", final=True) if of == fd else ""
+                if tail:
+                    self.sink.on_output(rank, piece_stream, tail)
             self._close_fd(rank, streams, fd)
             return CLOSED
-        os.write(streams.log, data)
-        text = decoder.decode(data)
-        if text:
-            self.sink.on_output(rank, stream, text)
+        self._pass_on(rank, streams, fd, streams.demux.feed(data) if split else [(stream, data)])
         return SHORT if len(data) < READ_SIZE else FULL
+
+    def _pass_on(
+        self, rank: int, streams: _RankStreams, fd: int, pieces: list[tuple[str, bytes]]
+    ) -> None:
+        """Log each piece read from ``fd`` and hand its text to the sink."""
+        for stream, data in pieces:
+            os.write(streams.log, data)
+            text = streams.decoders[fd, stream].decode(data)
+            if text:
+                self.sink.on_output(rank, stream, text)
 
     def _read_ctrl(self, rank: int, streams: _RankStreams) -> int:
         fds: list[int] = []

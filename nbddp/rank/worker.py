@@ -31,13 +31,15 @@ from nbddp.rank.errors import error_info, format_stacks, unsendable
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import Message, RunOrder
+from nbddp.wire.stdio import StderrInStdout
 
 log = logging.getLogger(__name__)
 
 
 def redirect_stdio(out_fd: int, err_fd: int) -> None:
-    """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over them,
-    line-buffered as on a terminal (``flush()``, which tqdm calls, sends partial lines)."""
+    """Point fd 1/2 at the relay pipes and rebuild ``sys.stdout``/``sys.stderr`` over fd 1
+    (``wire.stdio``), line-buffered as on a terminal (``flush()``, which tqdm calls, sends
+    partial lines)."""
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     for fd in {out_fd, err_fd} - {1, 2}:
@@ -46,12 +48,11 @@ def redirect_stdio(out_fd: int, err_fd: int) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
-    sys.stdout = _text_stream(1)
-    sys.stderr = _text_stream(2)
+    sys.stdout = _text_stream(io.FileIO(1, "w", closefd=False))
+    sys.stderr = _text_stream(StderrInStdout())  # in the stdout pipe: both keep their order
 
 
-def _text_stream(fd: int) -> io.TextIOWrapper:
-    raw = io.FileIO(fd, "w", closefd=False)
+def _text_stream(raw: io.RawIOBase) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         io.BufferedWriter(raw),
         encoding="utf-8",

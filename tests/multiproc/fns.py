@@ -324,3 +324,16 @@ def pid_and_keeper() -> tuple[int, int]:
 def loaded_modules() -> list[str]:
     """Every module this process has loaded, sorted."""
     return sorted(sys.modules)
+
+
+def bar_then_print(epochs: int) -> None:
+    """A training loop's output: a progress bar on stderr (tqdm's way: ``\\r`` redraws,
+    flushed), then a line on stdout, each epoch."""
+    import sys
+
+    for epoch in range(epochs):
+        for step in range(1, 4):
+            sys.stderr.write(f"\rbar {epoch}: {step}/3")
+            sys.stderr.flush()
+        sys.stderr.write("\n")
+        print(f"epoch {epoch} finished")
