@@ -219,7 +219,7 @@ def kept() -> list[Agents]:
 def say_gone(fit: Collection[str], asked: int, where: str) -> None:
     """Raise ``ConfigError`` if fewer than ``asked`` nodes fit a run (``fit``: their ids)
     and nodes whose agent was lost are not among them, naming those and what is left."""
-    gone = [name for node, name in _lost_nodes.items() if node not in fit]
+    gone = [name for node, name in _lost_nodes.copy().items() if node not in fit]  # threads add
     if gone and len(fit) < asked:
         left = f"{len(fit)} node{'s' * (len(fit) != 1)} that fit{'s' * (len(fit) == 1)}"
         are = "is" if len(gone) == 1 else "are"
