@@ -8,7 +8,9 @@ else is here and engine-neutral: agents serve any number of runs at once
 (``attach``); one follower thread per agent takes its long poll from
 placement until release and hands each run its batches on the relay loop; an agent that does
 not answer ends every run attached as a lost node (``Listener.node_lost``)
-and the set is not used again. Kept sets no run uses are handed back
+and the set is not used again. Placement waits in ``wait_placed``, which reads the
+cluster's nodes again as it waits: a node gone (named when its agent was lost) is said
+at once with what is left, not after the timeout. Kept sets no run uses are handed back
 ``NBDDP_CLUSTER_IDLE`` seconds after their last run, when another job waits
 for the engine's resources, on ``release_agents()``, and with the process.
 """
@@ -19,7 +21,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 POLL_WAIT = 1.0  # seconds an agent's long poll waits when nothing happens
 LOST_AFTER = 10.0  # seconds beyond POLL_WAIT without an answer before a node counts as lost
 KEEP_TICK = 1.0  # seconds between the keeper's looks at idle agents
+LOOK_EVERY = 1.0  # seconds between looks at the cluster's nodes while placement waits
 
 Shape = tuple[str, int, int, int]
 """(cluster address, nodes, GPUs per node, CPUs per node): what agents were placed for."""
@@ -154,6 +157,8 @@ class Agents:
     def _lost(self, index: int, exc: BaseException) -> None:
         log.warning("nbddp: node %d's agent is lost: %s", index, exc)
         self.broken = True
+        info, same = self.infos[index], len({i.address for i in self.infos}) < len(self.infos)
+        _lost_nodes[info.node_id] = f"node {index} ({info.hostname if same else info.address})"
         with self._lock:
             listeners = list(self.runs.values())
         for listener in listeners:
@@ -169,6 +174,7 @@ class Agents:
 
 _sets: list[Agents] = []  # every set not yet released, newest last
 _sets_lock = threading.Lock()
+_lost_nodes: dict[str, str] = {}  # node id -> name: agents lost since the last placement
 
 
 def reuse(shape: Shape, alive: Callable[[Agents], bool]) -> Agents | None:
@@ -187,6 +193,7 @@ def keep(agents: Agents) -> Agents:
     """Hold ``agents`` for later runs: follow their polls, hand them back when idle."""
     with _sets_lock:
         _sets.append(agents)
+        _lost_nodes.clear()  # placed anew: nodes lost before are not this run's story
     agents.follow()
     _start_keeper()
     return agents
@@ -209,7 +216,42 @@ def kept() -> list[Agents]:
         return list(_sets)
 
 
-def holders() -> str:
+def say_gone(fit: Collection[str], asked: int, where: str) -> None:
+    """Raise ``ConfigError`` if fewer than ``asked`` nodes fit a run (``fit``: their ids)
+    and nodes whose agent was lost are not among them, naming those and what is left."""
+    gone = [name for node, name in _lost_nodes.copy().items() if node not in fit]  # threads add
+    if gone and len(fit) < asked:
+        left = f"{len(fit)} node{'s' * (len(fit) != 1)} that fit{'s' * (len(fit) == 1)}"
+        are = "is" if len(gone) == 1 else "are"
+        raise ConfigError(
+            f"nbddp: {', '.join(gone)} {are} gone; {where} has {left} this run, {asked} asked for"
+        )
+
+
+def wait_placed(
+    ready: Callable[[float], bool],
+    fitting: Callable[[], Collection[str]],
+    asked: int,
+    timeout: float,
+    where: str,
+) -> None:
+    """Return once ``ready(seconds)`` (a wait of at most that long) is true, reading the ids
+    of ``where``'s nodes that fit the run (``fitting()``) between waits: fewer than
+    ``asked`` raise ``ConfigError`` at once (``say_gone``), as ``timeout`` does."""
+    deadline = time.monotonic() + timeout
+    while not ready(LOOK_EVERY):
+        fit = fitting()
+        if len(fit) < asked:
+            say_gone(fit, asked, where)
+            raise ConfigError(f"{where} has {len(fit)} of the {asked} nodes this run needs now")
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"{where} has {len(fit)} nodes that fit this run, but their resources did not "
+                f"come free within {timeout:g}s ({_holders()}); retry later"
+            )
+
+
+def _holders() -> str:
     """Who holds the resources this process waited for, as far as it knows."""
     mine = [s for s in kept() if s.in_use()]
     if not mine:

@@ -23,7 +23,8 @@ from typing import Any
 
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.ray_node import RayNodeAgent
-from nbddp.cluster.agents import Agents, Channel, Shape, holders, keep, release_agents, reuse
+from nbddp.cluster import agents as held
+from nbddp.cluster.agents import Agents, Channel, Shape, keep, release_agents, reuse
 from nbddp.cluster.probe import probe
 from nbddp.errors import ConfigError
 from nbddp.launcher.clusters import RayCluster
@@ -201,12 +202,19 @@ def _alive(ray: Ray, agents: Agents) -> bool:
     return False
 
 
+def _fitting(ray: Ray, gpus: int) -> list[str]:
+    """The ids of the live nodes with ``gpus`` GPUs and a CPU."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return [n["NodeID"] for n in nodes if _has(n, "GPU") >= gpus and _has(n, "CPU") >= 1]
+
+
 def _check_fits(ray: Ray, config: LaunchConfig, gpus: int) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    fit = [n for n in nodes if _has(n, "GPU") >= gpus and _has(n, "CPU") >= 1]
-    if len(fit) >= config.nodes:
-        return
+    fit = _fitting(ray, gpus)
     count = config.nodes
+    if len(fit) >= count:
+        return
+    held.say_gone(fit, count, "the cluster")  # a node of this notebook's is gone: that first
     per_node = ("gpus", gpus) if gpus else ("procs", config.job.world_size // count)
     has = ", ".join(
         f"{n['NodeManagerAddress']} ({_has(n, 'GPU'):g} GPUs, {_has(n, 'CPU'):g} CPUs)"
@@ -236,12 +244,14 @@ def _new_agents(ray: Ray, shape: Shape) -> Agents:
     bundle = {"CPU": float(cpus), **({"GPU": float(gpus)} if gpus else {})}
     group = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
     try:
-        ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT)
-        if not ready:
-            raise ConfigError(
-                f"the cluster has {nodes} nodes that fit this run, but their resources did not "
-                f"come free within {PLACE_TIMEOUT:g}s ({holders()}); retry later"
-            )
+        placed = group.ready()
+        held.wait_placed(
+            lambda seconds: bool(ray.wait([placed], timeout=seconds)[0]),
+            lambda: _fitting(ray, gpus),
+            nodes,
+            PLACE_TIMEOUT,
+            "the cluster",
+        )
         actor = ray.remote(RayNodeAgent)
         handles = [
             actor.options(

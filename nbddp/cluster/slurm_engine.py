@@ -9,7 +9,8 @@ nodes route to (``NBDDP_SLURM_ADDRESS``, else this host's address towards the
 job's first node) and proves the launch's secret, which travels in the step's
 environment, never on a command line; other connections are refused and
 logged. What can be checked before anything starts is, in one line: no
-allocation, no ``srun``, more nodes than the job has; then more GPUs than a
+allocation, no ``srun``, a node this notebook's agents were on that Slurm lost
+(``agents.say_gone``), more nodes than the job has; then more GPUs than a
 node has, or other versions on a node. The step's end (an agent killed, the
 step cancelled, a node Slurm lost, the job's time limit) ends the agents'
 channels, naming why, so their runs end within seconds.
@@ -31,6 +32,7 @@ import time
 
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
+from nbddp.cluster import agents as held
 from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
 from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept
 from nbddp.errors import ConfigError
@@ -85,7 +87,12 @@ def place(config: LaunchConfig) -> Agents:
 
 
 def _check_fits(job: str, count: int) -> None:
-    names = _job_nodes(job)
+    names, state = _job_nodes(job)
+    # An ended job may still list the node Slurm lost: what is left is what is not down.
+    sinfo = ["sinfo", "-h", "-N", "-t", "down", "-o", "%N"]
+    down = subprocess.run(sinfo, capture_output=True, text=True, timeout=30).stdout.split()
+    where = f"Slurm job {job}" + ("" if state in ("", "RUNNING") else f" ({state})")
+    held.say_gone([n for n in names if n not in down], count, where)
     if count > len(names):
         raise OptionError(
             "nodes",
@@ -105,10 +112,11 @@ def _scontrol(*args: str) -> str:
     return done.stdout
 
 
-def _job_nodes(job: str) -> list[str]:
-    """The names of the nodes Slurm job ``job`` holds, in Slurm's order."""
+def _job_nodes(job: str) -> tuple[list[str], str]:
+    """The names of the nodes Slurm job ``job`` holds, in Slurm's order, and its state."""
     fields = dict(f.split("=", 1) for f in _scontrol("show", "job", "-o", job).split() if "=" in f)
-    return _scontrol("show", "hostnames", fields.get("NodeList", "")).split()
+    names = _scontrol("show", "hostnames", fields.get("NodeList", "")).split()
+    return names, fields.get("JobState", "")
 
 
 def _notebook_address(first_node: str) -> str:
@@ -127,7 +135,7 @@ def _notebook_address(first_node: str) -> str:
 def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None) -> Agents:
     _, nodes, gpus, _ = shape
     secret = secrets.token_hex(16)
-    address = _notebook_address(_job_nodes(job)[0])
+    address = _notebook_address(_job_nodes(job)[0][0])
     server = socket.create_server((address, 0))
     command = [
         srun, "--overlap", f"--jobid={job}", f"--nodes={nodes}", "--ntasks-per-node=1",

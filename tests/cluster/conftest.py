@@ -115,10 +115,13 @@ def newest() -> Agents:
 
 
 @contextlib.contextmanager
-def on_a_third_node(cluster: cluster_utils.Cluster, address: str) -> Iterator[str]:
+def on_a_third_node(
+    cluster: cluster_utils.Cluster, address: str, *, hold: bool = True
+) -> Iterator[str]:
     """A third node on ``address`` for a test that loses a node: while the body places
-    agents the worker node's CPU is held, so they go on the head and this node; the
-    node is removed afterwards, and the two the other tests use are left as they were."""
+    agents the worker node's CPU is held (unless not ``hold``: then a run of three nodes
+    fits), so they go on the head and this node; the node is removed afterwards, and
+    the two the other tests use are left as they were."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     import nbddp.cluster
@@ -127,6 +130,9 @@ def on_a_third_node(cluster: cluster_utils.Cluster, address: str) -> Iterator[st
     try:
         cluster.wait_for_nodes()
         nbddp.cluster.release()
+        if not hold:
+            yield address
+            return
         worker = next(
             n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == WORKER
         )

@@ -243,3 +243,30 @@ def test_a_worker_raylet_killed_mid_run_leaves_no_rank_or_agent(cluster: object)
         finally:
             run.stop()
             run.ended(30)
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_after_a_node_is_lost_says_at_once_that_it_is_gone(
+    cluster: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbddp.cluster import ray_engine
+
+    # Longer than the test may take: it passes only if placement did not wait this out.
+    monkeypatch.setattr(ray_engine, "PLACE_TIMEOUT", 3600.0)
+    address = cluster.address  # type: ignore[attr-defined]
+    third = on_a_third_node(cluster, "127.0.0.6", hold=False)  # type: ignore[arg-type]
+    with third as extra, nbddp.session(nodes=3, procs=1, cluster=address) as session:
+        infos = newest().infos
+        assert [info.address for info in infos][2] == extra
+        raylet = psutil.Process(infos[2].pid).parent()
+        assert raylet is not None and raylet.name() == "raylet"
+        raylet.kill()
+        with pytest.raises(RankExitedError, match=f"loss of node 2 \\({extra}\\)"):
+            session.exec("import time\ntime.sleep(600)\n")
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as info:
+            session.restart()
+        print(f"the restart said it in {time.monotonic() - started:.2f}s: {info.value}")
+    assert str(info.value) == (
+        f"nbddp: node 2 ({extra}) is gone; the cluster has 2 nodes that fit this run, 3 asked for"
+    )

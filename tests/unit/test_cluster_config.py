@@ -361,3 +361,49 @@ def test_the_address_slurm_agents_reach_the_notebook_on_can_be_set(
     monkeypatch.setenv("NBDDP_SLURM_ADDRESS", "10.1.2.3")
     monkeypatch.setattr(slurm_engine, "_scontrol", lambda *args: pytest.fail("asked Slurm"))
     assert slurm_engine._notebook_address("n1") == "10.1.2.3"
+
+
+class _GoneEngine:
+    """An engine still connected, whose agents do not answer."""
+
+    def connected(self) -> bool:
+        return True
+
+
+class _GoneChannel:
+    def call(self, method: str, *args: object) -> Any:
+        raise ConnectionError("the node is gone")
+
+
+def test_placement_looks_again_while_it_waits_and_names_a_lost_node_at_once() -> None:
+    import threading
+
+    from nbddp.agent.node import NodeInfo
+    from nbddp.cluster import agents as held
+
+    infos = [NodeInfo(f"10.9.0.{i}", "h", 1, (), {}, node_id=f"unit-{i}") for i in range(2)]
+    engine: Any = _GoneEngine()
+    lost = held.Agents(("ray://x", 2, 0, 1), engine, None, [_GoneChannel()] * 2, infos)
+    lost.follow()
+    for thread in threading.enumerate():
+        if thread.name.startswith("nbddp-node"):
+            thread.join()
+    assert lost.broken
+    huge = 3600.0  # a pass proves the timeout was not waited for
+    # Node 1 leaves the cluster while placement waits: said at the next look.
+    looks = iter([["unit-0", "unit-1", "other"], ["unit-0", "other"]])
+    with pytest.raises(ConfigError) as info:
+        held.wait_placed(lambda seconds: False, lambda: next(looks), 3, huge, "the cluster")
+    assert str(info.value) == (
+        "nbddp: node 1 (10.9.0.1) is gone; the cluster has 2 nodes that fit this run, 3 asked for"
+    )
+    # A node not this notebook's goes: what is left, without naming one.
+    both = ["unit-0", "unit-1"]
+    with pytest.raises(ConfigError, match=r"^the cluster has 2 of the 3 nodes this run needs now$"):
+        held.wait_placed(lambda seconds: False, lambda: both, 3, huge, "the cluster")
+    # A node joins and the group is placed: no error.
+    placed = iter([False, True])
+    held.wait_placed(lambda seconds: next(placed), lambda: ["unit-0", "new"], 2, huge, "it")
+    # Enough nodes, never free: the timeout, naming who holds them.
+    with pytest.raises(ConfigError, match=r"within 0s \(other jobs hold them\); retry later$"):
+        held.wait_placed(lambda seconds: False, lambda: ["unit-0", "new"], 2, 0.0, "the cluster")
