@@ -202,7 +202,7 @@ class Relay:
     def send(self, rank: int, kind: str, body: object) -> None:
         """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread).
 
-        Raises ``Unsent`` when ``rank``'s link is closed; one that closes before the
+        Raises ``Unsent`` when ``rank``'s link is closed; a link that closes before the
         message is out names it to ``on_link_closed``. What the socket does not take
         at once is written as the worker reads (its link thread always does)."""
         # Why a queue on the loop: the loop must never wait on a rank, and frames stay
