@@ -174,7 +174,7 @@ class ClusterJob:
 
     def answer(self, rank: int, number: int, text: str | None) -> None:
         """Send ``rank`` (global) the user's line for its prompt, through its node's agent."""
-        self._tell(self.node_of(rank).node_rank, "answer", self.run_id, rank, number, text)
+        self._tell_rank(rank, "answer", "answer", self.run_id, rank, number, text)
 
     def ask_stacks(self, ranks: Iterable[int]) -> list[int]:
         """Ask ``ranks`` for their stacks (a run: every running rank, by each node's job;
@@ -192,9 +192,9 @@ class ClusterJob:
         self.core.later(STACKS_WAIT, _signalled, self.core, asked)
         return asked
 
-    def send(self, rank: int, kind: str, body: object) -> bool:
-        """A session's request to global ``rank``, through its node's agent."""
-        return self._tell(self.node_of(rank).node_rank, "send", self.run_id, rank, kind, body)
+    def send(self, rank: int, kind: str, body: object) -> None:
+        """A session's request to global ``rank``, through its node's agent (as ``answer``)."""
+        self._tell_rank(rank, kind, "send", self.run_id, rank, kind, body)
 
     def drain(self, rank: int) -> None:
         """Nothing to do: the agent read the rank's output before it sent its reply."""
@@ -238,6 +238,12 @@ class ClusterJob:
         except Exception:
             return False  # its node is lost: the run ends with it
         return True
+
+    def _tell_rank(self, rank: int, kind: str, method: str, *args: object) -> None:
+        """``_tell`` ``rank``'s node; a notice when its ``kind`` message cannot go there."""
+        node = self.node_of(rank)
+        if not self._tell(node.node_rank, method, *args) and not self.core.wait(0):
+            self.core.route(Notice(f"rank {rank}'s {kind!r} message was not sent: {node} is gone"))
 
     def _tell_all(self, method: str, *args: object) -> None:
         for node in self._nodes:

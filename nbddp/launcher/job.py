@@ -34,7 +34,7 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import local_time
 from nbddp.launcher.ports import rendezvous
-from nbddp.launcher.relay import RankPipes, Relay
+from nbddp.launcher.relay import RankPipes, Relay, Unsent
 from nbddp.wire import protocol
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
@@ -180,13 +180,16 @@ class Job:
         else:
             core.message(rank, kind, body)
 
-    def on_link_closed(self, rank: int) -> None:
-        """A link that closes before its rank said how it ended means the rank died.
+    def on_link_closed(self, rank: int, unsent: list[str]) -> None:
+        """A link that closes before its rank said how it ended means the rank died;
+        messages to it that were not sent whole (``unsent``) are said in a notice.
 
         This is the earliest sign of a crash (the kernel closes a dead
         process's sockets at once), so it is recorded before the errors the
         other ranks raise when their collectives break.
         """
+        if unsent:
+            self.core.route(Notice(f"rank {rank}: {', '.join(unsent)} was not sent whole"))
         record = self._ranks[rank]
         said = (
             record.value is not None or record.error is not None or record.exit_request is not None
@@ -235,9 +238,14 @@ class Job:
     def answer(self, rank: int, number: int, text: str | None) -> None:
         self.send(rank, "answer", InputAnswer(number, text))
 
-    def send(self, rank: int, kind: str, body: object) -> bool:
-        """Send ``rank``'s worker a small message (``relay.Relay.send``)."""
-        return self._relay.send(rank, kind, body)
+    def send(self, rank: int, kind: str, body: object) -> None:
+        """Send ``rank``'s worker ``(kind, body)``, any size (``relay.Relay.send``): whole, or
+        a notice says it was not (its link closed: the run reports how the rank ended)."""
+        try:
+            self._relay.send(rank, kind, body)
+        except Unsent as exc:
+            if not self.core.wait(0):
+                self.core.route(Notice(str(exc)))
 
     def drain(self, rank: int) -> None:
         """Read what ``rank`` wrote so far, now (``relay.Relay.drain``)."""
@@ -260,7 +268,7 @@ class Job:
             for rank in ranks:
                 self.send(rank, "cell", order)
         finally:
-            order.call.fds.close()  # every rank has its own copies of the descriptors now
+            order.call.fds.close()  # the relay keeps copies of the descriptors until sent
 
     def ask_stacks(self, ranks: Iterable[int]) -> list[int]:
         """Ask ``ranks`` for their stacks; those that do not answer within
@@ -269,9 +277,12 @@ class Job:
         for rank in ranks:
             record = self._ranks[rank]
             record.stacks = None
-            if self._relay.ask(rank, "stacks"):
-                record.stacks = "asked"
-                asked.append(rank)
+            try:
+                self._relay.send(rank, "stacks", None)
+            except Unsent:
+                continue  # its link has closed: it has ended, with no stacks to give
+            record.stacks = "asked"
+            asked.append(rank)
         self.core.later(STACKS_WAIT, self._signal_for_stacks, asked)
         return asked
 

@@ -6,6 +6,7 @@ rank's log file and reports to the ``RelaySink`` on the loop thread (sinks
 must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status
 lost), then ``on_closed`` once every fd is at EOF: the output is complete.
 A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
+``send`` writes a message of any size to a rank, whole, without waiting on it.
 The owner calls ``close()`` once the run has ended.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import contextlib
 import fcntl
 import functools
@@ -27,13 +29,14 @@ from typing import Protocol
 from nbddp.forkserver.keeper import STATUS
 from nbddp.launcher.fds import NOTEBOOK_FDS
 from nbddp.launcher.logs import open_rank_log, rank_log
+from nbddp.wire.descriptors import Descriptors
 from nbddp.wire.protocol import (
     FD_SPACE,
     Body,
     FrameReader,
     encode_with_fds,
     received_fds,
-    send_with_fds,
+    send_part,
 )
 from nbddp.wire.stdio import Demux
 
@@ -86,8 +89,9 @@ class RelaySink(Protocol):
     def on_message(self, rank: int, kind: str, body: Body) -> None:
         """A message the rank's worker sent (see ``protocol``)."""
 
-    def on_link_closed(self, rank: int) -> None:
-        """The rank's link reached EOF: normally because its process ended."""
+    def on_link_closed(self, rank: int, unsent: list[str]) -> None:
+        """The rank's link reached EOF: normally because its process ended. ``unsent``:
+        the messages to it that it closed before they were sent whole, in words."""
 
     def on_exit(self, rank: int, code: int | None) -> None:
         """The rank's process exited with ``code`` (None: status lost)."""
@@ -113,6 +117,19 @@ class RankPipes:
 EMPTY, SHORT, FULL, CLOSED = range(4)
 
 
+class Unsent(Exception):
+    """A message for a rank that cannot reach it: its link has closed."""
+
+
+@dataclass
+class _Outgoing:
+    """A message on its way to a rank: what is left of it, with descriptors (copies)."""
+
+    what: str  # what it is, as a message's words
+    data: memoryview
+    fds: list[int]
+
+
 @dataclass
 class _RankStreams:
     """The relay's reading state for one rank: its fds, decoders, log and pending frames."""
@@ -130,6 +147,7 @@ class _RankStreams:
     watched: set[int] = field(default_factory=set)  # fds the loop watches for reading
     resting: set[int] = field(default_factory=set)  # fds read at the next tick
     idle: set[int] = field(default_factory=set)  # resting fds the last tick found empty
+    outbox: collections.deque[_Outgoing] = field(default_factory=collections.deque)
 
 
 def _utf8() -> codecs.IncrementalDecoder:
@@ -141,7 +159,7 @@ class _Ended:
 
     def on_output(self, rank: int, stream: str, text: str) -> None: ...
     def on_message(self, rank: int, kind: str, body: Body) -> None: ...
-    def on_link_closed(self, rank: int) -> None: ...
+    def on_link_closed(self, rank: int, unsent: list[str]) -> None: ...
     def on_exit(self, rank: int, code: int | None) -> None: ...
     def on_closed(self, rank: int) -> None: ...
 
@@ -187,25 +205,24 @@ class Relay:
         if streams is not None:
             streams.log_tail.append(text)
 
-    def ask(self, rank: int, kind: str) -> bool:
-        """Send the small request ``kind`` to ``rank``'s worker (loop thread); False if
-        it cannot take it now (its link is closed, or its socket buffer is full)."""
-        return self.send(rank, kind, None)
+    def send(self, rank: int, kind: str, body: object) -> None:
+        """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread).
 
-    def send(self, rank: int, kind: str, body: object) -> bool:
-        """Send ``(kind, body)`` with any ``Descriptors``' fds (loop thread); False as ``ask``."""
+        Raises ``Unsent`` when ``rank``'s link is closed; a link that closes before the
+        message is out names it to ``on_link_closed``. What the socket does not take
+        at once is written as the worker reads (its link thread always does)."""
+        # Why a queue on the loop: the loop must never wait on a rank, and frames stay
+        # whole and in order because this one thread writes them. Why not large bodies
+        # in shared memory: the small frame left could still meet a full socket.
+        assert threading.current_thread() is self.loop.thread, "send on the relay loop"
         streams = self._ranks.get(rank)
         if streams is None or streams.ctrl_fd not in streams.open_fds:
-            return False
+            raise Unsent(f"rank {rank}'s {kind!r} message was not sent: its link is closed")
         data, fds = encode_with_fds(kind, body)
-        try:
-            # Non-blocking, never partial in practice: a small message into a socket
-            # buffer the worker keeps empty. A partial send would corrupt the framing,
-            # so it counts as a closed link.
-            send_with_fds(streams.pipes.ctrl, data, fds)
-        except (OSError, ValueError):
-            return False
-        return True
+        what = f"its {kind!r} message ({len(data):,} bytes)"
+        streams.outbox.append(_Outgoing(what, memoryview(data), [os.dup(fd) for fd in fds]))
+        if len(streams.outbox) == 1:
+            self._write(rank, streams)
 
     def drain(self, rank: int) -> None:
         """Read ``rank``'s stdout and stderr now until empty, resting or not (loop thread)."""
@@ -239,6 +256,25 @@ class Relay:
         self._watch(streams, streams.ctrl_fd)
         os.set_blocking(pipes.status, False)
         self.loop.loop.add_reader(pipes.status, self._on_status, rank)
+
+    def _write(self, rank: int, streams: _RankStreams) -> None:
+        """Write ``rank``'s queued messages until they are out, or its socket is full: then
+        again once it has room."""
+        outbox = streams.outbox
+        try:
+            while outbox:
+                out = outbox[0]
+                sent, carried = send_part(streams.pipes.ctrl, out.data, out.fds)
+                Descriptors(out.fds[:carried], owned=True).close()
+                out.data, out.fds = out.data[sent:], out.fds[carried:]
+                if not out.data:
+                    outbox.popleft()
+        except BlockingIOError:
+            self.loop.loop.add_writer(streams.ctrl_fd, self._write, rank, streams)
+            return
+        except OSError:
+            pass  # the worker closed its end: reading it reaches EOF, which names the rest
+        self.loop.loop.remove_writer(streams.ctrl_fd)
 
     def _read_stream(self, rank: int, streams: _RankStreams, stream: str, fd: int) -> int:
         try:
@@ -361,9 +397,14 @@ class Relay:
         self.loop.loop.remove_reader(fd)
         NOTEBOOK_FDS.release(fd)
         if fd == streams.ctrl_fd:
+            self.loop.loop.remove_writer(fd)
+            unsent = [out.what for out in streams.outbox]
+            for out in streams.outbox:
+                Descriptors(out.fds, owned=True).close()
+            streams.outbox.clear()
             streams.pipes.ctrl.close()
             streams.frames.close()
-            self.sink.on_link_closed(rank)
+            self.sink.on_link_closed(rank, unsent)
         else:
             os.close(fd)
         if fd == streams.pipes.status and not streams.exit_reported:

@@ -66,9 +66,7 @@ class CallRef:
     """A call for a rank to make (``payload.load_call``): its pickled bytes in a memory
     file (``fds[0]``, ``size`` bytes), then the shared memory those bytes refer to.
 
-    Why a memory file, not the message: one write serves every rank, and the message
-    stays small enough for the notebook's non-blocking end of the link (the relay's
-    loop sends a session's cells)."""
+    Why a memory file, not the message: one write serves every rank."""
 
     size: int
     fds: Descriptors
@@ -181,20 +179,29 @@ def encode_with_fds(kind: str, body: object) -> tuple[bytes, list[int]]:
     pickler.dump((kind, body))
     data = buf.getbuffer()
     HEADER.pack_into(data, 0, len(data) - HEADER.size)
+    if len(pickler.fds) > MAX_FDS * len(data):
+        raise ValueError(f"{len(pickler.fds)} descriptors cannot ride on {len(data)} bytes")
     del data
     return buf.getvalue(), pickler.fds
 
 
+def send_part(sock: socket.socket, data: memoryview, fds: Sequence[int]) -> tuple[int, int]:
+    """Send the start of ``data``, the first ``MAX_FDS`` of ``fds`` riding on its first
+    byte; how many bytes and descriptors went. A non-blocking ``sock`` that has no room
+    raises ``BlockingIOError``."""
+    if not fds:
+        return sock.send(data), 0
+    rights = array.array("i", fds[:MAX_FDS]).tobytes()
+    sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    return sent, min(len(fds), MAX_FDS)
+
+
 def send_with_fds(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
-    """Send ``data`` (blocking); ``fds`` ride on its first bytes, ``MAX_FDS`` per byte."""
-    batches = [fds[i : i + MAX_FDS] for i in range(0, len(fds), MAX_FDS)]
-    if len(batches) > len(data):
-        raise ValueError(f"{len(fds)} descriptors cannot ride on {len(data)} bytes")
+    """Send ``data`` from ``encode_with_fds`` (blocking), ``fds`` riding on its first bytes."""
     view = memoryview(data)
-    for i, batch in enumerate(batches):
-        rights = array.array("i", batch).tobytes()
-        sock.sendmsg([view[i : i + 1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-    sock.sendall(view[len(batches) :])
+    while view:
+        sent, carried = send_part(sock, view, fds)
+        view, fds = view[sent:], fds[carried:]
 
 
 def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:

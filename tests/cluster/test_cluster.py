@@ -13,6 +13,7 @@ import pytest
 import nbddp
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
+from tests.answers import MB, SIZES, answer_with, expected, line_of
 from tests.cluster.conftest import CLIENT_PORT, HEAD, newest, on_a_third_node
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.cluster.ranks import (
@@ -24,6 +25,7 @@ from tests.cluster.ranks import (
     sleep_forever,
     sleep_in_a_named_function,
 )
+from tests.multiproc import fns
 from tests.procs import wait_procs_gone
 
 
@@ -169,6 +171,21 @@ def test_large_tensors_go_to_every_node_and_come_back(cluster: object) -> None:
     for rank in (0, 1):
         assert torch.equal(result.values[rank], weights * 2), rank
     assert result.values[0].untyped_storage().is_shared()
+
+
+def test_answers_of_1_16_and_64_mb_reach_a_rank_on_the_other_node_whole(
+    cluster: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [line_of(size) for size in SIZES]
+    answer_with(monkeypatch, lines)
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(
+        fns.read_lines, len(lines), 1, nodes=2, procs=1, cluster=address, timeout=90, block=False
+    )
+    got = run.wait().values[1]  # rank 1: node 1, not the store's node
+    assert [(n, sha) for n, sha, _ in got] == expected(lines)
+    for size, (_, _, took) in zip(SIZES, got, strict=True):
+        print(f"answer of {size // MB} MB to a rank on another node: {took:.2f}s")
 
 
 def test_a_node_lost_mid_run_ends_the_run_naming_its_ranks(cluster: object) -> None:

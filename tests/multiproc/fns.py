@@ -337,3 +337,26 @@ def bar_then_print(epochs: int) -> None:
             sys.stderr.flush()
         sys.stderr.write("\n")
         print(f"epoch {epoch} finished")
+
+
+def read_lines(count: int, on_rank: int = 0) -> list[tuple[int, str, float]]:
+    """On rank ``on_rank`` (the others read nothing): read ``count`` lines from the user
+    (``sys.stdin``: no echo); for each, its length, its sha256 and the seconds from asking
+    to having it."""
+    import hashlib
+    import time
+
+    got = []
+    for _ in range(count if int(os.environ["RANK"]) == on_rank else 0):
+        start = time.monotonic()
+        line = sys.stdin.readline().rstrip("\n")
+        took = time.monotonic() - start
+        got.append((len(line), hashlib.sha256(line.encode()).hexdigest(), took))
+    return got
+
+
+def length_and_sha256(data: bytes) -> tuple[int, str]:
+    """The length and sha256 of ``data`` as the rank received it."""
+    import hashlib
+
+    return len(data), hashlib.sha256(data).hexdigest()

@@ -29,8 +29,8 @@ class Recorder:
     def on_message(self, rank: int, kind: str, body: Any) -> None:
         self._add(("message", kind))
 
-    def on_link_closed(self, rank: int) -> None:
-        self._add(("link_closed", None))
+    def on_link_closed(self, rank: int, unsent: list[str]) -> None:
+        self._add(("link_closed", unsent))
 
     def on_exit(self, rank: int, code: int | None) -> None:
         self._add(("exit", code))
@@ -67,5 +67,6 @@ def test_an_error_sent_just_before_exiting_is_reported_before_the_exit(tmp_path:
         os.close(status_w)
         sink.wait_for(("closed", None))
         kinds = [e for e in sink.events if e[0] != "link_closed"]
+        assert ("link_closed", []) in sink.events
         assert kinds.index(("message", "error")) < kinds.index(("exit", 1)), kinds
         assert kinds.index(("output", "last words\n")) < kinds.index(("exit", 1)), kinds
