@@ -77,6 +77,15 @@ def test_a_frontend_without_stdin_gets_one_line_saying_so(notebook: Kernel) -> N
         assert "%ddp_debug" in result.error["evalue"] and "JupyterLab" in result.error["evalue"]
 
 
+def test_a_ranks_own_keyboard_interrupt_keeps_its_message(notebook: Kernel) -> None:
+    code = "%%ddp --procs 2\nif rank == 1:\n    raise KeyboardInterrupt('kbd-in-rank')\n"
+    result = notebook.execute(code)
+    assert result.status == "error" and result.error is not None, shown(result)
+    assert result.error["ename"] == "KeyboardInterrupt", shown(result)
+    assert "KeyboardInterrupt: kbd-in-rank" in "\n".join(result.error["traceback"]), shown(result)
+    assert "every rank was stopped" not in shown(result), shown(result)
+
+
 def test_a_prompt_outlives_the_timeout(notebook: Kernel) -> None:
     asked: list[float] = []
 
@@ -179,6 +188,11 @@ def test_ddp_debug_looks_at_the_sessions_last_failure_and_keeps_the_state(
         assert ok(notebook, "%%ddp\nkept").result == "'state'"
         nothing = notebook.execute("%ddp_debug")
         assert nothing.status == "error" and "did not raise" in nothing.stderr, nothing.text()
+        for code in (3, 0):  # as in a run, sys.exit opens no debugger
+            exited, prompts = notebook.execute_answering(
+                f"%%ddp --debug\nimport sys\nif rank == 1:\n    sys.exit({code})\n", answering("q")
+            )
+            assert exited.status == "error" and prompts == [], (prompts, shown(exited))
     finally:
         ok(notebook, "%ddp_session stop")
     assert wait_gone(pids=set(pids.values())) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 import threading
 
 
@@ -42,6 +43,18 @@ def stop_at_a_breakpoint() -> None:
     """Rank 1 stops at ``breakpoint()``."""
     if _rank() == 1:
         breakpoint()
+
+
+def exit_with(code: int) -> None:
+    """Rank 1 calls ``sys.exit(code)``."""
+    if _rank() == 1:
+        sys.exit(code)
+
+
+def raise_keyboard_interrupt() -> None:
+    """Rank 1 raises a ``KeyboardInterrupt`` of its own."""
+    if _rank() == 1:
+        raise KeyboardInterrupt("kbd-in-rank")
 
 
 def fail() -> None:

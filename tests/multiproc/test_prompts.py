@@ -5,6 +5,7 @@ a frontend without stdin, ``--debug`` in a session, a rank's own ``KeyboardInter
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 
 import nbddp
+from nbddp.entry import waited
+from nbddp.errors import RankExitedError
 from nbddp.rank.prompt import NoStdinError
 from nbddp.wire.protocol import NO_STDIN, Answer
 from tests.multiproc import prompt_fns as fns
@@ -188,6 +191,25 @@ def test_plain_end_of_input_is_still_an_eof_error() -> None:
     with pytest.raises(EOFError) as raised:
         run.wait()
     assert str(raised.value) == ""
+
+
+def test_a_session_with_debug_opens_no_debugger_for_sys_exit() -> None:
+    with nbddp.session(procs=2, output="none") as session:
+        config = dataclasses.replace(
+            session.config, job=dataclasses.replace(session.config.job, debug=True)
+        )
+        for code in (3, 0):
+            run = session.run_call(fns.exit_with, (code,), {}, config, None)
+            asked = _asked_on(run, "q")
+            with pytest.raises(RankExitedError, match=rf"sys.exit\({code}\)"):
+                run.wait()
+            assert asked == [], asked
+
+
+def test_a_ranks_own_keyboard_interrupt_keeps_its_message() -> None:
+    with pytest.raises(KeyboardInterrupt) as raised:
+        waited(nbddp.launch(fns.raise_keyboard_interrupt, procs=2, output="none", block=False))
+    assert str(raised.value) == "kbd-in-rank"
 
 
 def test_debug_in_a_frontend_without_stdin_says_so_and_raises_the_ranks_error(
