@@ -22,7 +22,7 @@ from nbddp.errors import ConfigError
 from nbddp.launcher.clusters import Cluster, configured
 from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
-from nbddp.launcher.failures import interrupted
+from nbddp.launcher.failures import by_a_rank, interrupted
 from nbddp.launcher.job import Job
 from nbddp.launcher.options import (
     DEFAULT_TAIL,
@@ -124,7 +124,9 @@ def waited(run: Run) -> RunResult:
     raised as one line saying so, not a traceback through nbddp's frames."""
     try:
         return run.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if by_a_rank(exc):
+            raise
         raise interrupted(run.log_dir) from None
 
 

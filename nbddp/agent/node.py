@@ -36,6 +36,7 @@ from nbddp.agent.portable import (
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import Done, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
+from nbddp.wire.protocol import Answer
 from nbddp.wire.versions import local_versions
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class NodeAgent:
         if job is not None and job.session:
             job.ask_stacks(ranks)
 
-    def answer(self, run: str, rank: int, number: int, text: str | None) -> None:
+    def answer(self, run: str, rank: int, number: int, text: Answer) -> None:
         """The user's line for ``run``'s global ``rank`` here, at its prompt ``number``."""
         job = self._job(run)
         if job is not None:

@@ -20,7 +20,7 @@ from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import InputAsked, MetricRows, RunEvent, StateChanged, Text
 from nbddp.launcher.job import Job
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Body, CellReply, ErrorInfo
+from nbddp.wire.protocol import Answer, Body, CellReply, ErrorInfo
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class NodeRun:
         """Ask global ``ranks`` of this node for their stacks."""
         self.core.call_soon(self.job.ask_stacks, [r - self.first for r in ranks])
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         """The user's line for global ``rank``'s prompt ``number``."""
         self.core.answer(rank - self.first, number, text)
 

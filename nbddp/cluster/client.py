@@ -49,7 +49,7 @@ from nbddp.launcher.events import (
 from nbddp.launcher.failures import describe_exit, local_time
 from nbddp.launcher.logs import RankLogs
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Body, ErrorInfo
+from nbddp.wire.protocol import Answer, Body, ErrorInfo
 
 START_TIMEOUT = 120.0  # seconds the nodes get to start their ranks (a first torch import)
 
@@ -172,7 +172,7 @@ class ClusterJob:
         """Stop every rank on every node."""
         self._tell_all("stop", self.run_id, reason)
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         """Send ``rank`` (global) the user's line for its prompt, through its node's agent."""
         self._tell_rank(rank, "answer", "answer", self.run_id, rank, number, text)
 

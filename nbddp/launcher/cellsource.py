@@ -19,7 +19,7 @@ from nbddp.launcher.config import JobSpec
 from nbddp.launcher.core import RunCore
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunEvent, RunStatus
 from nbddp.launcher.failures import root_cause
-from nbddp.wire.protocol import CellReply
+from nbddp.wire.protocol import Answer, CellReply
 
 
 class CellOwner(Protocol):
@@ -93,7 +93,7 @@ class CellSource:
         self._cell: CellState | None = None
         self._started_at = time.monotonic()
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         self._job.core.answer(rank, number, text)
 
     def _finish(self, status: RunStatus, cell: CellState | None) -> None:

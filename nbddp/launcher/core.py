@@ -44,7 +44,7 @@ from nbddp.launcher.logs import new_run_dir
 from nbddp.launcher.pump import WaitClock
 from nbddp.launcher.relay import loop
 from nbddp.wire.descriptors import Packed
-from nbddp.wire.protocol import Body, ErrorInfo
+from nbddp.wire.protocol import Answer, Body, ErrorInfo
 
 STACKS_WAIT = 1.0  # seconds a rank gets to answer for its stacks before the signal
 STACKS_SIGNAL_WAIT = 0.5  # seconds faulthandler gets to write a signalled dump
@@ -106,7 +106,7 @@ class Transport(Protocol):
     def ask_stacks(self, ranks: Iterable[int]) -> list[int]:
         """Ask ``ranks`` to write their stacks; the ranks asked."""
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         """Send ``rank`` the user's line for its prompt ``number``."""
 
     def release(self) -> None:
@@ -191,7 +191,7 @@ class RunCore:
         """Ask every running rank to write all its threads' Python stacks to its stderr."""
         self.call_soon(self.dump_running)
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         self.call_soon(self._answer, rank, number, text)
 
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:
@@ -262,7 +262,7 @@ class RunCore:
 
     # -- internals (loop thread) ------------------------------------------------
 
-    def _answer(self, rank: int, number: int, text: str | None) -> None:
+    def _answer(self, rank: int, number: int, text: Answer) -> None:
         record = self.records[rank]
         self.waits.end(rank)
         if record.state is RankState.WAITING:

@@ -125,6 +125,8 @@ class InputAsked:
     rank: int
     number: int
     prompt: str
+    password: bool = False
+    """Asked by ``getpass``: ask for a password."""
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,12 @@ def rendered(exc: BaseException, lines: Sequence[str] | None = None) -> BaseExce
     return exc
 
 
+def by_a_rank(exc: BaseException) -> bool:
+    """Whether ``exc`` is a rank's own exception raised here (``rank_error``), not an
+    interrupt of the notebook's (a rank's ``KeyboardInterrupt`` keeps its message)."""
+    return isinstance(exc.__cause__, RemoteTraceback)
+
+
 def interrupted_line(log_dir: Path | None) -> str:
     """The one line an interrupted run shows (``log_dir`` None: it was still starting)."""
     if log_dir is None:

@@ -40,6 +40,7 @@ from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import (
     STACKS_SIGNAL,
+    Answer,
     Body,
     CallRef,
     CellOrder,
@@ -168,7 +169,7 @@ class Job:
             record.state = RankState.WAITING
             self.drain(rank)  # what it printed before the prompt is shown first
             core.route(StateChanged(rank, RankState.WAITING))
-            core.route(InputAsked(rank, body.number, body.prompt))
+            core.route(InputAsked(rank, body.number, body.prompt, body.password))
         elif kind == "stacks":
             # One event and one write: the dump stays whole, never interleaved
             # with other ranks' output.
@@ -235,7 +236,7 @@ class Job:
         if _signal_all(self._ranks, signal.SIGTERM):
             self.core.later(self.spec.kill_grace, _signal_all, self._ranks, signal.SIGKILL)
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         self.send(rank, "answer", InputAnswer(number, text))
 
     def send(self, rank: int, kind: str, body: object) -> None:

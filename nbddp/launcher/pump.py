@@ -14,14 +14,16 @@ the run is done, answering prompts with end of input; a display that raises mean
 is dropped.
 
 Ranks waiting for the user, the prompt in the notebook and the time it takes: ``ask_user(prompt)``
-asks for one line where ``input()`` would; None when nobody can answer (the rank reads end of
-input). ``ask_rank`` names the rank in the prompt (``prompt_for``). ``WaitClock`` keeps which ranks
-wait and for how long: the run's timeout leaves that time out (``owed``).
+asks for one line where ``input()`` would (``getpass`` for a password); None at end of input,
+``NO_STDIN`` where the frontend has no stdin. ``ask_rank`` names the rank (``prompt_for``).
+``WaitClock`` keeps which ranks wait and for how long: the run's timeout leaves that time out
+(``owed``).
 """
 
 from __future__ import annotations
 
 import collections
+import getpass
 import logging
 import queue
 import signal
@@ -37,7 +39,7 @@ from nbddp.launcher import events as ev
 from nbddp.launcher.events import Failure, RankEnd, RankOutcome, RunEvent, RunStatus, rank_end
 from nbddp.launcher.failures import collateral
 from nbddp.launcher.results import Metrics
-from nbddp.wire.protocol import MetricRow
+from nbddp.wire.protocol import NO_STDIN, Answer, MetricRow
 
 if TYPE_CHECKING:
     from nbddp.launcher.config import LaunchConfig
@@ -58,22 +60,24 @@ def prompt_for(rank: int, prompt: str) -> str:
     return f"{head} [rank {rank}] " if head else f"[rank {rank}] "
 
 
-Asker = Callable[[int, str], "str | None"]
-"""(rank, the rank's prompt) -> the user's line, None for end of input."""
+Asker = Callable[[int, str, bool], Answer]
+"""(rank, the rank's prompt, whether for a password) -> the user's ``Answer``."""
 
 
-def ask_rank(rank: int, prompt: str) -> str | None:
+def ask_rank(rank: int, prompt: str, password: bool = False) -> Answer:
     """Ask where ``input()`` asks, the prompt naming ``rank``."""
-    return ask_user(prompt_for(rank, prompt))
+    return ask_user(prompt_for(rank, prompt), password)
 
 
-def ask_user(prompt: str) -> str | None:
-    """One line from the user, or None when nobody can answer."""
+def ask_user(prompt: str, password: bool = False) -> Answer:
+    """One line from the user (``password``: as ``getpass`` asks; ipykernel routes it to a
+    password box); None at end of input; ``NO_STDIN`` when this frontend cannot ask."""
     try:
-        return input(prompt)
-    # NotImplementedError: IPython's StdinNotImplementedError, no stdin in this frontend.
-    except (EOFError, NotImplementedError):
+        return getpass.getpass(prompt) if password else input(prompt)
+    except EOFError:
         return None
+    except NotImplementedError:  # IPython's StdinNotImplementedError: no stdin here
+        return NO_STDIN
 
 
 def withdraw_prompt(asking: threading.Thread) -> None:
@@ -173,7 +177,7 @@ class RunSource(Protocol):
     def pids(self) -> dict[int, int]: ...
     def stop(self, reason: RunStatus = RunStatus.STOPPED) -> None: ...
     def dump_stacks(self) -> None: ...
-    def answer(self, rank: int, number: int, text: str | None) -> None: ...
+    def answer(self, rank: int, number: int, text: Answer) -> None: ...
 
 
 class Shown(Protocol):
@@ -339,7 +343,7 @@ class Pump:
                 self._asking, self._withdrawn = (asked, threading.current_thread()), False
             try:
                 try:
-                    text = self.run.asker(asked.rank, asked.prompt)
+                    text = self.run.asker(asked.rank, asked.prompt, asked.password)
                 finally:
                     with self._ask_lock:
                         self._asking = None

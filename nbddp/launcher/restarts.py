@@ -19,6 +19,7 @@ from nbddp.launcher.events import Done, Failure, Notice, RankOutcome, RunEvent, 
 from nbddp.launcher.failures import run_error
 from nbddp.launcher.job import Job
 from nbddp.wire.payload import Payload, short_error
+from nbddp.wire.protocol import Answer
 
 
 class Restarting:
@@ -73,7 +74,7 @@ class Restarting:
     def dump_stacks(self) -> None:
         self._job.core.dump_stacks()
 
-    def answer(self, rank: int, number: int, text: str | None) -> None:
+    def answer(self, rank: int, number: int, text: Answer) -> None:
         self._job.core.answer(rank, number, text)
 
     # -- the restart thread -----------------------------------------------

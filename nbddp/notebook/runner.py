@@ -308,11 +308,13 @@ def _finish(run: Run, session: Session | None = None) -> tuple[dict[str, object]
     values: Any = None
     try:
         values = run.wait().values.get(0)
-    except KeyboardInterrupt:
-        failure = rendered(KeyboardInterrupt(), [_interrupted(run, session)])
-    except Exception as exc:
-        after = [session.state_note()] if session is not None else []
-        failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir, after)
+    except (KeyboardInterrupt, Exception) as exc:
+        # A rank's own KeyboardInterrupt is shown as any rank's error, with its message.
+        if isinstance(exc, KeyboardInterrupt) and not failures.by_a_rank(exc):
+            failure = rendered(KeyboardInterrupt(), [_interrupted(run, session)])
+        else:
+            after = [session.state_note()] if session is not None else []
+            failure = failures.presentable(exc, run.root_cause, run.outcomes(), run.log_dir, after)
     if session is not None:
         session.record_failures(run)
     if failure is not None:

@@ -1,33 +1,46 @@
-"""Reading from the user in a rank: ``input()``, ``breakpoint()``, ``sys.stdin``, post-mortem.
+"""Reading from the user in a rank: ``input()``, ``getpass``, ``breakpoint()``, ``sys.stdin``.
 
-``install(channel)`` makes ``input`` and ``sys.stdin`` ask the notebook: a read flushes output,
-sends an ``InputRequest`` and blocks until the link thread hands over the matching answer
-(``answer``; None is end of input), then echoes prompt and line as a terminal would. pdb reads
-through ``input``. ``post_mortem(tb)`` opens pdb where ``tb`` raised. Nothing runs until a read;
-a process forked from the rank reads end of input (only the rank speaks on its link).
+``install(channel)`` makes ``input``, ``getpass.getpass`` and ``sys.stdin`` ask the notebook: a
+read flushes output, sends an ``InputRequest`` and blocks until the link thread hands over the
+answer with its number (``answer``; threads wait for their own), then echoes prompt and line as a
+terminal would (a password: the prompt). None is end of input; ``NO_STDIN`` raises ``NoStdinError``.
+pdb reads through ``input``. ``post_mortem(tb)`` opens pdb where ``tb`` raised. Nothing runs
+until a read; a process forked from the rank reads end of input (only the rank speaks on its link).
 """
 
 from __future__ import annotations
 
 import builtins
+import getpass
 import io
+import itertools
 import os
 import queue
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TextIO
 
 from nbddp import prctl
 from nbddp.rank.channel import Channel
-from nbddp.wire.protocol import InputAnswer, InputRequest
+from nbddp.wire.protocol import NO_STDIN, InputAnswer, InputRequest
+
+NO_STDIN_MESSAGE = (
+    "input is not available in this frontend (it cannot answer a rank's input(), getpass() or "
+    "pdb); use %ddp_debug after the run (post-mortem, in a session) or a frontend that "
+    "supports stdin, such as JupyterLab"
+)
 
 
 @dataclass
 class _Asking:
     channel: Channel
-    answers: queue.SimpleQueue[InputAnswer]
     pid: int
-    asked: int = 0
+    # Request number -> where its answer goes, while its thread waits. Why no lock:
+    # next() on a count and one dict operation each are atomic under the GIL.
+    waiting: dict[int, queue.SimpleQueue[InputAnswer]] = field(default_factory=dict)
+    numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
 
 _ASKING: _Asking | None = None
@@ -36,8 +49,9 @@ _ASKING: _Asking | None = None
 def install(channel: Channel) -> None:
     """Route this rank's ``input()`` and ``sys.stdin`` to the notebook (see contract)."""
     global _ASKING
-    _ASKING = _Asking(channel, queue.SimpleQueue(), os.getpid())
+    _ASKING = _Asking(channel, os.getpid())
     builtins.input = ask_input
+    getpass.getpass = ask_password
     sys.stdin = NotebookStdin()
     # ray.init() points PYTHONBREAKPOINT at Ray's debugger, which works only in
     # Ray's own processes; a rank that inherited it uses pdb, which asks here.
@@ -48,28 +62,36 @@ def install(channel: Channel) -> None:
 def answer(body: object) -> None:
     """Take an ``InputAnswer`` the link thread received."""
     if _ASKING is not None and isinstance(body, InputAnswer):
-        _ASKING.answers.put(body)
+        slot = _ASKING.waiting.get(body.number)
+        if slot is not None:  # else nobody waits for it any more (an interrupt abandoned it)
+            slot.put(body)
 
 
-def ask(prompt: str) -> str | None:
+def ask(prompt: str, password: bool = False) -> str | None:
     """One line from the user for ``prompt``; None at the end of input."""
     asking = _ASKING
     if asking is None or asking.pid != os.getpid():
         return None
     prctl.flush_output()  # what the rank printed before the prompt is shown before it
-    asking.asked += 1
-    number = asking.asked
-    asking.channel.send("input", InputRequest(number, prompt))
-    while True:
-        try:
-            reply = asking.answers.get()
-        except KeyboardInterrupt:
-            # pdb takes a KeyboardInterrupt at its prompt and asks again; an
-            # interrupt from the notebook must end the cell instead.
-            raise PromptInterrupted from None
-        # An answer for an earlier request (one an interrupt abandoned) is stale.
-        if reply.number == number:
-            return reply.text
+    number, slot = next(asking.numbers), queue.SimpleQueue[InputAnswer]()
+    asking.waiting[number] = slot
+    try:
+        asking.channel.send("input", InputRequest(number, prompt, password))
+        reply = slot.get()
+    except KeyboardInterrupt:
+        # pdb takes a KeyboardInterrupt at its prompt and asks again; an
+        # interrupt from the notebook must end the cell instead.
+        raise PromptInterrupted from None
+    finally:
+        del asking.waiting[number]
+    if reply.text is NO_STDIN:
+        raise NoStdinError(NO_STDIN_MESSAGE)
+    return reply.text
+
+
+class NoStdinError(NotImplementedError):
+    """The notebook's frontend takes no input (as IPython's ``StdinNotImplementedError``):
+    not an ``EOFError``, which pdb would take as "quit" and hide."""
 
 
 class PromptInterrupted(BaseException):
@@ -79,11 +101,19 @@ class PromptInterrupted(BaseException):
 
 def ask_input(prompt: object = "") -> str:
     """``input()`` in a rank: asks the notebook."""
-    text = str(prompt)
-    line = ask(text)
+    return _line(str(prompt), password=False)
+
+
+def ask_password(prompt: str = "Password: ", stream: TextIO | None = None) -> str:
+    """``getpass.getpass()`` in a rank: asks the notebook for a password."""
+    return _line(prompt, password=True)
+
+
+def _line(prompt: str, password: bool) -> str:
+    line = ask(prompt, password)
     if line is None:
         raise EOFError
-    sys.stdout.write(f"{text}{line}\n")
+    sys.stdout.write(f"{prompt}\n" if password else f"{prompt}{line}\n")
     return line
 
 
@@ -111,12 +141,16 @@ class NotebookStdin(io.TextIOBase):
 
 
 def post_mortem(tb: TracebackType | None) -> None:
-    """pdb on the frame that raised; ``q`` or ``c`` leave it."""
+    """pdb on the frame that raised; ``q`` or ``c`` leave it. Where the frontend takes no
+    input, one line on stderr says so instead."""
     import pdb
 
     if tb is None:
         return
     debugger = pdb.Pdb()
     debugger.reset()
-    debugger.interaction(None, tb)
+    try:
+        debugger.interaction(None, tb)
+    except NoStdinError as exc:  # the error the rank raised is what the notebook shows
+        print(f"nbddp: no debugger: {exc}", file=sys.stderr)
     prctl.flush_output()

@@ -157,7 +157,8 @@ def _run(current: SessionState, order: CellOrder) -> CellReply:
             except prompt.PromptInterrupted:
                 raise KeyboardInterrupt from None
             except BaseException as exc:
-                if order.debug and not isinstance(exc, KeyboardInterrupt):
+                # As in a run (``worker``): nothing to debug in an interrupt or sys.exit.
+                if order.debug and not isinstance(exc, KeyboardInterrupt | SystemExit):
                     prompt.post_mortem(exc.__traceback__)
                 current.last_failure = exc.__traceback__
                 raise

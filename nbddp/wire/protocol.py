@@ -12,6 +12,7 @@ comes back owning what the ``FrameReader`` received.
 from __future__ import annotations
 
 import array
+import enum
 import io
 import pickle
 import signal
@@ -133,14 +134,27 @@ class InputRequest:
     number: int
     """The rank's count of its requests, from 1: an answer names the one it is for."""
     prompt: str
+    password: bool = False
+    """Asked by ``getpass``: the notebook asks for a password (not shown as typed)."""
+
+
+class NoStdin(enum.Enum):
+    """An answer that is no line: the notebook's frontend cannot take input."""
+
+    NO_STDIN = "no stdin"
+
+
+NO_STDIN = NoStdin.NO_STDIN
+Answer = str | None | NoStdin
+"""The user's line; None: no more input (EOF); ``NO_STDIN``: nobody can be asked."""
 
 
 @dataclass(frozen=True)
 class InputAnswer:
-    """The user's line for a rank's ``InputRequest``; None: no more input (EOF)."""
+    """The ``Answer`` to a rank's ``InputRequest``."""
 
     number: int
-    text: str | None
+    text: Answer
 
 
 @dataclass(frozen=True)

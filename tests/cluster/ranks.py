@@ -72,3 +72,12 @@ def wait_for(gate: str, value: str) -> str:
     while not Path(gate).exists():
         time.sleep(0.02)
     return value
+
+
+def secret_and_line_on(asking: int) -> tuple[str, str] | None:
+    """Rank ``asking`` reads a password (``getpass``) and then a line (``input``)."""
+    import getpass
+
+    if int(os.environ["RANK"]) != asking:
+        return None
+    return getpass.getpass(), input("line? ")

@@ -22,6 +22,7 @@ from tests.cluster.ranks import (
     env_of_rank,
     fail_on_rank,
     scaled,
+    secret_and_line_on,
     sleep_forever,
     sleep_in_a_named_function,
 )
@@ -85,6 +86,23 @@ def test_a_ranks_own_exception_is_raised_with_its_type_and_stops_the_others(
     assert time.monotonic() - started < 30  # not the others' 60 s sleep
     assert "rank 3" in "".join(getattr(info.value, "__notes__", []))
     assert "StepFailed" in str(info.value.__cause__)
+
+
+def test_a_password_prompt_from_a_rank_on_the_other_node_is_asked_as_one(
+    cluster: object,
+) -> None:
+    address = cluster.address  # type: ignore[attr-defined]
+    run = nbddp.launch(secret_and_line_on, 3, nodes=2, procs=2, cluster=address, block=False)
+    asked: list[tuple[int, str, bool]] = []
+
+    def asker(rank: int, prompt: str, password: bool) -> str:
+        asked.append((rank, prompt, password))
+        return "pw" if password else "text"
+
+    run.asker = asker
+    run.wait()
+    assert asked == [(3, "Password: ", True), (3, "line? ", False)], asked
+    assert "line? text" in run.output(3) and "pw" not in run.output(3)
 
 
 def test_stop_ends_every_rank_on_every_node_within_seconds(cluster: object) -> None:

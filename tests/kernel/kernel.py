@@ -138,9 +138,10 @@ class Kernel:
         """Pids of every live process the kernel started, directly or not (forkserver, ranks)."""
         return {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
 
-    def execute(self, code: str, timeout: float = 120.0) -> CellResult:
-        """Run ``code`` as a cell and collect its messages until the kernel is idle."""
-        msg_id = self.kc.execute(code, store_history=True)
+    def execute(self, code: str, timeout: float = 120.0, allow_stdin: bool = True) -> CellResult:
+        """Run ``code`` as a cell and collect its messages until the kernel is idle
+        (``allow_stdin``: False as a frontend that cannot take input runs it)."""
+        msg_id = self.kc.execute(code, store_history=True, allow_stdin=allow_stdin)
         return self.collect(msg_id, timeout)
 
     def execute_answering(

@@ -1,10 +1,11 @@
 """Debugging a rank from the notebook, in a real kernel with stdin (as JupyterLab runs it).
 
 ``breakpoint()`` and ``input()`` in a rank prompt in the cell, naming the rank,
-one prompt at a time; a prompt outlives ``--timeout``; ``--debug`` opens pdb on
-the frame that raised before the cell fails as usual; ``%ddp_debug`` looks at a
-session's last failure; an interrupt at a prompt leaves nothing (the conftest
-fixture checks every test for leftovers).
+one prompt at a time; ``getpass`` asks for a password; a prompt outlives ``--timeout``;
+``--debug`` opens pdb on the frame that raised before the cell fails as usual (not for
+``sys.exit``); ``%ddp_debug`` looks at a session's last failure; an interrupt at a prompt
+leaves nothing (the conftest fixture checks every test for leftovers). A frontend
+without stdin gets one line saying so; a rank's own ``KeyboardInterrupt`` keeps its message.
 """
 
 from __future__ import annotations
@@ -48,6 +49,41 @@ def test_input_reaches_its_rank_and_two_ranks_are_asked_one_after_the_other(
     assert sorted(prompts) == sorted(answers), prompts  # each once, in the order asked
     assert "hello alice from 0" in result.rank_output
     assert "hello bob from 1" in result.rank_output
+
+
+def test_getpass_in_a_rank_asks_the_notebook_for_a_password(notebook: Kernel) -> None:
+    asked: list[tuple[str, bool]] = []
+
+    def respond(prompt: str, password: bool) -> str:
+        asked.append((prompt, password))
+        return "s3cret"
+
+    code = "%%ddp --procs 2\nimport getpass\nif rank == 1:\n    print(len(getpass.getpass()))\n"
+    result, _ = notebook.execute_answering(code, respond)
+    assert result.status == "ok", shown(result)
+    assert asked == [("Password: [rank 1] ", True)], asked
+    assert re.search(r"^\[rank 1\] 6$", result.rank_output, re.M), result.rank_output
+    assert "s3cret" not in result.text() and "GetPassWarning" not in result.text(), shown(result)
+
+
+def test_a_frontend_without_stdin_gets_one_line_saying_so(notebook: Kernel) -> None:
+    for code in ("input('who? ')", "breakpoint()"):
+        result = notebook.execute(
+            f"%%ddp --procs 2\nif rank == 1:\n    {code}\n", allow_stdin=False
+        )
+        assert result.status == "error" and result.error is not None, shown(result)
+        assert result.error["ename"] == "NoStdinError", shown(result)
+        assert "input is not available in this frontend" in result.error["evalue"]
+        assert "%ddp_debug" in result.error["evalue"] and "JupyterLab" in result.error["evalue"]
+
+
+def test_a_ranks_own_keyboard_interrupt_keeps_its_message(notebook: Kernel) -> None:
+    code = "%%ddp --procs 2\nif rank == 1:\n    raise KeyboardInterrupt('kbd-in-rank')\n"
+    result = notebook.execute(code)
+    assert result.status == "error" and result.error is not None, shown(result)
+    assert result.error["ename"] == "KeyboardInterrupt", shown(result)
+    assert "KeyboardInterrupt: kbd-in-rank" in "\n".join(result.error["traceback"]), shown(result)
+    assert "every rank was stopped" not in shown(result), shown(result)
 
 
 def test_a_prompt_outlives_the_timeout(notebook: Kernel) -> None:
@@ -152,6 +188,11 @@ def test_ddp_debug_looks_at_the_sessions_last_failure_and_keeps_the_state(
         assert ok(notebook, "%%ddp\nkept").result == "'state'"
         nothing = notebook.execute("%ddp_debug")
         assert nothing.status == "error" and "did not raise" in nothing.stderr, nothing.text()
+        for code in (3, 0):  # as in a run, sys.exit opens no debugger
+            exited, prompts = notebook.execute_answering(
+                f"%%ddp --debug\nimport sys\nif rank == 1:\n    sys.exit({code})\n", answering("q")
+            )
+            assert exited.status == "error" and prompts == [], (prompts, shown(exited))
     finally:
         ok(notebook, "%ddp_session stop")
     assert wait_gone(pids=set(pids.values())) == []

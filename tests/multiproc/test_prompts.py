@@ -1,13 +1,28 @@
 """A rank's ``input()`` and ``breakpoint()`` from a script: the prompt is on the terminal
-(the driver's stdin), naming the rank; with no more input, the rank reads end of input."""
+(the driver's stdin), naming the rank; with no more input, the rank reads end of input.
+Then what the notebook's asker is given and answers: passwords, threads asking at once,
+a frontend without stdin, ``--debug`` in a session, a rank's own ``KeyboardInterrupt``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nbddp
+from nbddp.entry import waited
+from nbddp.errors import RankExitedError
+from nbddp.rank.prompt import NoStdinError
+from nbddp.wire.protocol import NO_STDIN, Answer
+from tests.multiproc import prompt_fns as fns
 
 SCRIPT = textwrap.dedent(
     """
@@ -110,3 +125,106 @@ def test_spawn_and_notebook_launcher_ranks_ask_too(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "name? [rank 1] " in done.stdout and "[rank 1] got ada" in done.stdout, done.stdout
     assert "again? [rank 0] " in done.stdout and "[rank 0] got bob" in done.stdout, done.stdout
+
+
+def _asked_on(run: Any, answer: Answer) -> list[tuple[int, str, bool]]:
+    """Answer every prompt of ``run`` with ``answer``; the prompts asked, filled in as
+    ``run`` is waited for."""
+    asked: list[tuple[int, str, bool]] = []
+
+    def asker(rank: int, prompt: str, password: bool) -> Answer:
+        asked.append((rank, prompt, password))
+        return answer
+
+    run.asker = asker
+    return asked
+
+
+def test_threads_of_a_rank_asking_at_once_each_get_their_own_line(tmp_path: Path) -> None:
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import nbddp\nfrom tests.multiproc.prompt_fns import ask_from_threads\n"
+        "print('got', nbddp.launch(ask_from_threads, 4, procs=2))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        input="a\nb\nc\nd\n",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    asked = re.findall(r"(t\d)\? \[rank 1\] ", done.stdout)
+    assert sorted(asked) == ["t0", "t1", "t2", "t3"], done.stdout
+    # Rank 0 returns: the value shown is rank 0's, so each thread's line is in rank 1's output.
+    for name, line in zip(asked, "abcd", strict=True):
+        assert f"[rank 1] {name}? {line}\n" in done.stdout, done.stdout
+
+
+def test_getpass_in_a_rank_asks_for_a_password_with_its_prompt() -> None:
+    run = nbddp.launch(fns.secret, procs=2, output="none", block=False)
+    asked = _asked_on(run, "s3cret")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run.wait()
+    assert asked == [(1, "Password: ", True)]
+    assert "Password: \n" in run.output(1) and "s3cret" not in run.output(1)
+    assert "GetPassWarning" not in run.output(1)
+
+
+@pytest.mark.parametrize("fn", [fns.read_a_line, fns.stop_at_a_breakpoint])
+def test_a_frontend_without_stdin_is_the_ranks_one_line_error(fn: Any) -> None:
+    run = nbddp.launch(fn, procs=2, output="none", block=False)
+    asked = _asked_on(run, NO_STDIN)
+    with pytest.raises(NoStdinError, match="not available in this frontend") as raised:
+        run.wait()
+    assert len(asked) == 1, asked
+    assert "%ddp_debug" in str(raised.value) and "JupyterLab" in str(raised.value)
+
+
+def test_plain_end_of_input_is_still_an_eof_error() -> None:
+    run = nbddp.launch(fns.read_a_line, procs=2, output="none", block=False)
+    _asked_on(run, None)
+    with pytest.raises(EOFError) as raised:
+        run.wait()
+    assert str(raised.value) == ""
+
+
+def test_a_session_with_debug_opens_no_debugger_for_sys_exit() -> None:
+    with nbddp.session(procs=2, output="none") as session:
+        config = dataclasses.replace(
+            session.config, job=dataclasses.replace(session.config.job, debug=True)
+        )
+        for code in (3, 0):
+            run = session.run_call(fns.exit_with, (code,), {}, config, None)
+            asked = _asked_on(run, "q")
+            with pytest.raises(RankExitedError, match=rf"sys.exit\({code}\)"):
+                run.wait()
+            assert asked == [], asked
+
+
+def test_a_ranks_own_keyboard_interrupt_keeps_its_message() -> None:
+    with pytest.raises(KeyboardInterrupt) as raised:
+        waited(nbddp.launch(fns.raise_keyboard_interrupt, procs=2, output="none", block=False))
+    assert str(raised.value) == "kbd-in-rank"
+
+
+def test_debug_in_a_frontend_without_stdin_says_so_and_raises_the_ranks_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+
+    def no_stdin(rank: int, prompt: str, password: bool = False) -> Answer:
+        asked.append(prompt)
+        return NO_STDIN
+
+    monkeypatch.setattr(nbddp.launcher.run, "ask_rank", no_stdin)  # what a Run asks with
+    with pytest.raises(ValueError, match="bad batch") as raised:
+        nbddp.launch(fns.fail, procs=2, output="none", debug=True)
+    assert asked == ["(Pdb) "], asked
+    log = re.search(r"full output in (\S+)", "\n".join(raised.value.__notes__))
+    assert log is not None, raised.value.__notes__
+    assert "not available in this frontend" in Path(log.group(1)).read_text()

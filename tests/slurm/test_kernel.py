@@ -55,20 +55,33 @@ def test_a_ddp_cell_and_a_session_run_on_both_nodes(in_allocation: str) -> None:
 
 def test_prompts_from_a_rank_on_either_node_are_answered_in_the_cell(in_allocation: str) -> None:
     answers = iter(["p where * 2", "c"])
+    passwords: list[str] = []
+
+    def respond(prompt: str, password: bool) -> str:
+        if password:
+            passwords.append(prompt)
+            return "s3cret"
+        return "alice" if prompt.startswith("name?") else next(answers)
+
     with Kernel() as kernel:
         ok(kernel, "%load_ext nbddp")
         code = (
             "%%ddp --nodes 2 --procs 1 --cluster slurm\n"
-            "import os\nwhere = os.environ['SLURMD_NODENAME']\n"
-            "if rank == 1:\n    breakpoint()\n"
+            "import getpass, os\nwhere = os.environ['SLURMD_NODENAME']\n"
+            "if rank == 1:\n    breakpoint()\n    print('secret', len(getpass.getpass()))\n"
             "if rank == 0:\n    print('name', input('name? '))\n"
         )
-        result, prompts = kernel.execute_answering(
-            code, lambda prompt, _: "alice" if prompt.startswith("name?") else next(answers), 180
-        )
+        result, prompts = kernel.execute_answering(code, respond, 180)
     assert result.status == "ok", result.text()
-    assert sorted(prompts) == ["(Pdb) [rank 1] ", "(Pdb) [rank 1] ", "name? [rank 0] "], prompts
+    assert sorted(prompts) == [
+        "(Pdb) [rank 1] ",
+        "(Pdb) [rank 1] ",
+        "Password: [rank 1] ",
+        "name? [rank 0] ",
+    ], prompts
+    assert passwords == ["Password: [rank 1] "], passwords  # asked as a password
     assert "[rank 1] 'n2n2'\n" in result.rank_output, result.rank_output
+    assert "[rank 1] secret 6\n" in result.rank_output, result.rank_output
     assert "[rank 0] name alice\n" in result.rank_output
 
 

@@ -236,7 +236,7 @@ class Panel:
             self.view.show_run_state("error", "not launched")
             self.view.show_result(f"{type(exc).__name__}: {exc}")
 
-    def _ask(self, rank: int, prompt: str) -> str | None:
+    def _ask(self, rank: int, prompt: str, password: bool = False) -> str | None:
         """A rank's prompt, in the panel (``Run.asker``; the pump thread waits here)."""
         answered = threading.Event()
         with self._lock:
