@@ -18,7 +18,7 @@ from tests.multiproc import prompt_fns
 def test_a_rank_waiting_for_a_peer_at_a_prompt_writes_no_store_warnings() -> None:
     run = nbddp.launch(prompt_fns.ask_then_return, procs=2, init_process_group=True, block=False)
 
-    def asker(rank: int, prompt: str) -> str:
+    def asker(rank: int, prompt: str, password: bool) -> str:
         psutil.Process(run.pids[0]).wait(60)  # rank 0 gave up waiting for rank 1 and left
         return "go"
 
@@ -36,7 +36,7 @@ def test_a_prompt_whose_rank_ended_is_withdrawn(
         prompt_fns.ask_or_fail, str(flag), procs=2, init_process_group=True, block=False
     )
 
-    def asker(rank: int, prompt: str) -> str:
+    def asker(rank: int, prompt: str, password: bool) -> str:
         flag.touch()  # rank 1 fails now, while the user holds rank 0's prompt ...
         threading.Event().wait()  # ... and never answers it
         raise AssertionError("unreachable")
