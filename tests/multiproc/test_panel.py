@@ -271,6 +271,27 @@ def test_a_rank_waiting_for_input_shows_its_prompt_and_the_answer_reaches_it() -
     assert panel.view.prompt_box.layout.display == "none"
 
 
+def password_on_rank_one() -> str:
+    import getpass
+    import os
+
+    return f"rank 1 got {getpass.getpass('Token: ')}" if os.environ["RANK"] == "1" else "-"
+
+
+def test_a_password_prompt_hides_what_is_typed() -> None:
+    import ipywidgets as W
+
+    panel = Panel(password_on_rank_one, ())
+    panel.view.procs.value = "2"
+    panel.view.launch_button.click()
+    until(lambda: panel.view.prompt_box.layout.display is None)
+    assert "Token: [rank 1]" in panel.view.prompt_label.value
+    assert isinstance(panel.view.prompt_input, W.Password)
+    panel.view.prompt_input.value = "s3cret"
+    panel.view.prompt_send.click()
+    assert panel.wait(60).values == {0: "-", 1: "rank 1 got s3cret"}
+
+
 def test_stop_while_a_rank_waits_for_input_ends_the_run() -> None:
     panel = Panel(ask_on_rank_one, ())
     panel.view.procs.value = "2"

@@ -243,7 +243,7 @@ class Panel:
             if self._stopping:
                 return None
             self._answered, self._answer_text = answered, None
-        self.view.ask(prompt_for(rank, prompt), self._answer)
+        self.view.ask(prompt_for(rank, prompt), self._answer, password)
         answered.wait()
         self.view.end_prompt()
         return self._answer_text

@@ -265,11 +265,16 @@ class PanelView:
         self.stop_button.disabled = not running
         self.launch_button.disabled = running or not can_launch
 
-    def ask(self, prompt: str, answered: Callable[[str], None]) -> None:
-        """Show a rank's ``prompt`` (it names the rank); Send gives ``answered`` the line."""
+    def ask(self, prompt: str, answered: Callable[[str], None], password: bool = False) -> None:
+        """Show a rank's ``prompt`` (it names the rank) in a field that hides what is typed
+        for a ``password``; Send gives ``answered`` the line."""
         self.prompt_label.value = (
             f'<span style="font-family:monospace;white-space:pre">{html.escape(prompt)}</span>'
         )
+        field = W.Password if password else W.Text
+        if type(self.prompt_input) is not field:
+            self.prompt_input = field(placeholder=_PROMPT).add_class("nbddp-prompt-input")
+            self.prompt_box.children = (self.prompt_label, self.prompt_input, self.prompt_send)
         self.prompt_input.value = ""
         self._answered = answered
         self.prompt_box.layout.display = None
