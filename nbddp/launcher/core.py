@@ -41,7 +41,7 @@ from nbddp.launcher.events import (
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import new_run_dir
-from nbddp.launcher.pump import WaitClock
+from nbddp.launcher.prompts import WaitClock
 from nbddp.launcher.relay import loop
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.protocol import Answer, Body, ErrorInfo

@@ -22,7 +22,8 @@ from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
 from nbddp.launcher.failures import release, run_error
 from nbddp.launcher.logs import read_rank_log
-from nbddp.launcher.pump import Asker, Display, Pump, RunSource, ask_rank, withdraw_prompt
+from nbddp.launcher.prompts import Asker, ask_rank, withdraw_prompt
+from nbddp.launcher.pump import Display, Pump, RunSource
 from nbddp.launcher.results import Metrics, RunResult, UnloadedValue, load_values
 
 __all__ = ["Run", "RunResult", "RunSource", "RunStatus", "UnloadedValue", "latest_run"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nbddp.launcher.pump import WaitClock, ask_rank, ask_user, prompt_for
+from nbddp.launcher.prompts import WaitClock, ask_rank, ask_user, prompt_for
 from nbddp.rank import prompt
 from nbddp.wire.protocol import NO_STDIN, InputAnswer, InputRequest
 

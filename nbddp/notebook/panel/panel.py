@@ -22,7 +22,7 @@ from nbddp.launcher.devices import VisibleGpus, visible_gpus
 from nbddp.launcher.events import RunStatus
 from nbddp.launcher.failures import summary
 from nbddp.launcher.options import LaunchOptions
-from nbddp.launcher.pump import prompt_for
+from nbddp.launcher.prompts import prompt_for
 from nbddp.launcher.run import Run, RunResult
 from nbddp.launcher.spelling import PANEL, check_call
 from nbddp.notebook.panel.code import CallSource, bound_name, call_source, literal_source, run_code
