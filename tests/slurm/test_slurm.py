@@ -18,6 +18,7 @@ from nbddp.cluster import slurm_engine
 from nbddp.errors import ConfigError, RankError, RankExitedError
 from nbddp.launcher.events import RankState
 from nbddp.wire import calls
+from tests.answers import MB, SIZES, answer_with, expected, line_of
 from tests.cluster.notebook import SESSION, stand_in_notebook
 from tests.cluster.ranks import (
     StepFailed,
@@ -27,6 +28,7 @@ from tests.cluster.ranks import (
     sleep_in_a_named_function,
     wait_for,
 )
+from tests.multiproc import fns
 from tests.procs import wait_procs_gone
 from tests.slurm.conftest import COMMANDS, agents, slurm, steps
 
@@ -269,3 +271,17 @@ def test_killing_the_notebook_leaves_nothing_on_any_node(in_allocation: str) -> 
     while steps(in_allocation) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not steps(in_allocation)
+
+
+def test_answers_of_1_16_and_64_mb_reach_a_rank_on_the_other_node_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = [line_of(size) for size in SIZES]
+    answer_with(monkeypatch, lines)
+    run = nbddp.launch(
+        fns.read_lines, len(lines), 1, nodes=2, procs=1, cluster="slurm", timeout=90, block=False
+    )
+    got = run.wait().values[1]  # rank 1: node 1, not the store's node
+    assert [(n, sha) for n, sha, _ in got] == expected(lines)
+    for size, (_, _, took) in zip(SIZES, got, strict=True):
+        print(f"answer of {size // MB} MB to a rank on another Slurm node: {took:.2f}s")
