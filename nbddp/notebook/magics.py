@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
+import shlex
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -119,9 +120,11 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
 
 
 def parse(magic: Callable[..., object], line: str, name: str) -> argparse.Namespace:
-    """Parse ``line`` for ``magic``; any problem is a one-line ``UsageError``."""
+    """Parse ``line`` for ``magic``, a ``# comment`` after the options left out (as in the
+    docs' examples); any problem is a one-line ``UsageError``."""
     try:
-        args = _ma.parse_argstring(magic, line)  # type: ignore[no-untyped-call]
+        # Split as a shell does (IPython's own split keeps quotes in the values).
+        args = magic.parser.parse_args(shlex.split(line, comments=True))  # type: ignore[attr-defined]
     except UsageError as exc:
         hint = _did_you_mean(str(exc))
         raise UsageError(f"{name}: {exc}{hint} ({name}? lists the options)") from None

@@ -213,6 +213,16 @@ def test_ddp_config_sets_session_defaults(kernel: Kernel) -> None:
     assert "no session defaults" in ok(kernel, "%ddp_config").stdout
 
 
+def test_a_comment_after_the_options_is_ignored_as_pasted_from_the_docs(kernel: Kernel) -> None:
+    line = "%ddp_config --procs 2 --timeout 600     # defaults for every %%ddp cell"
+    try:
+        assert ok(kernel, line).stdout == "%ddp_config --procs 2 --timeout 600\n"
+        assert ok(kernel, "%%ddp --procs 1  # one rank, this cell only\nworld_size").result == "1"
+        assert ok(kernel, "%ddp_config --env 'NOTE=a # b'").stdout.endswith("--env 'NOTE=a # b'\n")
+    finally:
+        ok(kernel, "%ddp_config --reset")
+
+
 def test_ddp_panel_shows_a_panel_preset_from_its_options(kernel: Kernel) -> None:
     ok(kernel, "def work():\n    return 7")
     result = ok(kernel, "%ddp_panel work --procs 3 --timeout 9 --env A=1")
