@@ -186,7 +186,12 @@ class LaunchOptions(TypedDict, total=False):
         Opt("all", "whose output the cell shows (default all)", Magic()),
     ]
     tail: Annotated[
-        int, Opt(DEFAULT_TAIL, "in a notebook, how many recent lines each rank's block shows")
+        int,
+        Opt(
+            DEFAULT_TAIL,
+            "in a notebook, how many recent lines each rank's block shows",
+            Magic("N", int),
+        ),
     ]
     debug: Annotated[
         bool,

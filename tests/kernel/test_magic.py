@@ -223,6 +223,13 @@ def test_a_comment_after_the_options_is_ignored_as_pasted_from_the_docs(kernel: 
         ok(kernel, "%ddp_config --reset")
 
 
+def test_a_cell_chooses_how_many_lines_each_block_shows(kernel: Kernel) -> None:
+    result = ok(kernel, "%%ddp --procs 2 --tail 3\nfor i in range(10):\n    print('line', i)")
+    shown = [line for line in result.rank_output.splitlines() if line.startswith("[rank 0]")]
+    assert shown == ["[rank 0] line 7", "[rank 0] line 8", "[rank 0] line 9"], shown
+    assert "--tail N" in str(ok(kernel, "%%ddp?").reply)  # the help, in the pager
+
+
 def test_ddp_panel_shows_a_panel_preset_from_its_options(kernel: Kernel) -> None:
     ok(kernel, "def work():\n    return 7")
     result = ok(kernel, "%ddp_panel work --procs 3 --timeout 9 --env A=1")
