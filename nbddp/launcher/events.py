@@ -33,7 +33,7 @@ class _Word(str, Enum):
 class RankState(_Word):
     """Where one rank is; ``rank_end`` refines an ended rank into the later members.
 
-    A new state needs a colour in ``display.blocks``; an ended one goes into ``_ENDED``.
+    A new state needs a colour in ``display.blocks``; a live one goes into ``ended``.
     """
 
     STARTING = "starting"
@@ -57,20 +57,7 @@ class RankState(_Word):
     @property
     def ended(self) -> bool:
         """True once the rank will not change state again."""
-        return self in _ENDED
-
-
-_ENDED = frozenset(
-    (
-        RankState.DONE,
-        RankState.FAILED,
-        RankState.STOPPED,
-        RankState.EXITED,
-        RankState.INTERRUPTED,
-        RankState.TIMED_OUT,
-        RankState.CANCELLED,
-    )
-)
+        return self not in (RankState.STARTING, RankState.RUNNING, RankState.WAITING)
 
 
 class RunStatus(_Word):
