@@ -65,7 +65,9 @@ class Starter(Protocol):
 
 @dataclass(frozen=True)
 class KeptStarting:
-    """A worker whose keeper is the notebook's child (``kept_child``)."""
+    """A worker whose keeper is the notebook's child: ``reap`` waits for the keeper,
+    which reports on ``keeper_r`` (one of ``NOTEBOOK_FDS``, kept from other ranks).
+    ``what`` the start method does, and the one to use ``instead``, name it in errors."""
 
     reap: Callable[[], object]
     keeper_r: int
@@ -73,10 +75,30 @@ class KeptStarting:
     instead: str
 
     def child(self) -> Child:
-        return kept_child(self.reap, self.keeper_r, self.what, self.instead)
+        """A thread reaps the keeper, then passes on the exit code; with no pid it
+        raises (the keeper still reaped)."""
+        try:
+            rank = read_pid(self.keeper_r, FORKSERVER_REPLY_TIMEOUT)
+        except BaseException:  # an interrupt: the rank will find its link closed and end
+            self.abandon()
+            raise
+        if rank is None:
+            self.abandon()
+            raise RuntimeError(
+                f"nbddp could not {self.what} (its error is on this process's stderr: the "
+                f"kernel's log); use start_method={self.instead!r}"
+            )
+        status_r, status_w = os.pipe()
+        NOTEBOOK_FDS.keep(status_r, status_w)
+        args = (self.reap, self.keeper_r, status_w)
+        threading.Thread(
+            target=_reap_then_report, args=args, name="nbddp-reap", daemon=True
+        ).start()
+        return Child(rank, status_r)
 
     def abandon(self) -> None:
-        _abandon(self.reap, self.keeper_r)
+        close_kept(self.keeper_r)
+        threading.Thread(target=self.reap, name="nbddp-reap", daemon=True).start()
 
 
 def package_pythonpath(env: dict[str, str]) -> str:
@@ -131,39 +153,10 @@ def read_pid(status_r: int, timeout: float) -> int | None:
     return int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
 
 
-def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: str) -> Child:
-    """The rank whose keeper is the notebook's child and reports on ``keeper_r``.
-
-    A thread reaps the keeper, then passes on the exit code; with no pid it raises
-    (the keeper still reaped). Every fd is in ``NOTEBOOK_FDS``, kept from other ranks.
-    """
-    try:
-        rank = read_pid(keeper_r, FORKSERVER_REPLY_TIMEOUT)
-    except BaseException:  # an interrupt: the rank will find its link closed and end
-        _abandon(reap, keeper_r)
-        raise
-    if rank is None:
-        _abandon(reap, keeper_r)
-        raise RuntimeError(
-            f"nbddp could not {what} (its error is on this process's stderr: the kernel's log); "
-            f"use start_method={instead!r}"
-        )
-    status_r, status_w = os.pipe()
-    NOTEBOOK_FDS.keep(status_r, status_w)
-    args = (reap, keeper_r, status_w)
-    threading.Thread(target=_reap_then_report, args=args, name="nbddp-reap", daemon=True).start()
-    return Child(rank, status_r)
-
-
 def close_kept(fd: int) -> None:
     """Close ``fd``, one of ``NOTEBOOK_FDS``."""
     NOTEBOOK_FDS.release(fd)
     os.close(fd)
-
-
-def _abandon(reap: Callable[[], object], keeper_r: int) -> None:
-    close_kept(keeper_r)
-    threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
 
 
 def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) -> None:
