@@ -72,29 +72,24 @@ class RankRecord:
         return RankOutcome(**{f.name: getattr(self, f.name) for f in fields(RankOutcome)})
 
     def signal(self, sig: int) -> bool:
-        """Signal the rank's group (its tree while it lives); True if any process was there.
-        Nothing once its pipes are closed: its group id may since be someone else's."""
+        """Signal the rank's group, and its live descendants while it lives (a reaped pid
+        may be another's); True if any process was there. Nothing once its pipes are
+        closed: its group id may since be someone else's."""
         if self.pid is None or self.closed:
             return False
-        return signal_group(self.pid, sig, tree=not self.exited)
-
-
-def signal_group(pid: int, sig: int, *, tree: bool) -> bool:
-    """Signal the process group led by ``pid``; with ``tree`` (only while it is our live
-    rank: a reaped pid may be another's), its live descendants too."""
-    alive = False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-        alive = True
-    if not tree:
+        alive = False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+            alive = True
+        if self.exited:
+            return alive
+        # Descendants that left the group (setsid) are still found through the tree.
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(self.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(sig)
+                    alive = True
         return alive
-    # Descendants that left the group (setsid) are still found through the tree.
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-                alive = True
-    return alive
 
 
 class Transport(Protocol):
