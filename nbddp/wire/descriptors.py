@@ -9,6 +9,7 @@ way (bytes, type name, shared memory). Only the standard library is imported her
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,10 +44,8 @@ class Descriptors:
         self.keep = ()
         if self.owned:
             for fd in fds:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
     def __del__(self) -> None:
         self.close()
@@ -65,10 +64,8 @@ class OwnedFd:
         self.fd = fd
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
 
 @dataclass(frozen=True)
