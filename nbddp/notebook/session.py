@@ -302,14 +302,15 @@ class Session:
             return "no session (start one with %ddp_session start [options])"
         status = "running" if job.alive else f"ended ({self._why_ended()})"
         options = format_options(self.options) or "(defaults)"
-        where = _where(job)
+        placements = getattr(job.transport, "nodes", None)  # on a cluster: each node's ranks
+        nodes = {r: f"{p.node_rank} {p.address}" for p in placements or () for r in p.global_ranks}
+        width = max([len("node"), *map(len, nodes.values())]) if placements is not None else 0
+        node_column = f"{'node':<{width}}  " if width else ""
         lines = [
             f"session: {status}; {job.spec.world_size} ranks ({job.spec.device}, "
             f"{job.spec.backend}); options {options}; {job.cells_run} cells run",
-            f"{'rank':>4}  {'node':<{where.width}}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  "
-            f"{'device':>9}  state"
-            if where.width
-            else f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
+            f"{'rank':>4}  {node_column}{'pid':>7}  {'uptime':>8}  {'memory':>9}  "
+            f"{'device':>9}  state",
         ]
         busy = job.busy_ranks()
         for o in job.core.outcomes():
@@ -318,41 +319,20 @@ class Session:
                 state = describe_exit(o.exit_code)
             device = job.device_bytes.get(o.rank)
             shown = _mib(device) if device is not None else "-"
-            node = f"{where.of(o.rank):<{where.width}}  " if where.width else ""
-            memory = _rss(o.pid) if not where.width else "-"  # another machine's pid
+            node = f"{nodes.get(o.rank, '?'):<{width}}  " if width else ""
+            memory = _rss(o.pid) if not width else "-"  # another machine's pid
             lines.append(
                 f"{o.rank:>4}  {node}{o.pid or 0:>7}  "
                 f"{time.monotonic() - self._started_at:>7.0f}s  {memory:>9}  {shown:>9}  {state}"
             )
-        if where.width:
-            lines.append(where.held)
+        if width:
+            from nbddp.cluster import agents
+
+            lines.append(f"agents: {agents.describe()}")
         names = ", ".join(self.names) or "(none yet)"
         lines.append(f"names on rank 0: {names}")
         lines.append(f"log dir: {job.log_dir}")
         return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Where:
-    """Where a session's ranks run, for its table (width 0: this machine)."""
-
-    width: int = 0
-    nodes: Mapping[int, str] = dataclasses.field(default_factory=dict)
-    held: str = ""
-
-    def of(self, rank: int) -> str:
-        return self.nodes.get(rank, "?")
-
-
-def _where(job: Cells) -> _Where:
-    nodes_of = getattr(job.transport, "nodes", None)
-    if nodes_of is None:
-        return _Where()
-    from nbddp.cluster import agents
-
-    names = {rank: f"{p.node_rank} {p.address}" for p in nodes_of for rank in p.global_ranks}
-    width = max([len("node"), *map(len, names.values())])
-    return _Where(width, names, f"agents: {agents.describe()}")
 
 
 def _end_job(job: Cells) -> None:
