@@ -37,7 +37,6 @@ from nbddp.launcher.events import (
     RunStatus,
     StacksTaken,
     StateChanged,
-    run_status,
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import new_run_dir
@@ -159,10 +158,14 @@ class RunCore:
 
     @property
     def status(self) -> RunStatus:
-        """Where the run is; once it has ended, how it ended."""
-        ended = self._done.is_set()
-        failed = ended and self.root_cause is not None
-        return run_status(ended, (r.state for r in self.records), self.stop_reason, failed)
+        """Where the run is; once it has ended, how it ended: a failure wins unless the
+        ranks were stopped for another reason."""
+        if not self._done.is_set():
+            started = any(r.state is not RankState.STARTING for r in self.records)
+            return RunStatus.RUNNING if started else RunStatus.STARTING
+        if self.root_cause is not None and self.stop_reason in (None, RunStatus.FAILED):
+            return RunStatus.FAILED
+        return self.stop_reason or RunStatus.DONE
 
     def elapsed(self) -> float:
         """Seconds from the start until the run ended (or until now, while it goes on)."""

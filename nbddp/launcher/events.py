@@ -11,7 +11,6 @@ job's bookkeeping; every value is frozen, so any thread may keep it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -164,18 +163,6 @@ class Failure:
     """What ended it, when nbddp knows better than its exit code (its node was lost)."""
     where: str = ""
     """Where it ran, as a message's words (``" on node 1 (10.0.0.3)"``; empty: here)."""
-
-
-def run_status(
-    ended: bool, states: Iterable[RankState], reason: RunStatus | None, failed: bool
-) -> RunStatus:
-    """A run's status; once ``ended``, a failure wins unless stopped for another ``reason``."""
-    if not ended:
-        started = any(state is not RankState.STARTING for state in states)
-        return RunStatus.RUNNING if started else RunStatus.STARTING
-    if failed and reason in (None, RunStatus.FAILED):
-        return RunStatus.FAILED
-    return reason or RunStatus.DONE
 
 
 @dataclass(frozen=True)
