@@ -26,7 +26,7 @@ class _ValuePickler(shm.SharingPickler):
     CPU storages copied, not moved, into shared memory."""
 
     def reducer_override(self, obj: object) -> _ReducedType:
-        reduced = tocpu.cpu_reduction(obj, shared_from=shm.SHARE_BYTES)
+        reduced = tocpu.cpu_reduction(obj, shm.SHARE_BYTES)
         return reduced if reduced is not None else super().reducer_override(obj)
 
     def _share(self, storage: torch.UntypedStorage) -> int:
