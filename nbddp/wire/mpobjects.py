@@ -133,11 +133,12 @@ def reduce(obj: object) -> Reduced | None:
     sent = _SENDING.get()
     if sent is None or "multiprocessing" not in sys.modules:
         return None
-    from multiprocessing import connection, heap, queues, synchronize
+    from multiprocessing import connection, current_process, heap, queues, synchronize
 
     if isinstance(obj, connection.Connection):
         sent_fd = sent.send(obj.fileno(), obj)
-        return _rebuild_connection, (sent_fd, obj.readable, obj.writable, _authkey())
+        authkey = bytes(current_process().authkey)
+        return _rebuild_connection, (sent_fd, obj.readable, obj.writable, authkey)
     if isinstance(obj, heap.Arena):
         return heap.rebuild_arena, (obj.size, sent.send(obj.fd, obj))
     if isinstance(obj, synchronize.SemLock):
@@ -159,12 +160,6 @@ def handles(obj: object) -> bool:
 
     kinds = (connection.Connection, heap.Arena, synchronize.SemLock, queues.Queue)
     return isinstance(obj, kinds)
-
-
-def _authkey() -> bytes:
-    import multiprocessing
-
-    return bytes(multiprocessing.current_process().authkey)
 
 
 def _reduce_ctype(obj: object, wrapper: object) -> Reduced:
