@@ -16,14 +16,8 @@ from dataclasses import dataclass
 
 
 class Descriptors:
-    """File descriptors travelling beside a message (see module doc), in order.
-
-    Sender side: ``fds`` belong to the objects in ``keep`` (a shared storage,
-    an ``OwnedFd``), held here until the message is sent. Receiver side
-    (``owned``): this object owns ``fds`` and closes them when closed or
-    dropped; ``missing`` counts descriptors that were sent but never arrived
-    (the receiver's open-file limit).
-    """
+    """File descriptors travelling beside a message, in order (see module doc); on the
+    receiving side ``missing`` counts those sent that never arrived (its open-file limit)."""
 
     def __init__(
         self,
