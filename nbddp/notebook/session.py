@@ -163,11 +163,11 @@ class Session:
         """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
 
         ``names``: values the cell may read (the ranks' own names win)."""
-        self._job_or_raise()
+        job = self._job_or_raise()
         program = self.cell_program(
             source,
             header="# nbddp session",
-            filename=f"<ddp session cell {self._job.cells_run + 1 if self._job else 1}>",
+            filename=f"<ddp session cell {job.cells_run + 1}>",
             user_ns=names or {},
             out=out,
         )
@@ -262,14 +262,10 @@ class Session:
 
     def state_note(self) -> str:
         """After a failed call: that the session keeps its state, or why it ended."""
-        if self.alive:
-            note = self._job.note if self._job is not None else None
-            return (
-                f"({note})"
-                if note
-                else "(every rank returned to idle: the session keeps its state)"
-            )
-        return self.lost_message()
+        job = self._job
+        if job is None or not job.alive:
+            return self.lost_message()
+        return f"({job.note or 'every rank returned to idle: the session keeps its state'})"
 
     def lost_message(self) -> str:
         """What ended the session, that its state is lost, and what to do (may wait, bounded)."""
