@@ -140,11 +140,7 @@ class CellProgram:
         return space.call(run, self.names, self.lasting)
 
     def _run(
-        self,
-        body: types.CodeType,
-        expr: types.CodeType | None,
-        ns: dict[str, object],
-        rank: int,
+        self, body: types.CodeType, expr: types.CodeType | None, ns: dict[str, object], rank: int
     ) -> CellValues | None:
         exec(body, ns)
         value = eval(expr, ns) if expr is not None else None
