@@ -173,19 +173,16 @@ def select_names(
     }
 
 
+# Tokens that only lay code out: a cell's last token that is not one of them ends it.
+_LAYOUT = (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+
+
 def is_quiet(source: str) -> bool:
     """True if the cell ends with ``;``: as in IPython, its value is not displayed."""
     last = None
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type not in (
-                tokenize.NEWLINE,
-                tokenize.NL,
-                tokenize.COMMENT,
-                tokenize.INDENT,
-                tokenize.DEDENT,
-                tokenize.ENDMARKER,
-            ):
+            if tok.type not in _LAYOUT and tok.type != tokenize.ENDMARKER:
                 last = tok
     except (tokenize.TokenError, SyntaxError):
         return False
