@@ -26,7 +26,7 @@ from nbddp.wire.values import pack, unpack
 def register_source(filename: str, text: str, shown: str | None = None) -> None:
     """Make ``text`` the source of ``filename`` for tracebacks (``linecache``), its
     frames named ``shown`` (``Cell In[6]``) when given."""
-    sources.register([Source.of_text(filename, text, shown)])
+    sources.register([Source(filename, tuple(text.splitlines(keepends=True)), shown)])
 
 
 def compile_cell(
