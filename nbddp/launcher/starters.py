@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 from nbddp.forkserver import keeper
 from nbddp.forkserver.keeper import STATUS
@@ -136,16 +136,6 @@ class SpawnStarter:
         return KeptStarting(proc.wait, keeper_r, "spawn a worker", "forkserver")
 
 
-def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
-    """A forked child becomes the rank's keeper, reporting to ``status_w``. Never returns."""
-    try:
-        keeper.detach(close - {fds.ctrl, fds.out, fds.err, status_w})
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)
-    keeper.keep(status_w, fds.ctrl, fds.out, fds.err)
-
-
 def read_pid(status_r: int, timeout: float) -> int | None:
     """The rank's pid, the first 8 bytes its keeper writes; None if none came in time."""
     ready, _, _ = select.select([status_r], [], [], timeout)
@@ -177,8 +167,13 @@ class ForkStarter:
         status_r, status_w = os.pipe()
         with NOTEBOOK_FDS.frozen() as kept:
             pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            run_kept_worker(fds, status_w, {*kept, status_r})
+        if pid == 0:  # pragma: no cover - the child becomes the rank's keeper
+            try:
+                keeper.detach({*kept, status_r} - {fds.ctrl, fds.out, fds.err, status_w})
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            keeper.keep(status_w, fds.ctrl, fds.out, fds.err)
         NOTEBOOK_FDS.keep(status_r)
         os.close(status_w)
         return KeptStarting(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")
