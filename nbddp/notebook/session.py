@@ -88,7 +88,10 @@ class Session:
         try:
             Run(job.ready, None, self.config).wait()
         except BaseException:
-            self._abandon()
+            self._job = None
+            self._finalizer.detach()
+            job.core.stop()
+            job.core.wait(job.spec.kill_grace + 5.0)
             raise
         return self
 
@@ -141,14 +144,6 @@ class Session:
     def log_dir(self) -> Path | None:
         """The session's log directory (a log per rank, a marker line per cell)."""
         return self._job.log_dir if self._job is not None else None
-
-    def _abandon(self) -> None:
-        job, self._job = self._job, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if job is not None:
-            job.core.stop()
-            job.core.wait(job.spec.kill_grace + 5.0)
 
     # -- calls ---------------------------------------------------------------
 
