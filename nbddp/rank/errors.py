@@ -23,7 +23,7 @@ import time
 import traceback
 from types import FrameType
 
-from nbddp.wire import sources, values
+from nbddp.wire import shm, sources, values
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.protocol import ErrorInfo
 
@@ -74,7 +74,8 @@ def _rebuildable(exc: BaseException) -> Packed | None:
     """``exc`` packed as a return value is, when it rebuilds as its own type; else None."""
     try:
         packed = values.pack(exc)
-        rebuilt = values.trial(packed)  # only ship what the notebook will be able to rebuild
+        # Rebuilt here, on private mappings: only ship what the notebook will be able to rebuild.
+        rebuilt = shm.loads(packed.data, packed.fds.fds)
     except Exception:
         return None
     return packed if type(rebuilt) is type(exc) else None
