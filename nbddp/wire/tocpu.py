@@ -10,7 +10,6 @@ separate; meta stays meta.
 from __future__ import annotations
 
 import sys
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,8 +24,10 @@ def cpu_reduction(obj: object, shared_from: int) -> _ReducedType | None:
     """How a pickler's ``reducer_override`` sends ``obj`` when it is a tensor to copy
     to the CPU; None for anything else. ``shared_from``: plain tensors of at least
     that many bytes are copied straight into shared memory (``on_cpu``)."""
-    torch = _torch()
-    if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in _STAY:
+    # Only a fully imported torch: nbddp may be importing it in the background,
+    # and no tensor can exist before that import has finished.
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor_type is not None and isinstance(obj, tensor_type) and obj.device.type not in _STAY:
         # Pickled as "the CPU copy itself": the copy goes through the
         # pickler again (it is on the CPU now) and through the memo, so the
         # original reached twice is copied once.
@@ -41,11 +42,13 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
     import torch  # already imported: there is a tensor
 
     with torch.no_grad():  # a copy outside any autograd graph, as ``detach()`` gives
-        moved: torch.Tensor = (
-            _shared_copy(tensor)
-            if shared and type(tensor) in (torch.Tensor, torch.nn.Parameter)
-            else tensor.cpu()
-        )
+        if shared and type(tensor) in (torch.Tensor, torch.nn.Parameter):
+            # Straight into a fresh, contiguous shared-memory tensor on the CPU.
+            storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
+            moved = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
+            moved.copy_(tensor.detach())
+        else:
+            moved = tensor.cpu()
     if moved.device.type != "cpu":  # would be pickled (and copied) again, endlessly
         raise TypeError(
             f"{type(tensor).__name__}.cpu() returned a tensor on {moved.device}; "
@@ -60,23 +63,6 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
     if state:
         moved.__dict__.update(state)
     return moved
-
-
-def _shared_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` copied into a fresh, contiguous shared-memory tensor on the CPU."""
-    import torch
-
-    storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
-    out = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
-    out.copy_(tensor.detach())
-    return out
-
-
-def _torch() -> ModuleType | None:
-    # Only a fully imported torch: nbddp may be importing it in the background,
-    # and no tensor can exist before that import has finished.
-    torch = sys.modules.get("torch")
-    return torch if hasattr(torch, "Tensor") else None
 
 
 def _same(value: object) -> object:
