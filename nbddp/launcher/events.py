@@ -176,8 +176,6 @@ class RankEnd:
     """The exception's type, the exit (``code 3``, ``SIGKILL``), or the rank that failed."""
     ended_at: float | None = None
     """``time.monotonic()`` when it ended, when known."""
-    cause: int | None = None
-    """For ``cancelled``: the rank that failed first."""
 
 
 _STOPPED_BY = {
@@ -202,7 +200,7 @@ def rank_end(
             return RankEnd(rank, RankState.FAILED, short, ended_at)
         return RankEnd(rank, RankState.EXITED, exit_detail(outcome.exit_code), ended_at)
     if root is not None and root.rank != rank and (stopped_by or status is RunStatus.FAILED):
-        return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at, root.rank)
+        return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at)
     return RankEnd(rank, _STOPPED_BY.get(status, RankState.STOPPED), ended_at=ended_at)
 
 
