@@ -35,8 +35,7 @@ class Restarting:
         self._lock = threading.Lock()
         self._stopped = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._forward, name="nbddp-restarts", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._forward, name="nbddp-restarts", daemon=True).start()
 
     # -- RunSource: the current attempt's ---------------------------------
 
