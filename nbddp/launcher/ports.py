@@ -49,11 +49,10 @@ def _bound(
             notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
         if backlog is not None:
             sock.listen(backlog)
-    except OSError as exc:
+    except BaseException as exc:
         sock.close()
-        raise _unusable(addr, what, exc) from exc
-    except BaseException:
-        sock.close()
+        if isinstance(exc, OSError):
+            raise _unusable(addr, what, exc) from exc
         raise
     return sock, notice
 
