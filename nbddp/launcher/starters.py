@@ -116,7 +116,6 @@ class SpawnStarter:
     """A fresh interpreter per rank, its keeper: slowest (imports torch each time), always safe."""
 
     def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
-        child_env = dict(env, PYTHONPATH=package_pythonpath(env))
         keeper_r, keeper_w = os.pipe()
         NOTEBOOK_FDS.keep(keeper_r)
         passed = (fds.ctrl, fds.out, fds.err, keeper_w)
@@ -125,7 +124,7 @@ class SpawnStarter:
                 [sys.executable, "-c", SPAWN_BOOT, *map(str, passed)],
                 stdin=subprocess.DEVNULL,
                 pass_fds=passed,
-                env=child_env,
+                env=dict(env, PYTHONPATH=package_pythonpath(env)),
                 start_new_session=True,
             )
         except BaseException:
