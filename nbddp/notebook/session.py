@@ -213,8 +213,7 @@ class Session:
             self.config, job=dataclasses.replace(self.config.job, timeout=timeout), view=config.view
         )
         payload = Payload.serialize(fn, args, kwargs)
-        view = cell_config.view
-        shown = guarded(display, view) if display is not None else make_display(view)
+        shown = guarded(display, config.view) if display is not None else make_display(config.view)
         return Run(job.cell(payload, timeout, config.job.debug), shown, cell_config)
 
     def finish(self, run: Run) -> Any:
