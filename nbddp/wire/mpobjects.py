@@ -44,6 +44,21 @@ class MpObjectError(RuntimeError):
     """A multiprocessing object that cannot reach the ranks of this launch."""
 
 
+class SentFd:
+    """The ``index``-th descriptor a payload sent; ``detach()`` in the rank gives a
+    duplicate of it, owned by the caller."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def detach(self) -> int:
+        """A new descriptor for the one received (only while ``receiving``)."""
+        fds = _RECEIVED.get()
+        if fds is None or self.index >= len(fds):
+            raise MpObjectError("a multiprocessing object was unpickled outside its payload")
+        return os.dup(fds[-1 - self.index])
+
+
 class Sending:
     """The descriptors one payload sends for its multiprocessing objects.
 
@@ -70,24 +85,7 @@ class Sending:
         dup = os.dup(fd)
         return self.send(dup, OwnedFd(dup)).index
 
-    def DupFd(self, index: int) -> SentFd:  # multiprocessing's name for it
-        """The reference a rank turns back into a descriptor (``SentFd.detach``)."""
-        return SentFd(index)
-
-
-class SentFd:
-    """The ``index``-th descriptor a payload sent; ``detach()`` in the rank gives a
-    duplicate of it, owned by the caller."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def detach(self) -> int:
-        """A new descriptor for the one received (only while ``receiving``)."""
-        fds = _RECEIVED.get()
-        if fds is None or self.index >= len(fds):
-            raise MpObjectError("a multiprocessing object was unpickled outside its payload")
-        return os.dup(fds[-1 - self.index])
+    DupFd = SentFd  # multiprocessing's name for what a rank turns back into a descriptor
 
 
 _SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
