@@ -90,15 +90,24 @@ class KeptStarting:
             )
         status_r, status_w = os.pipe()
         NOTEBOOK_FDS.keep(status_r, status_w)
-        args = (self.reap, self.keeper_r, status_w)
         threading.Thread(
-            target=_reap_then_report, args=args, name="nbddp-reap", daemon=True
+            target=self._report, args=(status_w,), name="nbddp-reap", daemon=True
         ).start()
         return Child(rank, status_r)
 
     def abandon(self) -> None:
         close_kept(self.keeper_r)
         threading.Thread(target=self.reap, name="nbddp-reap", daemon=True).start()
+
+    def _report(self, status_w: int) -> None:
+        self.reap()
+        try:
+            code = os.read(self.keeper_r, STATUS.size)  # written before the keeper exited
+            if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
+                os.write(status_w, code)
+        finally:
+            close_kept(self.keeper_r)
+            close_kept(status_w)
 
 
 def package_pythonpath(env: dict[str, str]) -> str:
@@ -146,17 +155,6 @@ def close_kept(fd: int) -> None:
     """Close ``fd``, one of ``NOTEBOOK_FDS``."""
     NOTEBOOK_FDS.release(fd)
     os.close(fd)
-
-
-def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) -> None:
-    reap()
-    try:
-        code = os.read(keeper_r, STATUS.size)  # written before the keeper exited
-        if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
-            os.write(status_w, code)
-    finally:
-        close_kept(keeper_r)
-        close_kept(status_w)
 
 
 class ForkStarter:
