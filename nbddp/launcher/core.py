@@ -133,9 +133,7 @@ class RunCore:
         self.listener: Listener | None = None
         self._loop = loop()
         self._done = Event()
-        self.failed: list[tuple[float, Failure]] = []
-        """Every rank failure as ``(time.monotonic(), failure)``, in arrival order (loop
-        thread; others read ``failures()``)."""
+        self.failed: list[tuple[float, Failure]] = []  # loop thread; others read failures()
         self._stop_scheduled = False
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
