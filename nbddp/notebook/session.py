@@ -329,13 +329,11 @@ def _end_job(job: Cells) -> None:
     core = job.core
     if core.wait(0):
         return
-    if job.busy_ranks():
-        core.stop()
-    else:
+    if not job.busy_ranks():  # idle ranks are asked to leave first
         job.end()
         if core.wait(END_WAIT):
             return
-        core.stop()
+    core.stop()
     core.wait(job.spec.kill_grace + 5.0)
 
 
