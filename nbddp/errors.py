@@ -142,8 +142,5 @@ class RemoteTraceback(Exception):
     """
 
     def __init__(self, tb: str) -> None:
-        super().__init__(tb)
+        super().__init__(tb)  # its only argument: ``str()`` gives the text
         self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb

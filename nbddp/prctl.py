@@ -8,6 +8,7 @@ they do nothing. ``flush_output`` flushes Python's then C's stdio. Only the stan
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -57,19 +58,12 @@ def outlive_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, 0)
 
 
-def flush_c_stdio() -> None:
-    """Flush every C stdio stream (``fflush(NULL)``): what C code printed leaves now."""
+def flush_output() -> None:
+    """Flush ``sys.stdout``, ``sys.stderr`` (a closed or broken one is skipped), then
+    every C stdio stream (``fflush(NULL)``): all this process printed leaves it now."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     libc = _libc()
     if libc is not None:
         libc.fflush(None)
-
-
-def flush_output() -> None:
-    """Flush ``sys.stdout``, ``sys.stderr`` (a closed or broken one is skipped), then
-    every C stdio stream: all this process printed leaves it now."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    flush_c_stdio()

@@ -89,7 +89,7 @@ class CellSource:
         """The session's run id and the cell's number."""
         self._job = job
         self._done = threading.Event()
-        self._status: RunStatus | None = None
+        self._status = RunStatus.RUNNING  # how it ended, once done
         self._cell: CellState | None = None
         self._started_at = time.monotonic()
 
@@ -113,10 +113,7 @@ class CellSource:
     @property
     def status(self) -> RunStatus:
         """Running until every rank replied; then done, failed, interrupted, timeout."""
-        if not self._done.is_set():
-            return RunStatus.RUNNING
-        assert self._status is not None
-        return self._status
+        return self._status if self._done.is_set() else RunStatus.RUNNING
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's part in this cell (its value and error)."""

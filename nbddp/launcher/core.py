@@ -37,7 +37,6 @@ from nbddp.launcher.events import (
     RunStatus,
     StacksTaken,
     StateChanged,
-    run_status,
 )
 from nbddp.launcher.failures import root_cause
 from nbddp.launcher.logs import new_run_dir
@@ -72,29 +71,24 @@ class RankRecord:
         return RankOutcome(**{f.name: getattr(self, f.name) for f in fields(RankOutcome)})
 
     def signal(self, sig: int) -> bool:
-        """Signal the rank's group (its tree while it lives); True if any process was there.
-        Nothing once its pipes are closed: its group id may since be someone else's."""
+        """Signal the rank's group, and its live descendants while it lives (a reaped pid
+        may be another's); True if any process was there. Nothing once its pipes are
+        closed: its group id may since be someone else's."""
         if self.pid is None or self.closed:
             return False
-        return signal_group(self.pid, sig, tree=not self.exited)
-
-
-def signal_group(pid: int, sig: int, *, tree: bool) -> bool:
-    """Signal the process group led by ``pid``; with ``tree`` (only while it is our live
-    rank: a reaped pid may be another's), its live descendants too."""
-    alive = False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-        alive = True
-    if not tree:
+        alive = False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+            alive = True
+        if self.exited:
+            return alive
+        # Descendants that left the group (setsid) are still found through the tree.
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(self.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(sig)
+                    alive = True
         return alive
-    # Descendants that left the group (setsid) are still found through the tree.
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-                alive = True
-    return alive
 
 
 class Transport(Protocol):
@@ -139,9 +133,7 @@ class RunCore:
         self.listener: Listener | None = None
         self._loop = loop()
         self._done = Event()
-        self.failed: list[tuple[float, Failure]] = []
-        """Every rank failure as ``(time.monotonic(), failure)``, in arrival order (loop
-        thread; others read ``failures()``)."""
+        self.failed: list[tuple[float, Failure]] = []  # loop thread; others read failures()
         self._stop_scheduled = False
         self._started_at = time.monotonic()
         self._ended_at: float | None = None
@@ -164,10 +156,14 @@ class RunCore:
 
     @property
     def status(self) -> RunStatus:
-        """Where the run is; once it has ended, how it ended."""
-        ended = self._done.is_set()
-        failed = ended and self.root_cause is not None
-        return run_status(ended, (r.state for r in self.records), self.stop_reason, failed)
+        """Where the run is; once it has ended, how it ended: a failure wins unless the
+        ranks were stopped for another reason."""
+        if not self._done.is_set():
+            started = any(r.state is not RankState.STARTING for r in self.records)
+            return RunStatus.RUNNING if started else RunStatus.STARTING
+        if self.root_cause is not None and self.stop_reason in (None, RunStatus.FAILED):
+            return RunStatus.FAILED
+        return self.stop_reason or RunStatus.DONE
 
     def elapsed(self) -> float:
         """Seconds from the start until the run ended (or until now, while it goes on)."""

@@ -65,11 +65,9 @@ def visible_gpus(
     environ: Mapping[str, str] | None = None, proc_dir: Path = NVIDIA_PROC_DIR
 ) -> VisibleGpus:
     """The GPUs this process may use, without initialising CUDA."""
-    env = os.environ if environ is None else environ
+    cvd = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if cuda_initialised():
-        torch = sys.modules["torch"]
-        count = int(torch.cuda.device_count())
-        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        count = int(sys.modules["torch"].cuda.device_count())
         if cvd is not None:
             tokens = tuple(t.strip() for t in cvd.split(","))[:count]
             return VisibleGpus(tokens, f"CUDA_VISIBLE_DEVICES={cvd}")
@@ -78,7 +76,6 @@ def visible_gpus(
         physical = sum(1 for _ in proc_dir.iterdir())
     except OSError:
         physical = 0
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return VisibleGpus(tuple(str(i) for i in range(physical)), f"{physical} in {proc_dir}")
     return VisibleGpus(parse_visible_devices(cvd, physical), f"CUDA_VISIBLE_DEVICES={cvd}")

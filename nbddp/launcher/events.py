@@ -11,7 +11,6 @@ job's bookkeeping; every value is frozen, so any thread may keep it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -33,7 +32,7 @@ class _Word(str, Enum):
 class RankState(_Word):
     """Where one rank is; ``rank_end`` refines an ended rank into the later members.
 
-    A new state needs a colour in ``display.blocks``; an ended one goes into ``_ENDED``.
+    A new state needs a colour in ``display.blocks``; a live one goes into ``ended``.
     """
 
     STARTING = "starting"
@@ -57,20 +56,7 @@ class RankState(_Word):
     @property
     def ended(self) -> bool:
         """True once the rank will not change state again."""
-        return self in _ENDED
-
-
-_ENDED = frozenset(
-    (
-        RankState.DONE,
-        RankState.FAILED,
-        RankState.STOPPED,
-        RankState.EXITED,
-        RankState.INTERRUPTED,
-        RankState.TIMED_OUT,
-        RankState.CANCELLED,
-    )
-)
+        return self not in (RankState.STARTING, RankState.RUNNING, RankState.WAITING)
 
 
 class RunStatus(_Word):
@@ -181,18 +167,6 @@ class Failure:
     """Where it ran, as a message's words (``" on node 1 (10.0.0.3)"``; empty: here)."""
 
 
-def run_status(
-    ended: bool, states: Iterable[RankState], reason: RunStatus | None, failed: bool
-) -> RunStatus:
-    """A run's status; once ``ended``, a failure wins unless stopped for another ``reason``."""
-    if not ended:
-        started = any(state is not RankState.STARTING for state in states)
-        return RunStatus.RUNNING if started else RunStatus.STARTING
-    if failed and reason in (None, RunStatus.FAILED):
-        return RunStatus.FAILED
-    return reason or RunStatus.DONE
-
-
 @dataclass(frozen=True)
 class RankEnd:
     """How one rank's part in a finished run ended, as the user reads it (``rank_end``)."""
@@ -204,8 +178,6 @@ class RankEnd:
     """The exception's type, the exit (``code 3``, ``SIGKILL``), or the rank that failed."""
     ended_at: float | None = None
     """``time.monotonic()`` when it ended, when known."""
-    cause: int | None = None
-    """For ``cancelled``: the rank that failed first."""
 
 
 _STOPPED_BY = {
@@ -230,7 +202,7 @@ def rank_end(
             return RankEnd(rank, RankState.FAILED, short, ended_at)
         return RankEnd(rank, RankState.EXITED, exit_detail(outcome.exit_code), ended_at)
     if root is not None and root.rank != rank and (stopped_by or status is RunStatus.FAILED):
-        return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at, root.rank)
+        return RankEnd(rank, RankState.CANCELLED, f"rank {root.rank} failed", ended_at)
     return RankEnd(rank, _STOPPED_BY.get(status, RankState.STOPPED), ended_at=ended_at)
 
 

@@ -24,14 +24,11 @@ from nbddp.wire.protocol import CallRef, Placement, RunOrder
 
 def starter(spec: JobSpec, ranks: int) -> Starter:
     """The starter of ``spec``'s start method, for ``ranks`` ranks on this machine."""
-    method = spec.start_method
-    if method == "forkserver":
-        return ForkserverLaunch(FORKSERVER, pool_request(spec, ranks))
-    if method == "spawn":
+    if spec.start_method == "spawn":
         return SpawnStarter()
-    if method == "fork":
+    if spec.start_method == "fork":
         return ForkStarter()
-    raise ValueError(f"unknown start method {method!r}")
+    return ForkserverLaunch(FORKSERVER, pool_request(spec, ranks))
 
 
 def order(

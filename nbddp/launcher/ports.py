@@ -16,10 +16,6 @@ from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.spelling import OptionError
 
 
-def _family(addr: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in addr else socket.AF_INET
-
-
 def choose_port(addr: str, port: int | None, *, fallback: bool) -> tuple[int, str | None]:
     """``port`` if free, else a free one when ``fallback``, with a notice if replaced;
     ``OptionError`` when it is busy without ``fallback``, or ``addr`` cannot be bound."""
@@ -39,7 +35,7 @@ def _bound(
 ) -> tuple[socket.socket, str | None]:
     """``addr:port`` bound (listening with ``backlog``), as ``choose_port`` and ``listen``
     say; ``what`` names the attempt in the error."""
-    sock = socket.socket(_family(addr), socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
     notice = None
     try:
         try:
@@ -53,11 +49,10 @@ def _bound(
             notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
         if backlog is not None:
             sock.listen(backlog)
-    except OSError as exc:
+    except BaseException as exc:
         sock.close()
-        raise _unusable(addr, what, exc) from exc
-    except BaseException:
-        sock.close()
+        if isinstance(exc, OSError):
+            raise _unusable(addr, what, exc) from exc
         raise
     return sock, notice
 

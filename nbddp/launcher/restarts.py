@@ -13,7 +13,6 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 from nbddp.launcher.events import Done, Failure, Notice, RankOutcome, RunEvent, RunStatus
 from nbddp.launcher.failures import run_error
@@ -29,15 +28,11 @@ class Restarting:
         self.events: queue.SimpleQueue[RunEvent] = queue.SimpleQueue()
         self._payload: Payload | None = payload  # dropped at the end: its shared memory goes
         self._job = first
-        self.log_dir: Path = first.log_dir
-        """The current attempt's log directory."""
-        self.run_id: str = first.run_id
-        """The current attempt's run id."""
+        self.log_dir, self.run_id = first.log_dir, first.run_id  # the current attempt's
         self._lock = threading.Lock()
         self._stopped = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._forward, name="nbddp-restarts", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._forward, name="nbddp-restarts", daemon=True).start()
 
     # -- RunSource: the current attempt's ---------------------------------
 

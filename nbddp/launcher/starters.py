@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 from nbddp.forkserver import keeper
 from nbddp.forkserver.keeper import STATUS
@@ -65,7 +65,9 @@ class Starter(Protocol):
 
 @dataclass(frozen=True)
 class KeptStarting:
-    """A worker whose keeper is the notebook's child (``kept_child``)."""
+    """A worker whose keeper is the notebook's child: ``reap`` waits for the keeper,
+    which reports on ``keeper_r`` (one of ``NOTEBOOK_FDS``, kept from other ranks).
+    ``what`` the start method does, and the one to use ``instead``, name it in errors."""
 
     reap: Callable[[], object]
     keeper_r: int
@@ -73,10 +75,39 @@ class KeptStarting:
     instead: str
 
     def child(self) -> Child:
-        return kept_child(self.reap, self.keeper_r, self.what, self.instead)
+        """A thread reaps the keeper, then passes on the exit code; with no pid it
+        raises (the keeper still reaped)."""
+        try:
+            rank = read_pid(self.keeper_r, FORKSERVER_REPLY_TIMEOUT)
+        except BaseException:  # an interrupt: the rank will find its link closed and end
+            self.abandon()
+            raise
+        if rank is None:
+            self.abandon()
+            raise RuntimeError(
+                f"nbddp could not {self.what} (its error is on this process's stderr: the "
+                f"kernel's log); use start_method={self.instead!r}"
+            )
+        status_r, status_w = os.pipe()
+        NOTEBOOK_FDS.keep(status_r, status_w)
+        threading.Thread(
+            target=self._report, args=(status_w,), name="nbddp-reap", daemon=True
+        ).start()
+        return Child(rank, status_r)
 
     def abandon(self) -> None:
-        _abandon(self.reap, self.keeper_r)
+        close_kept(self.keeper_r)
+        threading.Thread(target=self.reap, name="nbddp-reap", daemon=True).start()
+
+    def _report(self, status_w: int) -> None:
+        self.reap()
+        try:
+            code = os.read(self.keeper_r, STATUS.size)  # written before the keeper exited
+            if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
+                os.write(status_w, code)
+        finally:
+            close_kept(self.keeper_r)
+            close_kept(status_w)
 
 
 def package_pythonpath(env: dict[str, str]) -> str:
@@ -94,7 +125,6 @@ class SpawnStarter:
     """A fresh interpreter per rank, its keeper: slowest (imports torch each time), always safe."""
 
     def start(self, fds: ChildFds, env: dict[str, str]) -> Starting:
-        child_env = dict(env, PYTHONPATH=package_pythonpath(env))
         keeper_r, keeper_w = os.pipe()
         NOTEBOOK_FDS.keep(keeper_r)
         passed = (fds.ctrl, fds.out, fds.err, keeper_w)
@@ -103,7 +133,7 @@ class SpawnStarter:
                 [sys.executable, "-c", SPAWN_BOOT, *map(str, passed)],
                 stdin=subprocess.DEVNULL,
                 pass_fds=passed,
-                env=child_env,
+                env=dict(env, PYTHONPATH=package_pythonpath(env)),
                 start_new_session=True,
             )
         except BaseException:
@@ -114,16 +144,6 @@ class SpawnStarter:
         return KeptStarting(proc.wait, keeper_r, "spawn a worker", "forkserver")
 
 
-def run_kept_worker(fds: ChildFds, status_w: int, close: set[int]) -> NoReturn:
-    """A forked child becomes the rank's keeper, reporting to ``status_w``. Never returns."""
-    try:
-        keeper.detach(close - {fds.ctrl, fds.out, fds.err, status_w})
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)
-    keeper.keep(status_w, fds.ctrl, fds.out, fds.err)
-
-
 def read_pid(status_r: int, timeout: float) -> int | None:
     """The rank's pid, the first 8 bytes its keeper writes; None if none came in time."""
     ready, _, _ = select.select([status_r], [], [], timeout)
@@ -131,50 +151,10 @@ def read_pid(status_r: int, timeout: float) -> int | None:
     return int(STATUS.unpack(data)[0]) if len(data) == STATUS.size else None
 
 
-def kept_child(reap: Callable[[], object], keeper_r: int, what: str, instead: str) -> Child:
-    """The rank whose keeper is the notebook's child and reports on ``keeper_r``.
-
-    A thread reaps the keeper, then passes on the exit code; with no pid it raises
-    (the keeper still reaped). Every fd is in ``NOTEBOOK_FDS``, kept from other ranks.
-    """
-    try:
-        rank = read_pid(keeper_r, FORKSERVER_REPLY_TIMEOUT)
-    except BaseException:  # an interrupt: the rank will find its link closed and end
-        _abandon(reap, keeper_r)
-        raise
-    if rank is None:
-        _abandon(reap, keeper_r)
-        raise RuntimeError(
-            f"nbddp could not {what} (its error is on this process's stderr: the kernel's log); "
-            f"use start_method={instead!r}"
-        )
-    status_r, status_w = os.pipe()
-    NOTEBOOK_FDS.keep(status_r, status_w)
-    args = (reap, keeper_r, status_w)
-    threading.Thread(target=_reap_then_report, args=args, name="nbddp-reap", daemon=True).start()
-    return Child(rank, status_r)
-
-
 def close_kept(fd: int) -> None:
     """Close ``fd``, one of ``NOTEBOOK_FDS``."""
     NOTEBOOK_FDS.release(fd)
     os.close(fd)
-
-
-def _abandon(reap: Callable[[], object], keeper_r: int) -> None:
-    close_kept(keeper_r)
-    threading.Thread(target=reap, name="nbddp-reap", daemon=True).start()
-
-
-def _reap_then_report(reap: Callable[[], object], keeper_r: int, status_w: int) -> None:
-    reap()
-    try:
-        code = os.read(keeper_r, STATUS.size)  # written before the keeper exited
-        if len(code) == STATUS.size:  # else it was killed: the notebook reads EOF
-            os.write(status_w, code)
-    finally:
-        close_kept(keeper_r)
-        close_kept(status_w)
 
 
 class ForkStarter:
@@ -184,8 +164,13 @@ class ForkStarter:
         status_r, status_w = os.pipe()
         with NOTEBOOK_FDS.frozen() as kept:
             pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            run_kept_worker(fds, status_w, {*kept, status_r})
+        if pid == 0:  # pragma: no cover - the child becomes the rank's keeper
+            try:
+                keeper.detach({*kept, status_r} - {fds.ctrl, fds.out, fds.err, status_w})
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            keeper.keep(status_w, fds.ctrl, fds.out, fds.err)
         NOTEBOOK_FDS.keep(status_r)
         os.close(status_w)
         return KeptStarting(lambda: os.waitpid(pid, 0), status_r, "fork a worker", "spawn")

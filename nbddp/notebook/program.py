@@ -101,17 +101,6 @@ def _augmented_names(tree: ast.AST) -> set[str]:
     }
 
 
-_UNCONDITIONAL = (
-    ast.Assign,
-    ast.AnnAssign,
-    ast.Import,
-    ast.ImportFrom,
-    ast.FunctionDef,
-    ast.AsyncFunctionDef,
-    ast.ClassDef,
-)
-
-
 def _read_before_bound(body: list[ast.stmt]) -> set[str]:
     """Names read by a top-level statement before one unconditionally bound them."""
     bound: set[str] = set()
@@ -120,8 +109,7 @@ def _read_before_bound(body: list[ast.stmt]) -> set[str]:
         # A statement's reads happen before its binding (``x = x + 1``), and
         # a read anywhere, even inside a function body, counts.
         read |= _reads(stmt) - bound
-        if isinstance(stmt, _UNCONDITIONAL):
-            bound |= _bindings(stmt)
+        bound |= _bindings(stmt)
     return read
 
 
@@ -148,6 +136,7 @@ def _stored(target: ast.AST) -> set[str]:
 
 
 def _bindings(stmt: ast.stmt) -> set[str]:
+    """The names ``stmt`` binds whenever it runs (none for ``if``, ``for``, ``try``...)."""
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {stmt.name}
     if isinstance(stmt, ast.Import | ast.ImportFrom):
@@ -173,19 +162,16 @@ def select_names(
     }
 
 
+# Tokens that only lay code out: a cell's last token that is not one of them ends it.
+_LAYOUT = (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+
+
 def is_quiet(source: str) -> bool:
     """True if the cell ends with ``;``: as in IPython, its value is not displayed."""
     last = None
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type not in (
-                tokenize.NEWLINE,
-                tokenize.NL,
-                tokenize.COMMENT,
-                tokenize.INDENT,
-                tokenize.DEDENT,
-                tokenize.ENDMARKER,
-            ):
+            if tok.type not in _LAYOUT and tok.type != tokenize.ENDMARKER:
                 last = tok
     except (tokenize.TokenError, SyntaxError):
         return False

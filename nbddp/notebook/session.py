@@ -88,7 +88,10 @@ class Session:
         try:
             Run(job.ready, None, self.config).wait()
         except BaseException:
-            self._abandon()
+            self._job = None
+            self._finalizer.detach()
+            job.core.stop()
+            job.core.wait(job.spec.kill_grace + 5.0)
             raise
         return self
 
@@ -142,14 +145,6 @@ class Session:
         """The session's log directory (a log per rank, a marker line per cell)."""
         return self._job.log_dir if self._job is not None else None
 
-    def _abandon(self) -> None:
-        job, self._job = self._job, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if job is not None:
-            job.core.stop()
-            job.core.wait(job.spec.kill_grace + 5.0)
-
     # -- calls ---------------------------------------------------------------
 
     def run(self, fn: Fn, *args: object, **kwargs: object) -> Any:
@@ -163,11 +158,11 @@ class Session:
         """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
 
         ``names``: values the cell may read (the ranks' own names win)."""
-        self._job_or_raise()
+        job = self._job_or_raise()
         program = self.cell_program(
             source,
             header="# nbddp session",
-            filename=f"<ddp session cell {self._job.cells_run + 1 if self._job else 1}>",
+            filename=f"<ddp session cell {job.cells_run + 1}>",
             user_ns=names or {},
             out=out,
         )
@@ -218,8 +213,7 @@ class Session:
             self.config, job=dataclasses.replace(self.config.job, timeout=timeout), view=config.view
         )
         payload = Payload.serialize(fn, args, kwargs)
-        view = cell_config.view
-        shown = guarded(display, view) if display is not None else make_display(view)
+        shown = guarded(display, config.view) if display is not None else make_display(config.view)
         return Run(job.cell(payload, timeout, config.job.debug), shown, cell_config)
 
     def finish(self, run: Run) -> Any:
@@ -262,14 +256,10 @@ class Session:
 
     def state_note(self) -> str:
         """After a failed call: that the session keeps its state, or why it ended."""
-        if self.alive:
-            note = self._job.note if self._job is not None else None
-            return (
-                f"({note})"
-                if note
-                else "(every rank returned to idle: the session keeps its state)"
-            )
-        return self.lost_message()
+        job = self._job
+        if job is None or not job.alive:
+            return self.lost_message()
+        return f"({job.note or 'every rank returned to idle: the session keeps its state'})"
 
     def lost_message(self) -> str:
         """What ended the session, that its state is lost, and what to do (may wait, bounded)."""
@@ -302,14 +292,15 @@ class Session:
             return "no session (start one with %ddp_session start [options])"
         status = "running" if job.alive else f"ended ({self._why_ended()})"
         options = format_options(self.options) or "(defaults)"
-        where = _where(job)
+        placements = getattr(job.transport, "nodes", None)  # on a cluster: each node's ranks
+        nodes = {r: f"{p.node_rank} {p.address}" for p in placements or () for r in p.global_ranks}
+        width = max([len("node"), *map(len, nodes.values())]) if placements is not None else 0
+        node_column = f"{'node':<{width}}  " if width else ""
         lines = [
             f"session: {status}; {job.spec.world_size} ranks ({job.spec.device}, "
             f"{job.spec.backend}); options {options}; {job.cells_run} cells run",
-            f"{'rank':>4}  {'node':<{where.width}}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  "
-            f"{'device':>9}  state"
-            if where.width
-            else f"{'rank':>4}  {'pid':>7}  {'uptime':>8}  {'memory':>9}  {'device':>9}  state",
+            f"{'rank':>4}  {node_column}{'pid':>7}  {'uptime':>8}  {'memory':>9}  "
+            f"{'device':>9}  state",
         ]
         busy = job.busy_ranks()
         for o in job.core.outcomes():
@@ -318,54 +309,31 @@ class Session:
                 state = describe_exit(o.exit_code)
             device = job.device_bytes.get(o.rank)
             shown = _mib(device) if device is not None else "-"
-            node = f"{where.of(o.rank):<{where.width}}  " if where.width else ""
-            memory = _rss(o.pid) if not where.width else "-"  # another machine's pid
+            node = f"{nodes.get(o.rank, '?'):<{width}}  " if width else ""
+            memory = _rss(o.pid) if not width else "-"  # another machine's pid
             lines.append(
                 f"{o.rank:>4}  {node}{o.pid or 0:>7}  "
                 f"{time.monotonic() - self._started_at:>7.0f}s  {memory:>9}  {shown:>9}  {state}"
             )
-        if where.width:
-            lines.append(where.held)
+        if width:
+            from nbddp.cluster import agents
+
+            lines.append(f"agents: {agents.describe()}")
         names = ", ".join(self.names) or "(none yet)"
         lines.append(f"names on rank 0: {names}")
         lines.append(f"log dir: {job.log_dir}")
         return "\n".join(lines)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Where:
-    """Where a session's ranks run, for its table (width 0: this machine)."""
-
-    width: int = 0
-    nodes: Mapping[int, str] = dataclasses.field(default_factory=dict)
-    held: str = ""
-
-    def of(self, rank: int) -> str:
-        return self.nodes.get(rank, "?")
-
-
-def _where(job: Cells) -> _Where:
-    nodes_of = getattr(job.transport, "nodes", None)
-    if nodes_of is None:
-        return _Where()
-    from nbddp.cluster import agents
-
-    names = {rank: f"{p.node_rank} {p.address}" for p in nodes_of for rank in p.global_ranks}
-    width = max([len("node"), *map(len, names.values())])
-    return _Where(width, names, f"agents: {agents.describe()}")
-
-
 def _end_job(job: Cells) -> None:
     core = job.core
     if core.wait(0):
         return
-    if job.busy_ranks():
-        core.stop()
-    else:
+    if not job.busy_ranks():  # idle ranks are asked to leave first
         job.end()
         if core.wait(END_WAIT):
             return
-        core.stop()
+    core.stop()
     core.wait(job.spec.kill_grace + 5.0)
 
 

@@ -26,7 +26,7 @@ from nbddp.wire.values import pack, unpack
 def register_source(filename: str, text: str, shown: str | None = None) -> None:
     """Make ``text`` the source of ``filename`` for tracebacks (``linecache``), its
     frames named ``shown`` (``Cell In[6]``) when given."""
-    sources.register([Source.of_text(filename, text, shown)])
+    sources.register([Source(filename, tuple(text.splitlines(keepends=True)), shown)])
 
 
 def compile_cell(
@@ -140,11 +140,7 @@ class CellProgram:
         return space.call(run, self.names, self.lasting)
 
     def _run(
-        self,
-        body: types.CodeType,
-        expr: types.CodeType | None,
-        ns: dict[str, object],
-        rank: int,
+        self, body: types.CodeType, expr: types.CodeType | None, ns: dict[str, object], rank: int
     ) -> CellValues | None:
         exec(body, ns)
         value = eval(expr, ns) if expr is not None else None

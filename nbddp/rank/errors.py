@@ -3,8 +3,7 @@
 ``error_info(exc)`` is its ``protocol.ErrorInfo``: type name, message, the time it reached nbddp,
 the exception packed as a value when it rebuilds as its own type, and two tracebacks: the one
 shown, without nbddp's frames (in every chained exception), and the full one for the rank's log.
-``unsendable(what, value, exc)``: the error for a value that cannot be pickled back;
-``is_ours(filename)``: whether code is nbddp's. The notebook's own exceptions: ``nbddp.errors``.
+The notebook's own exceptions: ``nbddp.errors``.
 
 ``format_stacks(rank)``: the rank's Python stacks as one block of text, the user's code first: every
 Python thread, main first, without the frames that only launched the user's code; threads running
@@ -23,7 +22,7 @@ import time
 import traceback
 from types import FrameType
 
-from nbddp.wire import sources, values
+from nbddp.wire import shm, sources, values
 from nbddp.wire.descriptors import Packed
 from nbddp.wire.protocol import ErrorInfo
 
@@ -74,7 +73,8 @@ def _rebuildable(exc: BaseException) -> Packed | None:
     """``exc`` packed as a return value is, when it rebuilds as its own type; else None."""
     try:
         packed = values.pack(exc)
-        rebuilt = values.trial(packed)  # only ship what the notebook will be able to rebuild
+        # Rebuilt here, on private mappings: only ship what the notebook will be able to rebuild.
+        rebuilt = shm.loads(packed.data, packed.fds.fds)
     except Exception:
         return None
     return packed if type(rebuilt) is type(exc) else None

@@ -1,10 +1,9 @@
 """``nbddp.log``: a metric row from a rank to the notebook.
 
 In a launched rank, ``log(step=..., **values)`` sends ``{"rank", "step", "time", **values}``,
-batched (``Channel.send_row``) and always before the rank's result, to ``Run.metrics``. Values
-must be numbers or 0-d tensors; others, or a value named ``rank``, ``step`` or ``time``, raise in
-the caller. Processes the rank forks log through it; one started another way raises
-``RuntimeError``. Outside a launch ``log`` returns at once and checks nothing (no CUDA sync).
+batched (``Channel.send_row``) and always before the rank's result; a value it refuses raises
+in the caller (see ``log``). Processes the rank forks log through it; one started another way
+raises ``RuntimeError``.
 """
 
 from __future__ import annotations

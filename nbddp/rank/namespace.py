@@ -61,7 +61,7 @@ class Namespace:
         if not _from_main(fn):
             return fn(*args, **kwargs)
         theirs = fn.__globals__
-        sent = {name: value for name, value in theirs.items() if not _dunder(name)}
+        sent = {n: v for n, v in theirs.items() if not (n.startswith("__") and n.endswith("__"))}
         for name, value in sent.items():
             if _from_main(value) and value.__globals__ is theirs:
                 sent[name] = self._rebuilt(value)
@@ -91,7 +91,3 @@ class Namespace:
 
 def _from_main(value: object) -> TypeGuard[types.FunctionType]:
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
-
-
-def _dunder(name: str) -> bool:
-    return name.startswith("__") and name.endswith("__")

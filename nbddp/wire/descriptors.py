@@ -9,20 +9,15 @@ way (bytes, type name, shared memory). Only the standard library is imported her
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 
 class Descriptors:
-    """File descriptors travelling beside a message (see module doc), in order.
-
-    Sender side: ``fds`` belong to the objects in ``keep`` (a shared storage,
-    an ``OwnedFd``), held here until the message is sent. Receiver side
-    (``owned``): this object owns ``fds`` and closes them when closed or
-    dropped; ``missing`` counts descriptors that were sent but never arrived
-    (the receiver's open-file limit).
-    """
+    """File descriptors travelling beside a message, in order (see module doc); on the
+    receiving side ``missing`` counts those sent that never arrived (its open-file limit)."""
 
     def __init__(
         self,
@@ -43,10 +38,8 @@ class Descriptors:
         self.keep = ()
         if self.owned:
             for fd in fds:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
     def __del__(self) -> None:
         self.close()
@@ -65,10 +58,8 @@ class OwnedFd:
         self.fd = fd
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
 
 @dataclass(frozen=True)

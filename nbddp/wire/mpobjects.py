@@ -44,6 +44,21 @@ class MpObjectError(RuntimeError):
     """A multiprocessing object that cannot reach the ranks of this launch."""
 
 
+class SentFd:
+    """The ``index``-th descriptor a payload sent; ``detach()`` in the rank gives a
+    duplicate of it, owned by the caller."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def detach(self) -> int:
+        """A new descriptor for the one received (only while ``receiving``)."""
+        fds = _RECEIVED.get()
+        if fds is None or self.index >= len(fds):
+            raise MpObjectError("a multiprocessing object was unpickled outside its payload")
+        return os.dup(fds[-1 - self.index])
+
+
 class Sending:
     """The descriptors one payload sends for its multiprocessing objects.
 
@@ -70,24 +85,7 @@ class Sending:
         dup = os.dup(fd)
         return self.send(dup, OwnedFd(dup)).index
 
-    def DupFd(self, index: int) -> SentFd:  # multiprocessing's name for it
-        """The reference a rank turns back into a descriptor (``SentFd.detach``)."""
-        return SentFd(index)
-
-
-class SentFd:
-    """The ``index``-th descriptor a payload sent; ``detach()`` in the rank gives a
-    duplicate of it, owned by the caller."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def detach(self) -> int:
-        """A new descriptor for the one received (only while ``receiving``)."""
-        fds = _RECEIVED.get()
-        if fds is None or self.index >= len(fds):
-            raise MpObjectError("a multiprocessing object was unpickled outside its payload")
-        return os.dup(fds[-1 - self.index])
+    DupFd = SentFd  # multiprocessing's name for what a rank turns back into a descriptor
 
 
 _SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
@@ -133,11 +131,12 @@ def reduce(obj: object) -> Reduced | None:
     sent = _SENDING.get()
     if sent is None or "multiprocessing" not in sys.modules:
         return None
-    from multiprocessing import connection, heap, queues, synchronize
+    from multiprocessing import connection, current_process, heap, queues, synchronize
 
     if isinstance(obj, connection.Connection):
         sent_fd = sent.send(obj.fileno(), obj)
-        return _rebuild_connection, (sent_fd, obj.readable, obj.writable, _authkey())
+        authkey = bytes(current_process().authkey)
+        return _rebuild_connection, (sent_fd, obj.readable, obj.writable, authkey)
     if isinstance(obj, heap.Arena):
         return heap.rebuild_arena, (obj.size, sent.send(obj.fd, obj))
     if isinstance(obj, synchronize.SemLock):
@@ -159,12 +158,6 @@ def handles(obj: object) -> bool:
 
     kinds = (connection.Connection, heap.Arena, synchronize.SemLock, queues.Queue)
     return isinstance(obj, kinds)
-
-
-def _authkey() -> bytes:
-    import multiprocessing
-
-    return bytes(multiprocessing.current_process().authkey)
 
 
 def _reduce_ctype(obj: object, wrapper: object) -> Reduced:

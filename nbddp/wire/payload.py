@@ -103,14 +103,7 @@ class Payload:
         return CallRef(len(self.data), Descriptors([memfd.fd, *self.fds], keep=[self, memfd]))
 
     @classmethod
-    def serialize(
-        cls,
-        fn: Fn,
-        args: Args,
-        kwargs: Kwargs,
-        *,
-        forked: bool = False,
-    ) -> Payload:
+    def serialize(cls, fn: Fn, args: Args, kwargs: Kwargs, *, forked: bool = False) -> Payload:
         """Pickle the call once; ``PayloadError`` explains any failure.
 
         ``forked``: the ranks will be forked from this process (start method

@@ -24,11 +24,6 @@ class Source:
     shown: str | None = None
     """How frames of this file are named (``Cell In[6]``); None: by the filename."""
 
-    @classmethod
-    def of_text(cls, filename: str, text: str, shown: str | None = None) -> Source:
-        """The source of ``filename`` holding ``text``."""
-        return cls(filename, tuple(text.splitlines(keepends=True)), shown)
-
 
 _SHOWN: dict[str, str] = {}
 """filename -> the name its frames show, for the sources registered here."""

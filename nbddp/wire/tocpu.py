@@ -1,21 +1,16 @@
-"""One way from a rank's values to the notebook: pickled with every tensor on the CPU.
+"""One way from a rank's values to the notebook: every tensor on the CPU.
 
-``dumps(value)`` is ``cloudpickle.dumps(value)``, except that every tensor not on the CPU,
-wherever it sits, is pickled as a CPU copy that keeps what pickling a CPU tensor keeps
+``cpu_reduction(obj)``, in a pickler's ``reducer_override`` (``values.pack``'s), pickles every
+tensor not on the CPU, wherever it sits, as a CPU copy that keeps what pickling a CPU tensor keeps
 (``Parameter``, subclass, attributes, a leaf's ``requires_grad``); a tensor reached twice is
-copied once. The rank's own values are untouched. Used for failing ranks' exceptions (values go
-through ``values.pack``). Non-goals: views of one CUDA storage come back separate; meta stays meta.
+copied once. The rank's own values are untouched. Non-goals: views of one CUDA storage come back
+separate; meta stays meta.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import sys
-from types import ModuleType
 from typing import TYPE_CHECKING
-
-from nbddp.wire.cloud import CloudPickler
 
 if TYPE_CHECKING:
     from _pickle import _ReducedType
@@ -25,35 +20,18 @@ if TYPE_CHECKING:
 _STAY = frozenset(("cpu", "meta"))  # device types pickled as they are
 
 
-def dumps(value: object) -> bytes:
-    """``value`` pickled with cloudpickle, every tensor copied to the CPU (see module doc)."""
-    buffer = io.BytesIO()
-    CpuPickler(buffer).dump(value)
-    return buffer.getvalue()
-
-
-class CpuPickler(CloudPickler):
-    """cloudpickle, with every non-CPU tensor pickled as its copy on the CPU."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def reducer_override(self, obj: object) -> _ReducedType:
-        reduced = cpu_reduction(obj)
-        return reduced if reduced is not None else super().reducer_override(obj)
-
-
-def cpu_reduction(obj: object, shared_from: int | None = None) -> _ReducedType | None:
+def cpu_reduction(obj: object, shared_from: int) -> _ReducedType | None:
     """How a pickler's ``reducer_override`` sends ``obj`` when it is a tensor to copy
     to the CPU; None for anything else. ``shared_from``: plain tensors of at least
     that many bytes are copied straight into shared memory (``on_cpu``)."""
-    torch = _torch()
-    if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in _STAY:
+    # Only a fully imported torch: nbddp may be importing it in the background,
+    # and no tensor can exist before that import has finished.
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor_type is not None and isinstance(obj, tensor_type) and obj.device.type not in _STAY:
         # Pickled as "the CPU copy itself": the copy goes through the
         # pickler again (it is on the CPU now) and through the memo, so the
         # original reached twice is copied once.
-        shared = shared_from is not None and obj.nbytes >= shared_from
-        return _same, (on_cpu(obj, shared=shared),)
+        return _same, (on_cpu(obj, shared=obj.nbytes >= shared_from),)
     return None
 
 
@@ -64,11 +42,13 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
     import torch  # already imported: there is a tensor
 
     with torch.no_grad():  # a copy outside any autograd graph, as ``detach()`` gives
-        moved: torch.Tensor = (
-            _shared_copy(tensor)
-            if shared and type(tensor) in (torch.Tensor, torch.nn.Parameter)
-            else tensor.cpu()
-        )
+        if shared and type(tensor) in (torch.Tensor, torch.nn.Parameter):
+            # Straight into a fresh, contiguous shared-memory tensor on the CPU.
+            storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
+            moved = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
+            moved.copy_(tensor.detach())
+        else:
+            moved = tensor.cpu()
     if moved.device.type != "cpu":  # would be pickled (and copied) again, endlessly
         raise TypeError(
             f"{type(tensor).__name__}.cpu() returned a tensor on {moved.device}; "
@@ -83,23 +63,6 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
     if state:
         moved.__dict__.update(state)
     return moved
-
-
-def _shared_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` copied into a fresh, contiguous shared-memory tensor on the CPU."""
-    import torch
-
-    storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
-    out = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
-    out.copy_(tensor.detach())
-    return out
-
-
-def _torch() -> ModuleType | None:
-    # Only a fully imported torch: nbddp may be importing it in the background,
-    # and no tensor can exist before that import has finished.
-    torch = sys.modules.get("torch")
-    return torch if hasattr(torch, "Tensor") else None
 
 
 def _same(value: object) -> object:

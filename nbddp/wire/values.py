@@ -3,8 +3,8 @@
 ``pack(value)`` (rank) pickles it with every tensor on the CPU (``tocpu``) and each storage or
 numpy array of at least ``shm.SHARE_BYTES`` in shared memory, copied at most once and never moved
 (the rank's tensors stay valid): a ``Packed``. ``unpack(packed)`` (notebook) rebuilds it on those
-pages mapped shared, without a copy, and always closes the received fds; ``trial(packed)`` (rank)
-rebuilds it privately, to learn whether it will. A rank's exception travels the same way.
+pages mapped shared, without a copy, and always closes the received fds. A rank's exception
+travels the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class _ValuePickler(shm.SharingPickler):
     CPU storages copied, not moved, into shared memory."""
 
     def reducer_override(self, obj: object) -> _ReducedType:
-        reduced = tocpu.cpu_reduction(obj, shared_from=shm.SHARE_BYTES)
+        reduced = tocpu.cpu_reduction(obj, shm.SHARE_BYTES)
         return reduced if reduced is not None else super().reducer_override(obj)
 
     def _share(self, storage: torch.UntypedStorage) -> int:
@@ -64,11 +64,6 @@ def unpack(packed: Packed) -> object:
         return shm.loads(packed.data, packed.fds.fds, shared=True)
     finally:
         packed.fds.close()
-
-
-def trial(packed: Packed) -> object:
-    """``packed`` rebuilt where it was packed, on private mappings."""
-    return shm.loads(packed.data, packed.fds.fds)
 
 
 def type_name(value: object) -> str:

@@ -143,7 +143,7 @@ def _sources_of(payload: Payload) -> tuple[sources.Source, ...]:
 
 
 def test_frames_of_named_files_are_headed_as_ipython_heads_them() -> None:
-    sources.register([sources.Source.of_text("<x>", "a = 1\n", "Cell In[3]")])
+    sources.register([sources.Source("<x>", ("a = 1\n",), "Cell In[3]")])
     text = 'Traceback:\n  File "<x>", line 1, in <module>\n  File "<y>", line 2, in g\n'
     assert sources.named(text) == (
         'Traceback:\n  Cell In[3], line 1, in <module>\n  File "<y>", line 2, in g\n'

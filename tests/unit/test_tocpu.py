@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import pickle
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from nbddp.rank.worker import error_info
-from nbddp.wire import tocpu, values
+from nbddp.wire import values
 
 CUDA0 = torch.device("cuda", 0)
 ON_FAKE_CUDA: set[int] = set()  # ids of the tensors that report cuda:0 (tests keep them alive)
@@ -66,7 +65,7 @@ def _clean() -> Iterator[None]:
 
 
 def round_trip(value: object) -> Any:
-    return pickle.loads(tocpu.dumps(value))
+    return values.unpack(values.pack(value))
 
 
 def tensors(value: object) -> Iterator[torch.Tensor]:
@@ -249,7 +248,7 @@ def test_a_cpu_method_that_stays_on_the_device_is_refused() -> None:
     stuck = torch.ones(1).as_subclass(Stuck)
     ON_FAKE_CUDA.add(id(stuck))
     with pytest.raises(TypeError, match=r"Stuck.cpu\(\) returned a tensor on cuda:0"):
-        tocpu.dumps(stuck)
+        values.pack(stuck)
 
 
 def test_exceptions_travel_with_their_tensors_on_the_cpu() -> None:
