@@ -18,6 +18,7 @@ for the engine's resources, on ``release_agents()``, and with the process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ POLL_WAIT = 1.0  # seconds an agent's long poll waits when nothing happens
 LOST_AFTER = 10.0  # seconds beyond POLL_WAIT without an answer before a node counts as lost
 KEEP_TICK = 1.0  # seconds between the keeper's looks at idle agents
 LOOK_EVERY = 1.0  # seconds between looks at the cluster's nodes while placement waits
+PING_TIMEOUT = 5.0  # seconds a kept set's agents get to answer before new ones are placed
 
 Shape = tuple[str, int, int, int]
 """(cluster address, nodes, GPUs per node, CPUs per node): what agents were placed for."""
@@ -177,16 +179,26 @@ _sets_lock = threading.Lock()
 _lost_nodes: dict[str, str] = {}  # node id -> name: agents lost since the last placement
 
 
-def reuse(shape: Shape, alive: Callable[[Agents], bool]) -> Agents | None:
-    """A kept set of ``shape`` whose agents all answer (``alive(agents)``), if any;
-    sets that do not answer are marked broken."""
+def reuse(shape: Shape) -> Agents | None:
+    """A kept set of ``shape`` whose agents all answer, if any; sets that do not answer
+    are marked broken."""
     with _sets_lock:
         candidates = [s for s in reversed(_sets) if s.shape == shape and not s.broken]
     for agents in candidates:
-        if alive(agents):
+        if _answers(agents):
             return agents
         agents.broken = True
     return None
+
+
+def _answers(agents: Agents) -> bool:
+    """Every agent answers ``describe`` within ``PING_TIMEOUT`` (all asked at once)."""
+    with contextlib.suppress(Exception):
+        deadline = time.monotonic() + PING_TIMEOUT
+        for ping in [c.call("describe") for c in agents.channels]:
+            ping.result(max(0.0, deadline - time.monotonic()))
+        return not agents.broken
+    return False
 
 
 def keep(agents: Agents) -> Agents:

@@ -35,7 +35,6 @@ from nbddp.wire.versions import local_versions, mismatch
 log = logging.getLogger(__name__)
 
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready
-PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are placed
 AGENT_CONCURRENCY = 32  # an agent's threads: a long poll never holds up a stop
 CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
 CLIENT_START_TRIES = 3
@@ -182,24 +181,12 @@ def place(config: LaunchConfig) -> Agents:
     per = config.job.world_size // config.nodes
     gpus = per if config.job.device == "cuda" else 0
     shape: Shape = (config.cluster.address, config.nodes, gpus, 1)
-    kept = reuse(shape, lambda agents: _alive(ray, agents))
+    kept = reuse(shape)
     if kept is not None:
         return kept
     release_agents()  # what no run uses: its resources may be what this run needs
     _check_fits(ray, config, gpus)
     return keep(_new_agents(ray, shape))
-
-
-def _alive(ray: Ray, agents: Agents) -> bool:
-    """Every agent still answers (one round trip each, in parallel)."""
-    with contextlib.suppress(Exception):
-        handles = [c.handle for c in agents.channels if isinstance(c, RayChannel)]
-        pings = [h.__ray_ready__.remote() for h in handles]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT)
-        if len(ready) == len(pings):
-            ray.get(ready)  # raises for an agent that died
-            return not agents.broken
-    return False
 
 
 def _fitting(ray: Ray, gpus: int) -> list[str]:

@@ -18,7 +18,6 @@ channels, naming why, so their runs end within seconds.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 
 PLACE_TIMEOUT = 60.0  # seconds the step's agents get to connect and say where they run
 PROVE_TIMEOUT = 5.0  # seconds a new connection gets to prove the secret
-PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are started
 END_WAIT = 10.0  # seconds srun gets to end once its agents were told to
 GONE_WAIT = 3.0  # seconds a lost agent's step gets to end, so that Slurm says why
 
@@ -70,7 +68,7 @@ def place(config: LaunchConfig) -> Agents:
         )
     where = str(cluster) if cluster.submits else f"Slurm job {job}"
     shape: Shape = (where, config.nodes, gpus, 1)
-    kept = reuse(shape, _alive)
+    kept = reuse(shape)
     if kept is not None:
         return kept
     release_agents()  # what no run uses: its step's CPUs may be what this run needs
@@ -300,13 +298,3 @@ def end_kept() -> None:
     """End the kept allocations this process asked for that no agents hold."""
     busy = {a.engine.job for a in kept() if isinstance(a.engine, SlurmEngine)}
     cancel_kept(busy)
-
-
-def _alive(agents: Agents) -> bool:
-    """Every agent of a kept step still answers."""
-    with contextlib.suppress(Exception):
-        pings = [c.call("describe") for c in agents.channels]
-        for ping in pings:
-            ping.result(PING_TIMEOUT)
-        return not agents.broken
-    return False

@@ -92,7 +92,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcess]:
 
     def place(config: LaunchConfig) -> Agents:
         shape: Shape = ("in-process", config.nodes, 0, 1)
-        reused = kept.reuse(shape, lambda agents: True)
+        reused = kept.reuse(shape)
         if reused is not None:
             return reused
         channels: list[Channel] = [Direct(LocalAgent(), pool) for _ in range(config.nodes)]
