@@ -58,22 +58,27 @@ class Channel(Protocol):
 
 
 class Engine(Protocol):
-    """What places agents: the only engine-specific part besides each ``Channel``."""
+    """What places agents: the only engine-specific part besides each ``Channel``. An
+    engine that subclasses it gets the defaults: an engine of its own nodes."""
 
     def share(self, value: object) -> object:
         """What to pass to every agent for ``value`` so it travels to each node once."""
+        return value
 
     def connected(self) -> bool:
         """False once this process has left the cluster (its agents went with it)."""
+        return True
 
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         """End the agents and give their nodes back."""
 
     def others_waiting(self, holds: list[object]) -> bool:
         """Whether another job waits for the cluster's resources (not ``holds``)."""
+        return False
 
     def note(self) -> str:
         """What else ``describe`` says of these agents (a Slurm job's time left)."""
+        return ""
 
 
 class Listener(Protocol):

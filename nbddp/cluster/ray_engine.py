@@ -24,7 +24,7 @@ from typing import Any
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.ray_node import RayNodeAgent
 from nbddp.cluster import agents as held
-from nbddp.cluster.agents import Agents, Channel, Shape, keep, release_agents, reuse
+from nbddp.cluster.agents import Agents, Channel, Engine, Shape, keep, release_agents, reuse
 from nbddp.cluster.probe import probe
 from nbddp.errors import ConfigError
 from nbddp.launcher.clusters import RayCluster
@@ -147,7 +147,7 @@ class _Call:
             raise
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Ray's side of ``agents.Engine``."""
 
     def share(self, value: object) -> object:
@@ -169,9 +169,6 @@ class RayEngine:
     def others_waiting(self, holds: list[object]) -> bool:
         groups: list[Ray] = holds
         return _foreign_demand({str(g.id.hex()) for g in groups})
-
-    def note(self) -> str:
-        return ""
 
 
 def place(config: LaunchConfig) -> Agents:

@@ -205,7 +205,7 @@ def _accept(server: socket.socket, secret: str, nodes: int, engine: SlurmEngine)
     return [callers[i] for i in range(nodes)]
 
 
-class SlurmEngine:
+class SlurmEngine(held.Engine):
     """Slurm's side of ``agents.Engine`` for one step of agents: follows the step,
     and closes its agents' channels when it ends (module contract)."""
 
@@ -264,12 +264,6 @@ class SlurmEngine:
             return f"the agent on {node or 'a node'} ended its connection"
         return f"the agents' step ended (srun exited with {self.step.returncode})"
 
-    def share(self, value: object) -> object:
-        return value
-
-    def connected(self) -> bool:
-        return True
-
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         """Close the agents' channels (each agent then ends its ranks and itself) and
         wait for the step to end, killing ``srun`` if it does not."""
@@ -283,9 +277,6 @@ class SlurmEngine:
             self.step.wait()
         if self.allocation is not None:
             self.allocation.end()
-
-    def others_waiting(self, holds: list[object]) -> bool:
-        return False  # the allocation is this notebook's own
 
     def note(self) -> str:
         left = subprocess.run(
