@@ -8,10 +8,11 @@ torch); a new agent starts the node's forkserver at once. It holds any number
 of runs, each under the notebook's run id with its own ``noderun.NodeRun`` and,
 on agent 0, its own rendezvous store (``host_store``/``close_store``).
 ``poll(wait)`` is the one long poll for all of them: a ``Batch`` per run with
-its events (global ranks), new failures and, once its ranks here have all
-ended, their outcomes. The agent ends itself (``os._exit``, so every rank's link
-closes) once it has lost the notebook: no poll for ``QUIET`` seconds, or its
-engine's process on the node gone (``engine_lost``).
+its events, new failures and, once its ranks here have all ended, their
+outcomes (global ranks), shipped (``portable.ship``). The agent ends itself
+(``os._exit``, so every rank's link closes) once it has lost the notebook: no
+poll for ``QUIET`` seconds, or its engine's process on the node gone
+(``engine_lost``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from nbddp.agent.noderun import Inbox, NodeRun, Reply
-from nbddp.agent.portable import (
-    ShippedFailure,
-    ShippedOutcome,
-    ShippedPayload,
-    land_payload,
-    ship_failure,
-    ship_outcome,
-)
+from nbddp.agent.portable import Shipped, ShippedPayload, land_payload, ship
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.events import Done, RunEvent, RunStatus
+from nbddp.launcher.events import Done, Failure, RankOutcome, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
 from nbddp.wire.protocol import Answer
 from nbddp.wire.versions import local_versions
@@ -69,8 +63,9 @@ class Batch:
     """What one poll returns for one run."""
 
     events: list[RunEvent | Reply] = field(default_factory=list)
-    failures: list[ShippedFailure] = field(default_factory=list)
-    outcomes: list[ShippedOutcome] | None = None
+    failures: list[tuple[float, Failure]] = field(default_factory=list)
+    """Each with ``time.time()`` on the node when it happened."""
+    outcomes: list[RankOutcome] | None = None
     """Once the run's ranks on this node have all ended: each one's outcome (its last
     batch)."""
     status: RunStatus | None = None
@@ -83,12 +78,12 @@ class _Held:
     job: NodeRun
     sent: int = 0  # failures already sent
 
-    def new_failures(self) -> list[ShippedFailure]:
-        """The run's failures not sent yet, shipped (and from now on counted as sent)."""
+    def new_failures(self) -> list[tuple[float, Failure]]:
+        """The run's failures not sent yet (and from now on counted as sent)."""
         failures = self.job.core.failures()
         # A failure's monotonic time in this process, as time.time().
-        wall = time.time() - time.monotonic()
-        new = [ship_failure(wall + at, f, self.job.first) for at, f in failures[self.sent :]]
+        wall, first = time.time() - time.monotonic(), self.job.first
+        new = [(wall + at, replace(f, rank=f.rank + first)) for at, f in failures[self.sent :]]
         self.sent = len(failures)
         return new
 
@@ -169,8 +164,8 @@ class NodeAgent:
             raise
         return {rank + node.first_rank: pid for rank, pid in job.core.pids().items()}
 
-    def poll(self, wait: float) -> dict[str, Batch]:
-        """The long poll: run id -> its batch."""
+    def poll(self, wait: float) -> Shipped:
+        """The long poll: run id -> its batch, shipped."""
         self._last_poll = time.monotonic()
         batches: dict[str, Batch] = {}
         count = 0
@@ -195,7 +190,7 @@ class NodeAgent:
             if new := record.new_failures():
                 batches.setdefault(run, Batch()).failures = new
         self._last_poll = time.monotonic()
-        return batches
+        return ship(batches)
 
     def _close(self, run: str, batch: Batch) -> None:
         """``run``'s ranks here have all ended: their outcomes go in its last batch."""
@@ -205,7 +200,7 @@ class NodeAgent:
             return
         job = record.job
         batch.failures.extend(record.new_failures())
-        batch.outcomes = [ship_outcome(o, job.first) for o in job.core.outcomes()]
+        batch.outcomes = [replace(o, rank=o.rank + job.first) for o in job.core.outcomes()]
         batch.status = job.core.status
 
     def stop(self, run: str, reason: RunStatus) -> None:

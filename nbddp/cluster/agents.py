@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nbddp.agent.node import Batch, NodeInfo
+from nbddp.agent.portable import land
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.relay import loop
@@ -154,8 +155,10 @@ class Agents:
                 if not self.released and self.engine.connected():
                     self._lost(index, exc)
                 return
-            assert isinstance(polled, dict)
-            for run, batch in polled.items():
+            assert isinstance(polled, tuple)
+            batches = land(polled)
+            assert isinstance(batches, dict)
+            for run, batch in batches.items():
                 with self._lock:
                     listener = self.runs.get(run)
                 if listener is not None:
