@@ -175,9 +175,8 @@ def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None
 def _accept(server: socket.socket, secret: str, nodes: int, engine: SlurmEngine) -> list[Caller]:
     """The step's agents, in node order, once each has proved ``secret``."""
     server.settimeout(0.2)
-    callers: dict[int, Caller] = {}
     deadline = time.monotonic() + PLACE_TIMEOUT
-    while len(callers) < nodes:
+    while len(engine.callers) < nodes:
         if engine.ended.is_set():
             raise ConfigError(f"Slurm could not start nbddp's agents: {engine.why()}")
         if time.monotonic() > deadline:
@@ -195,14 +194,14 @@ def _accept(server: socket.socket, secret: str, nodes: int, engine: SlurmEngine)
             index = proven(sock, secret)
         except (OSError, EOFError, ValueError):
             index = None
-        if not isinstance(index, int) or index in callers or not 0 <= index < nodes:
+        if not isinstance(index, int) or index in engine.callers or not 0 <= index < nodes:
             log.warning("nbddp: refused a connection from %s: not one of this job's agents", peer)
             sock.close()
             continue
         sock.settimeout(None)
-        callers[index] = engine.callers[index] = Caller(sock, f"node {index}")
-        callers[index].gone = functools.partial(engine.gone, callers[index])
-    return [callers[i] for i in range(nodes)]
+        caller = engine.callers[index] = Caller(sock, f"node {index}")
+        caller.gone = functools.partial(engine.gone, caller)
+    return [engine.callers[i] for i in range(nodes)]
 
 
 class SlurmEngine(held.Engine):
