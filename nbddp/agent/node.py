@@ -17,6 +17,7 @@ poll for ``QUIET`` seconds, or its engine's process on the node gone
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -167,23 +168,18 @@ class NodeAgent:
     def poll(self, wait: float) -> Shipped:
         """The long poll: run id -> its batch, shipped."""
         self._last_poll = time.monotonic()
+        items: list[tuple[str, RunEvent | Reply]] = []
+        with contextlib.suppress(queue.Empty):
+            items.append(self._inbox.get(timeout=wait))
+            while len(items) < MAX_BATCH:
+                items.append(self._inbox.get_nowait())
         batches: dict[str, Batch] = {}
-        count = 0
-        try:
-            item = self._inbox.get(timeout=wait)
-            while True:
-                run, event = item
-                batch = batches.setdefault(run, Batch())
-                if isinstance(event, Done):
-                    self._close(run, batch)
-                else:
-                    batch.events.append(event)
-                count += 1
-                if count >= MAX_BATCH:
-                    break
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
+        for run, event in items:
+            batch = batches.setdefault(run, Batch())
+            if isinstance(event, Done):
+                self._close(run, batch)
+            else:
+                batch.events.append(event)
         with self._lock:
             held = list(self._runs.items())
         for run, record in held:
