@@ -33,7 +33,7 @@ from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
 from nbddp.cluster import agents as held
 from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
-from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept
+from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, squeue
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.clusters import SlurmCluster
@@ -278,9 +278,7 @@ class SlurmEngine(held.Engine):
             self.allocation.end()
 
     def note(self) -> str:
-        left = subprocess.run(
-            ["squeue", "-h", "-j", self.job, "-o", "%L"], capture_output=True, text=True
-        ).stdout.strip()
+        left = squeue("-h", "-j", self.job, "-o", "%L").strip()
         return f"time left {left}" if left else ""
 
 
