@@ -9,6 +9,7 @@ pipes. When its link to the notebook reaches EOF, the worker kills its own proce
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import logging
@@ -202,11 +203,10 @@ def _wait_for_peers() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
-    try:
+    # A store hosted by a rank that already left (say) raises: nothing to wait for.
+    with contextlib.suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
         _all_arrive(store, "returned", dist.get_world_size(), PEER_WAIT)
-    except Exception:
-        pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 
 
 def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
