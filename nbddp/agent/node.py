@@ -201,20 +201,17 @@ class NodeAgent:
 
     def stop(self, run: str, reason: RunStatus) -> None:
         """Stop ``run``'s ranks here (SIGTERM to each group, SIGKILL after the grace)."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.core.stop(reason)
 
     def dump_stacks(self, run: str) -> None:
         """Have ``run``'s running ranks here write their stacks into their output."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.core.dump_stacks()
 
     def send(self, run: str, rank: int, kind: str, body: object) -> None:
         """A session's request to its global ``rank`` here (``interrupt``, ``end``...)."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.send(rank, kind, body)
 
     def send_cell(
@@ -226,20 +223,17 @@ class NodeAgent:
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.send_cell(number, land_payload(payload), debug)
 
     def ask_stacks(self, run: str, ranks: list[int]) -> None:
         """Ask a session's global ``ranks`` here for their stacks."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.ask_stacks(ranks)
 
     def answer(self, run: str, rank: int, number: int, text: Answer) -> None:
         """The user's line for ``run``'s global ``rank`` here, at its prompt ``number``."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.answer(rank, number, text)
 
     def close_store(self, run: str) -> None:
