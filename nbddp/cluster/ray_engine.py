@@ -167,8 +167,26 @@ class RayEngine(Engine):
             remove_placement_group(hold)
 
     def others_waiting(self, holds: list[object]) -> bool:
+        """A pending placement group not one of ``holds``, or (connected directly, not over
+        Ray Client) a task or actor waiting."""
         groups: list[Ray] = holds
-        return _foreign_demand({str(g.id.hex()) for g in groups})
+        ours = {str(g.id.hex()) for g in groups}
+        ray = import_ray()
+        try:
+            from ray.util import placement_group_table
+
+            for group, entry in placement_group_table().items():
+                if entry.get("state") == "PENDING" and group not in ours:
+                    return True
+            if ray.util.client.ray.is_connected():
+                return False
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            return bool(status.resource_demands.ray_task_actor_demand)
+        except Exception as exc:  # a look that fails says nothing: keep the agents for now
+            log.debug("nbddp: could not read the cluster's pending demand: %s", exc)
+            return False
 
 
 def place(config: LaunchConfig) -> Agents:
@@ -279,24 +297,3 @@ def _node_order(ray: Ray, infos: list[NodeInfo]) -> list[int]:
         return (info.node_id not in heads, address, i)
 
     return sorted(range(len(infos)), key=key)
-
-
-def _foreign_demand(ours: set[str]) -> bool:
-    """Whether another job waits for cluster resources: a pending placement group not
-    ours, or (connected directly, not over Ray Client) a task or actor waiting."""
-    ray = import_ray()
-    try:
-        from ray.util import placement_group_table
-
-        for group, entry in placement_group_table().items():
-            if entry.get("state") == "PENDING" and group not in ours:
-                return True
-        if ray.util.client.ray.is_connected():
-            return False
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        status = get_cluster_status(ray.get_runtime_context().gcs_address)
-        return bool(status.resource_demands.ray_task_actor_demand)
-    except Exception as exc:  # a look that fails says nothing: keep the agents for now
-        log.debug("nbddp: could not read the cluster's pending demand: %s", exc)
-        return False
