@@ -8,14 +8,16 @@ torch); a new agent starts the node's forkserver at once. It holds any number
 of runs, each under the notebook's run id with its own ``noderun.NodeRun`` and,
 on agent 0, its own rendezvous store (``host_store``/``close_store``).
 ``poll(wait)`` is the one long poll for all of them: a ``Batch`` per run with
-its events (global ranks), new failures and, once its ranks here have all
-ended, their outcomes. The agent ends itself (``os._exit``, so every rank's link
-closes) once it has lost the notebook: no poll for ``QUIET`` seconds, or its
-engine's process on the node gone (``engine_lost``).
+its events, new failures and, once its ranks here have all ended, their
+outcomes (global ranks), shipped (``portable.ship``). The agent ends itself
+(``os._exit``, so every rank's link closes) once it has lost the notebook: no
+poll for ``QUIET`` seconds, or its engine's process on the node gone
+(``engine_lost``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -25,16 +27,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from nbddp.agent.noderun import Inbox, NodeRun, Reply
-from nbddp.agent.portable import (
-    ShippedFailure,
-    ShippedOutcome,
-    ShippedPayload,
-    land_payload,
-    ship_failure,
-    ship_outcome,
-)
+from nbddp.agent.portable import Shipped, ShippedPayload, land_payload, ship
 from nbddp.launcher.config import JobSpec, NodeSlice
-from nbddp.launcher.events import Done, RunEvent, RunStatus
+from nbddp.launcher.events import Done, Failure, RankOutcome, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
 from nbddp.wire.protocol import Answer
 from nbddp.wire.versions import local_versions
@@ -69,8 +64,9 @@ class Batch:
     """What one poll returns for one run."""
 
     events: list[RunEvent | Reply] = field(default_factory=list)
-    failures: list[ShippedFailure] = field(default_factory=list)
-    outcomes: list[ShippedOutcome] | None = None
+    failures: list[tuple[float, Failure]] = field(default_factory=list)
+    """Each with ``time.time()`` on the node when it happened."""
+    outcomes: list[RankOutcome] | None = None
     """Once the run's ranks on this node have all ended: each one's outcome (its last
     batch)."""
     status: RunStatus | None = None
@@ -83,12 +79,12 @@ class _Held:
     job: NodeRun
     sent: int = 0  # failures already sent
 
-    def new_failures(self) -> list[ShippedFailure]:
-        """The run's failures not sent yet, shipped (and from now on counted as sent)."""
+    def new_failures(self) -> list[tuple[float, Failure]]:
+        """The run's failures not sent yet (and from now on counted as sent)."""
         failures = self.job.core.failures()
         # A failure's monotonic time in this process, as time.time().
-        wall = time.time() - time.monotonic()
-        new = [ship_failure(wall + at, f, self.job.first) for at, f in failures[self.sent :]]
+        wall, first = time.time() - time.monotonic(), self.job.first
+        new = [(wall + at, replace(f, rank=f.rank + first)) for at, f in failures[self.sent :]]
         self.sent = len(failures)
         return new
 
@@ -169,33 +165,28 @@ class NodeAgent:
             raise
         return {rank + node.first_rank: pid for rank, pid in job.core.pids().items()}
 
-    def poll(self, wait: float) -> dict[str, Batch]:
-        """The long poll: run id -> its batch."""
+    def poll(self, wait: float) -> Shipped:
+        """The long poll: run id -> its batch, shipped."""
         self._last_poll = time.monotonic()
+        items: list[tuple[str, RunEvent | Reply]] = []
+        with contextlib.suppress(queue.Empty):
+            items.append(self._inbox.get(timeout=wait))
+            while len(items) < MAX_BATCH:
+                items.append(self._inbox.get_nowait())
         batches: dict[str, Batch] = {}
-        count = 0
-        try:
-            item = self._inbox.get(timeout=wait)
-            while True:
-                run, event = item
-                batch = batches.setdefault(run, Batch())
-                if isinstance(event, Done):
-                    self._close(run, batch)
-                else:
-                    batch.events.append(event)
-                count += 1
-                if count >= MAX_BATCH:
-                    break
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
+        for run, event in items:
+            batch = batches.setdefault(run, Batch())
+            if isinstance(event, Done):
+                self._close(run, batch)
+            else:
+                batch.events.append(event)
         with self._lock:
             held = list(self._runs.items())
         for run, record in held:
             if new := record.new_failures():
                 batches.setdefault(run, Batch()).failures = new
         self._last_poll = time.monotonic()
-        return batches
+        return ship(batches)
 
     def _close(self, run: str, batch: Batch) -> None:
         """``run``'s ranks here have all ended: their outcomes go in its last batch."""
@@ -205,25 +196,22 @@ class NodeAgent:
             return
         job = record.job
         batch.failures.extend(record.new_failures())
-        batch.outcomes = [ship_outcome(o, job.first) for o in job.core.outcomes()]
+        batch.outcomes = [replace(o, rank=o.rank + job.first) for o in job.core.outcomes()]
         batch.status = job.core.status
 
     def stop(self, run: str, reason: RunStatus) -> None:
         """Stop ``run``'s ranks here (SIGTERM to each group, SIGKILL after the grace)."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.core.stop(reason)
 
     def dump_stacks(self, run: str) -> None:
         """Have ``run``'s running ranks here write their stacks into their output."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.core.dump_stacks()
 
     def send(self, run: str, rank: int, kind: str, body: object) -> None:
         """A session's request to its global ``rank`` here (``interrupt``, ``end``...)."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.send(rank, kind, body)
 
     def send_cell(
@@ -235,20 +223,17 @@ class NodeAgent:
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.send_cell(number, land_payload(payload), debug)
 
     def ask_stacks(self, run: str, ranks: list[int]) -> None:
         """Ask a session's global ``ranks`` here for their stacks."""
-        job = self._job(run)
-        if job is not None and job.session:
+        if (job := self._job(run)) is not None and job.session:
             job.ask_stacks(ranks)
 
     def answer(self, run: str, rank: int, number: int, text: Answer) -> None:
         """The user's line for ``run``'s global ``rank`` here, at its prompt ``number``."""
-        job = self._job(run)
-        if job is not None:
+        if (job := self._job(run)) is not None:
             job.answer(rank, number, text)
 
     def close_store(self, run: str) -> None:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, replace
 
-from nbddp.agent.portable import ShippedError, ShippedReply, ship_error, ship_reply
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import InputAsked, MetricRows, RunEvent, StateChanged, Text
 from nbddp.launcher.job import Job
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Answer, Body, CellReply, ErrorInfo
+from nbddp.wire.protocol import Answer, Body
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,9 @@ class Reply:
 
     rank: int
     kind: str
-    """``cell_done`` (``body``: a ``ShippedReply``), ``regrouped`` (a ``ShippedError`` or
+    """``cell_done`` (``body``: a ``CellReply``), ``regrouped`` (an ``ErrorInfo`` or
     None) or ``stacks`` (None: it wrote its stacks)."""
-    body: ShippedReply | ShippedError | None
+    body: Body
 
 
 Inbox = queue.SimpleQueue[tuple[str, "RunEvent | Reply"]]
@@ -65,18 +64,10 @@ class NodeRun:
         self.inbox.put((self.cluster_run, _global(event, self.first)))
 
     def message(self, rank: int, kind: str, body: Body) -> None:
-        if not self.session:
-            return
-        if kind == "cell_done" and isinstance(body, CellReply):
-            shipped: ShippedReply | ShippedError | None = ship_reply(body)
-        elif kind == "regrouped":
-            shipped = ship_error(body) if isinstance(body, ErrorInfo) else None
-        elif kind == "stacks":
-            shipped = None
-        else:
+        if not self.session or kind not in ("cell_done", "regrouped", "stacks"):
             return
         self.job.drain(rank)  # everything it printed before replying, first
-        self.inbox.put((self.cluster_run, Reply(rank + self.first, kind, shipped)))
+        self.inbox.put((self.cluster_run, Reply(rank + self.first, kind, body)))
 
     def ending(self) -> None:
         """Nothing to do: ``Done`` reaches the inbox as every event does."""

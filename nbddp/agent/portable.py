@@ -3,27 +3,26 @@
 Contract: on one machine a rank's value, its exception, a session rank's
 reply and the call's large arguments travel as bytes plus shared-memory descriptors
 (``descriptors.Packed``, ``payload.Payload``); descriptors cannot leave a
-machine. ``ship_*`` (on the sending side) reads each descriptor's memory
-into bytes once; ``land_*`` (on the receiving side) writes them into fresh
-shared memory (memfd), so the rest of nbddp gets the very types it gets
-locally: ``values.unpack`` and ``failures.run_error`` work unchanged.
+machine. ``ship(obj)`` and ``ship_payload`` (on the sending side) read each
+descriptor's memory into bytes once; ``land`` and ``land_payload`` (on the
+receiving side) write them into fresh shared memory (memfd), so the rest of
+nbddp gets the very objects it gets locally: ``values.unpack`` and
+``failures.run_error`` work unchanged.
 A payload holding multiprocessing objects (pipes, queues, locks) cannot be
 shipped: ``PayloadError`` says so. Nothing here imports ray.
 """
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import pickle
 import stat
-from dataclasses import dataclass, replace
 
 from nbddp.errors import PayloadError
-from nbddp.launcher.events import Failure, RankOutcome
-from nbddp.wire.descriptors import Descriptors, OwnedFd, Packed, memfd_with, read_all
+from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import CellReply, ErrorInfo
 
 
 def read_fd(fd: int) -> bytes:
@@ -41,95 +40,48 @@ def read_fd_check(fd: int) -> None:
         )
 
 
-@dataclass(frozen=True)
-class ShippedValue:
-    """A ``Packed`` value with its shared memory as bytes."""
-
-    data: bytes
-    type_name: str
-    memory: tuple[bytes, ...]
+Shipped = tuple[bytes, tuple[bytes, ...]]
+"""An object pickled, and the shared memory its ``Descriptors`` held, as bytes (``ship``)."""
 
 
-def ship_value(packed: Packed) -> ShippedValue:
-    """``packed`` made plain bytes (sending side)."""
-    return ShippedValue(packed.data, packed.type_name, tuple(read_fd(fd) for fd in packed.fds.fds))
+class _Shipper(pickle.Pickler):
+    """Pickles an object, reading the memory of every ``Descriptors`` in it into bytes."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.memory: list[bytes] = []
+
+    def persistent_id(self, obj: object) -> tuple[int, int] | None:
+        if type(obj) is not Descriptors:
+            return None
+        self.memory.extend(read_fd(fd) for fd in obj.fds)
+        return len(self.memory) - len(obj.fds), len(obj.fds)
 
 
-def land_value(shipped: ShippedValue) -> Packed:
-    """The ``Packed`` again, on fresh shared memory it owns (receiving side)."""
-    fds = [memfd_with(part, "nbddp-landed") for part in shipped.memory]
-    return Packed(shipped.data, shipped.type_name, Descriptors(fds, owned=True))
+class _Lander(pickle.Unpickler):
+    """Unpickles a shipped object, each ``Descriptors`` on fresh shared memory it owns."""
+
+    def __init__(self, shipped: Shipped) -> None:
+        super().__init__(io.BytesIO(shipped[0]))
+        self.memory = shipped[1]
+
+    def persistent_load(self, pid: tuple[int, int]) -> Descriptors:
+        start, count = pid
+        parts = self.memory[start : start + count]
+        return Descriptors([memfd_with(part, "nbddp-landed") for part in parts], owned=True)
 
 
-@dataclass(frozen=True)
-class ShippedError:
-    """An ``ErrorInfo`` whose exception is shipped apart."""
-
-    info: ErrorInfo
-    """The error without its packed exception."""
-    exc: ShippedValue | None
-
-
-def ship_error(info: ErrorInfo) -> ShippedError:
-    exc = ship_value(info.exc) if info.exc is not None else None
-    return ShippedError(replace(info, exc=None), exc)
+def ship(obj: object) -> Shipped:
+    """``obj`` (a node's batch: values, errors, replies) made plain bytes (sending side)."""
+    buf = io.BytesIO()
+    shipper = _Shipper(buf)
+    shipper.dump(obj)
+    return buf.getvalue(), tuple(shipper.memory)
 
 
-def land_error(shipped: ShippedError) -> ErrorInfo:
-    exc = land_value(shipped.exc) if shipped.exc is not None else None
-    return replace(shipped.info, exc=exc)
-
-
-@dataclass(frozen=True)
-class ShippedOutcome:
-    """A ``RankOutcome`` with its value and error shipped apart."""
-
-    outcome: RankOutcome
-    value: ShippedValue | None
-    error: ShippedError | None
-
-
-def ship_outcome(outcome: RankOutcome, first_rank: int) -> ShippedOutcome:
-    """A node's outcome made plain, its rank made global."""
-    value = ship_value(outcome.value) if outcome.value is not None else None
-    error = ship_error(outcome.error) if outcome.error is not None else None
-    plain = replace(outcome, rank=outcome.rank + first_rank, value=None, error=None)
-    return ShippedOutcome(plain, value, error)
-
-
-@dataclass(frozen=True)
-class ShippedFailure:
-    """A ``Failure`` as a node saw it: ``at`` is ``time.time()`` there."""
-
-    at: float
-    failure: Failure
-    error: ShippedError | None
-
-
-def ship_failure(at: float, failure: Failure, first_rank: int) -> ShippedFailure:
-    error = ship_error(failure.error) if failure.error is not None else None
-    return ShippedFailure(at, replace(failure, rank=failure.rank + first_rank, error=None), error)
-
-
-@dataclass(frozen=True)
-class ShippedReply:
-    """A session rank's ``CellReply`` with its value and error shipped apart."""
-
-    reply: CellReply
-    value: ShippedValue | None
-    error: ShippedError | None
-
-
-def ship_reply(reply: CellReply) -> ShippedReply:
-    value = ship_value(reply.value) if reply.value is not None else None
-    error = ship_error(reply.error) if reply.error is not None else None
-    return ShippedReply(replace(reply, value=None, error=None), value, error)
-
-
-def land_reply(shipped: ShippedReply) -> CellReply:
-    value = land_value(shipped.value) if shipped.value is not None else None
-    error = land_error(shipped.error) if shipped.error is not None else None
-    return replace(shipped.reply, value=value, error=error)
+def land(shipped: Shipped) -> object:
+    """The shipped object again, its shared memory fresh (receiving side)."""
+    return _Lander(shipped).load()
 
 
 ShippedPayload = tuple[bytes, tuple["bytes | pickle.PickleBuffer", ...]]

@@ -31,8 +31,6 @@ def release() -> None:
 def describe() -> str:
     """What this process holds on its clusters: each set of agents, its nodes, and the
     runs and sessions using it, or when it goes back if idle (a few lines)."""
-    agents = sys.modules.get("nbddp.cluster.agents")
-    if agents is None:
-        return "no agents held on any cluster"
-    text: str = agents.describe()
-    return text
+    from nbddp.cluster import agents
+
+    return agents.describe()

@@ -18,6 +18,7 @@ for the engine's resources, on ``release_agents()``, and with the process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nbddp.agent.node import Batch, NodeInfo
+from nbddp.agent.portable import land
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.relay import loop
@@ -36,6 +38,7 @@ POLL_WAIT = 1.0  # seconds an agent's long poll waits when nothing happens
 LOST_AFTER = 10.0  # seconds beyond POLL_WAIT without an answer before a node counts as lost
 KEEP_TICK = 1.0  # seconds between the keeper's looks at idle agents
 LOOK_EVERY = 1.0  # seconds between looks at the cluster's nodes while placement waits
+PING_TIMEOUT = 5.0  # seconds a kept set's agents get to answer before new ones are placed
 
 Shape = tuple[str, int, int, int]
 """(cluster address, nodes, GPUs per node, CPUs per node): what agents were placed for."""
@@ -56,22 +59,27 @@ class Channel(Protocol):
 
 
 class Engine(Protocol):
-    """What places agents: the only engine-specific part besides each ``Channel``."""
+    """What places agents: the only engine-specific part besides each ``Channel``. An
+    engine that subclasses it gets the defaults: an engine of its own nodes."""
 
     def share(self, value: object) -> object:
         """What to pass to every agent for ``value`` so it travels to each node once."""
+        return value
 
     def connected(self) -> bool:
         """False once this process has left the cluster (its agents went with it)."""
+        return True
 
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         """End the agents and give their nodes back."""
 
     def others_waiting(self, holds: list[object]) -> bool:
         """Whether another job waits for the cluster's resources (not ``holds``)."""
+        return False
 
     def note(self) -> str:
         """What else ``describe`` says of these agents (a Slurm job's time left)."""
+        return ""
 
 
 class Listener(Protocol):
@@ -147,8 +155,10 @@ class Agents:
                 if not self.released and self.engine.connected():
                     self._lost(index, exc)
                 return
-            assert isinstance(polled, dict)
-            for run, batch in polled.items():
+            assert isinstance(polled, tuple)
+            batches = land(polled)
+            assert isinstance(batches, dict)
+            for run, batch in batches.items():
                 with self._lock:
                     listener = self.runs.get(run)
                 if listener is not None:
@@ -177,16 +187,26 @@ _sets_lock = threading.Lock()
 _lost_nodes: dict[str, str] = {}  # node id -> name: agents lost since the last placement
 
 
-def reuse(shape: Shape, alive: Callable[[Agents], bool]) -> Agents | None:
-    """A kept set of ``shape`` whose agents all answer (``alive(agents)``), if any;
-    sets that do not answer are marked broken."""
+def reuse(shape: Shape) -> Agents | None:
+    """A kept set of ``shape`` whose agents all answer, if any; sets that do not answer
+    are marked broken."""
     with _sets_lock:
         candidates = [s for s in reversed(_sets) if s.shape == shape and not s.broken]
     for agents in candidates:
-        if alive(agents):
+        if _answers(agents):
             return agents
         agents.broken = True
     return None
+
+
+def _answers(agents: Agents) -> bool:
+    """Every agent answers ``describe`` within ``PING_TIMEOUT`` (all asked at once)."""
+    with contextlib.suppress(Exception):
+        deadline = time.monotonic() + PING_TIMEOUT
+        for ping in [c.call("describe") for c in agents.channels]:
+            ping.result(max(0.0, deadline - time.monotonic()))
+        return not agents.broken
+    return False
 
 
 def keep(agents: Agents) -> Agents:

@@ -24,14 +24,7 @@ from dataclasses import dataclass, replace
 
 from nbddp.agent.node import Batch
 from nbddp.agent.noderun import Reply
-from nbddp.agent.portable import (
-    ShippedError,
-    ShippedReply,
-    land_error,
-    land_reply,
-    land_value,
-    ship_payload,
-)
+from nbddp.agent.portable import ship_payload
 from nbddp.cluster import ray_engine, slurm_engine
 from nbddp.cluster.agents import Agents, Channel, release_agents
 from nbddp.launcher.clusters import SlurmCluster
@@ -49,7 +42,7 @@ from nbddp.launcher.events import (
 from nbddp.launcher.failures import describe_exit, local_time
 from nbddp.launcher.logs import RankLogs
 from nbddp.wire.payload import Payload
-from nbddp.wire.protocol import Answer, Body, ErrorInfo
+from nbddp.wire.protocol import Answer, ErrorInfo
 
 START_TIMEOUT = 120.0  # seconds the nodes get to start their ranks (a first torch import)
 
@@ -229,6 +222,10 @@ class ClusterJob:
 
     # -- internals (loop thread) ---------------------------------------------------
 
+    def _error(self, rank: int, error: ErrorInfo | None) -> ErrorInfo | None:
+        """``rank``'s error as first landed: its failure and its outcome share it."""
+        return None if error is None else self._errors.setdefault(rank, error)
+
     def _tell(self, index: int, method: str, *args: object) -> bool:
         node = self._nodes[index]
         if node.ended:
@@ -258,7 +255,7 @@ class ClusterJob:
             if isinstance(event, Reply):  # a session rank's answer, to the cells
                 if event.kind == "stacks":
                     core.records[event.rank].stacks = "written"
-                core.message(event.rank, event.kind, _landed(event))
+                core.message(event.rank, event.kind, event.body)
                 continue
             if isinstance(event, Text):
                 self._logs.write(event.rank, event.text)
@@ -269,10 +266,9 @@ class ClusterJob:
             elif isinstance(event, InputAsked):
                 core.waits.begin(event.rank)
             core.route(event)
-        for shipped in batch.failures:
-            error = _land(self._errors, shipped.failure.rank, shipped.error)
-            failure = replace(shipped.failure, error=error, where=self.where(shipped.failure.rank))
-            core.fail(failure, local_time(shipped.at))
+        for at, failure in batch.failures:
+            error = self._error(failure.rank, failure.error)
+            core.fail(replace(failure, error=error, where=self.where(failure.rank)), local_time(at))
         if batch.outcomes is not None:
             self._close_node(node, batch)
 
@@ -304,13 +300,11 @@ class ClusterJob:
         with it); the run has once every node's have."""
         core = self.core
         node.ended = True
-        for shipped in batch.outcomes or () if batch is not None else ():
-            outcome = shipped.outcome
+        for outcome in batch.outcomes or () if batch is not None else ():
             record = core.records[outcome.rank]
             core.waits.end(outcome.rank)
-            record.error = _land(self._errors, outcome.rank, shipped.error)
-            record.value = land_value(shipped.value) if shipped.value is not None else None
-            record.state, record.pid = outcome.state, outcome.pid
+            record.error = self._error(outcome.rank, outcome.error)
+            record.value, record.state, record.pid = outcome.value, outcome.state, outcome.pid
             record.exit_code, record.exited = outcome.exit_code, True
             record.ended_at, record.stacks = outcome.ended_at, outcome.stacks
             if record.error is not None:
@@ -345,23 +339,3 @@ def _signalled(core: RunCore, ranks: list[int]) -> None:
     for rank in ranks:
         if core.records[rank].stacks == "asked":
             core.records[rank].stacks = "signalled"
-
-
-def _land(
-    errors: dict[int, ErrorInfo], rank: int, shipped: ShippedError | None
-) -> ErrorInfo | None:
-    """A rank's error, landed once in ``errors`` (its failure and its outcome share it)."""
-    if shipped is None:
-        return None
-    if rank not in errors:
-        errors[rank] = land_error(shipped)
-    return errors[rank]
-
-
-def _landed(reply: Reply) -> Body:
-    """A session rank's answer, landed: a cell's reply, a regroup's error, or None."""
-    if isinstance(reply.body, ShippedReply):
-        return land_reply(reply.body)
-    if isinstance(reply.body, ShippedError):
-        return land_error(reply.body)
-    return None

@@ -24,7 +24,7 @@ from typing import Any
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.ray_node import RayNodeAgent
 from nbddp.cluster import agents as held
-from nbddp.cluster.agents import Agents, Channel, Shape, keep, release_agents, reuse
+from nbddp.cluster.agents import Agents, Channel, Engine, Shape, keep, release_agents, reuse
 from nbddp.cluster.probe import probe
 from nbddp.errors import ConfigError
 from nbddp.launcher.clusters import RayCluster
@@ -35,7 +35,6 @@ from nbddp.wire.versions import local_versions, mismatch
 log = logging.getLogger(__name__)
 
 PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be ready
-PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are placed
 AGENT_CONCURRENCY = 32  # an agent's threads: a long poll never holds up a stop
 CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
 CLIENT_START_TRIES = 3
@@ -148,7 +147,7 @@ class _Call:
             raise
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Ray's side of ``agents.Engine``."""
 
     def share(self, value: object) -> object:
@@ -168,11 +167,26 @@ class RayEngine:
             remove_placement_group(hold)
 
     def others_waiting(self, holds: list[object]) -> bool:
+        """A pending placement group not one of ``holds``, or (connected directly, not over
+        Ray Client) a task or actor waiting."""
         groups: list[Ray] = holds
-        return _foreign_demand({str(g.id.hex()) for g in groups})
+        ours = {str(g.id.hex()) for g in groups}
+        ray = import_ray()
+        try:
+            from ray.util import placement_group_table
 
-    def note(self) -> str:
-        return ""
+            for group, entry in placement_group_table().items():
+                if entry.get("state") == "PENDING" and group not in ours:
+                    return True
+            if ray.util.client.ray.is_connected():
+                return False
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            return bool(status.resource_demands.ray_task_actor_demand)
+        except Exception as exc:  # a look that fails says nothing: keep the agents for now
+            log.debug("nbddp: could not read the cluster's pending demand: %s", exc)
+            return False
 
 
 def place(config: LaunchConfig) -> Agents:
@@ -182,24 +196,12 @@ def place(config: LaunchConfig) -> Agents:
     per = config.job.world_size // config.nodes
     gpus = per if config.job.device == "cuda" else 0
     shape: Shape = (config.cluster.address, config.nodes, gpus, 1)
-    kept = reuse(shape, lambda agents: _alive(ray, agents))
+    kept = reuse(shape)
     if kept is not None:
         return kept
     release_agents()  # what no run uses: its resources may be what this run needs
     _check_fits(ray, config, gpus)
     return keep(_new_agents(ray, shape))
-
-
-def _alive(ray: Ray, agents: Agents) -> bool:
-    """Every agent still answers (one round trip each, in parallel)."""
-    with contextlib.suppress(Exception):
-        handles = [c.handle for c in agents.channels if isinstance(c, RayChannel)]
-        pings = [h.__ray_ready__.remote() for h in handles]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT)
-        if len(ready) == len(pings):
-            ray.get(ready)  # raises for an agent that died
-            return not agents.broken
-    return False
 
 
 def _fitting(ray: Ray, gpus: int) -> list[str]:
@@ -295,24 +297,3 @@ def _node_order(ray: Ray, infos: list[NodeInfo]) -> list[int]:
         return (info.node_id not in heads, address, i)
 
     return sorted(range(len(infos)), key=key)
-
-
-def _foreign_demand(ours: set[str]) -> bool:
-    """Whether another job waits for cluster resources: a pending placement group not
-    ours, or (connected directly, not over Ray Client) a task or actor waiting."""
-    ray = import_ray()
-    try:
-        from ray.util import placement_group_table
-
-        for group, entry in placement_group_table().items():
-            if entry.get("state") == "PENDING" and group not in ours:
-                return True
-        if ray.util.client.ray.is_connected():
-            return False
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        status = get_cluster_status(ray.get_runtime_context().gcs_address)
-        return bool(status.resource_demands.ray_task_actor_demand)
-    except Exception as exc:  # a look that fails says nothing: keep the agents for now
-        log.debug("nbddp: could not read the cluster's pending demand: %s", exc)
-        return False

@@ -60,7 +60,7 @@ def allocate(cluster: SlurmCluster, nodes: int, gpus: int) -> Allocation:
     """An allocation of ``nodes`` nodes with ``gpus`` GPUs each (module contract)."""
     name = f"nbddp-{cluster.name}" if cluster.keep else "nbddp"
     if cluster.keep:
-        found = _squeue("-h", f"--name={name}", "-o", "%i").split()
+        found = squeue("-h", f"--name={name}", "-o", "%i").split()
         if found:
             _kept.add(found[0])
             _wait(found[0], None)
@@ -129,7 +129,7 @@ def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:
     started = time.monotonic()
     shown = False
     while True:
-        state, _, reason = _squeue("-h", "-j", job, "-o", "%T|%r").strip().partition("|")
+        state, _, reason = squeue("-h", "-j", job, "-o", "%T|%r").strip().partition("|")
         if state == "RUNNING":
             break
         if state != "PENDING" or (proc is not None and proc.poll() is not None):
@@ -144,7 +144,8 @@ def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:
         sys.stderr.write(f"\rnbddp: Slurm job {job} started{' ' * 30}\n")
 
 
-def _squeue(*args: str) -> str:
+def squeue(*args: str) -> str:
+    """What Slurm's ``squeue`` says with ``args``."""
     done = subprocess.run(["squeue", *args], capture_output=True, text=True, timeout=30)
     return done.stdout
 

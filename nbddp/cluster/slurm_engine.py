@@ -18,7 +18,6 @@ channels, naming why, so their runs end within seconds.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -34,7 +33,7 @@ from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
 from nbddp.cluster import agents as held
 from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
-from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept
+from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, squeue
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.clusters import SlurmCluster
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 
 PLACE_TIMEOUT = 60.0  # seconds the step's agents get to connect and say where they run
 PROVE_TIMEOUT = 5.0  # seconds a new connection gets to prove the secret
-PING_TIMEOUT = 5.0  # seconds a kept agent gets to answer before new ones are started
 END_WAIT = 10.0  # seconds srun gets to end once its agents were told to
 GONE_WAIT = 3.0  # seconds a lost agent's step gets to end, so that Slurm says why
 
@@ -70,7 +68,7 @@ def place(config: LaunchConfig) -> Agents:
         )
     where = str(cluster) if cluster.submits else f"Slurm job {job}"
     shape: Shape = (where, config.nodes, gpus, 1)
-    kept = reuse(shape, _alive)
+    kept = reuse(shape)
     if kept is not None:
         return kept
     release_agents()  # what no run uses: its step's CPUs may be what this run needs
@@ -177,9 +175,8 @@ def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None
 def _accept(server: socket.socket, secret: str, nodes: int, engine: SlurmEngine) -> list[Caller]:
     """The step's agents, in node order, once each has proved ``secret``."""
     server.settimeout(0.2)
-    callers: dict[int, Caller] = {}
     deadline = time.monotonic() + PLACE_TIMEOUT
-    while len(callers) < nodes:
+    while len(engine.callers) < nodes:
         if engine.ended.is_set():
             raise ConfigError(f"Slurm could not start nbddp's agents: {engine.why()}")
         if time.monotonic() > deadline:
@@ -197,17 +194,17 @@ def _accept(server: socket.socket, secret: str, nodes: int, engine: SlurmEngine)
             index = proven(sock, secret)
         except (OSError, EOFError, ValueError):
             index = None
-        if not isinstance(index, int) or index in callers or not 0 <= index < nodes:
+        if not isinstance(index, int) or index in engine.callers or not 0 <= index < nodes:
             log.warning("nbddp: refused a connection from %s: not one of this job's agents", peer)
             sock.close()
             continue
         sock.settimeout(None)
-        callers[index] = engine.callers[index] = Caller(sock, f"node {index}")
-        callers[index].gone = functools.partial(engine.gone, callers[index])
-    return [callers[i] for i in range(nodes)]
+        caller = engine.callers[index] = Caller(sock, f"node {index}")
+        caller.gone = functools.partial(engine.gone, caller)
+    return [engine.callers[i] for i in range(nodes)]
 
 
-class SlurmEngine:
+class SlurmEngine(held.Engine):
     """Slurm's side of ``agents.Engine`` for one step of agents: follows the step,
     and closes its agents' channels when it ends (module contract)."""
 
@@ -266,12 +263,6 @@ class SlurmEngine:
             return f"the agent on {node or 'a node'} ended its connection"
         return f"the agents' step ended (srun exited with {self.step.returncode})"
 
-    def share(self, value: object) -> object:
-        return value
-
-    def connected(self) -> bool:
-        return True
-
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         """Close the agents' channels (each agent then ends its ranks and itself) and
         wait for the step to end, killing ``srun`` if it does not."""
@@ -286,13 +277,8 @@ class SlurmEngine:
         if self.allocation is not None:
             self.allocation.end()
 
-    def others_waiting(self, holds: list[object]) -> bool:
-        return False  # the allocation is this notebook's own
-
     def note(self) -> str:
-        left = subprocess.run(
-            ["squeue", "-h", "-j", self.job, "-o", "%L"], capture_output=True, text=True
-        ).stdout.strip()
+        left = squeue("-h", "-j", self.job, "-o", "%L").strip()
         return f"time left {left}" if left else ""
 
 
@@ -300,13 +286,3 @@ def end_kept() -> None:
     """End the kept allocations this process asked for that no agents hold."""
     busy = {a.engine.job for a in kept() if isinstance(a.engine, SlurmEngine)}
     cancel_kept(busy)
-
-
-def _alive(agents: Agents) -> bool:
-    """Every agent of a kept step still answers."""
-    with contextlib.suppress(Exception):
-        pings = [c.call("describe") for c in agents.channels]
-        for ping in pings:
-            ping.result(PING_TIMEOUT)
-        return not agents.broken
-    return False

@@ -101,7 +101,6 @@ class Cells:
         self._cell: CellState | None = CellState(0, first, None, set(range(self._ranks)))
         self.ready = first
         """Cell 0: ends once every rank is idle with its process group."""
-        self._rescue = _Rescue(self)
 
     def start(self) -> None:
         """Start the session's ranks (caller thread)."""
@@ -172,7 +171,7 @@ class Cells:
         if kind == "cell_done" and isinstance(body, CellReply):
             self._replied(rank, body)
         elif kind == "regrouped":
-            self._rescue.regrouped(rank, body)
+            self._regrouped(rank, body)
 
     # -- cells (loop thread) ----------------------------------------------------
 
@@ -218,7 +217,7 @@ class Cells:
         cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
         if not cell.busy:
             if cell.freeing:
-                self._rescue.regroup(cell)
+                self._regroup(cell)
             else:
                 self._close_cell(cell)
 
@@ -251,7 +250,7 @@ class Cells:
     def _interrupt_busy(self, cell: CellState) -> None:
         for rank in sorted(cell.busy):
             self.transport.send(rank, "interrupt", cell.number)
-        self.core.later(INTERRUPT_GRACE, self._rescue.give_up, cell)
+        self.core.later(INTERRUPT_GRACE, self._give_up, cell)
 
     def _interrupt(self, cell: CellSource, reason: RunStatus) -> None:
         current = self._cell
@@ -293,63 +292,58 @@ class Cells:
         if cell.number > 0:
             self._one_cell.release()
 
+    # -- freeing ranks blocked in a collective (loop thread) ------------------------
+    # With gloo, whose peer failed: the ranks close their process group's connections,
+    # then every rank joins a new one; else the session ends, saying why.
 
-class _Rescue:
-    """Frees ranks blocked in a collective whose peer failed (gloo): the ranks close
-    their process group's connections, then every rank joins a new one; else the
-    session ends, saying why (loop thread)."""
-
-    def __init__(self, cells: Cells) -> None:
-        self.cells = cells
-
-    def regroup(self, cell: CellState) -> None:
+    def _regroup(self, cell: CellState) -> None:
         """Every rank is free again, their group closed: give them a new one."""
-        cell.regrouping = set(range(self.cells._ranks))
+        cell.regrouping = set(range(self._ranks))
         cell.source.events.put(Notice("every rank is free: re-initialising the process group"))
         for rank in sorted(cell.regrouping):
-            self.cells.transport.send(rank, "regroup", cell.number)
-        self.cells.core.later(REGROUP_WAIT, self.end_session, cell, None)
+            self.transport.send(rank, "regroup", cell.number)
+        self.core.later(REGROUP_WAIT, self._end_session, cell, None)
 
-    def regrouped(self, rank: int, error: ErrorInfo | None) -> None:
-        cell = self.cells._cell
+    def _regrouped(self, rank: int, error: ErrorInfo | None) -> None:
+        cell = self._cell
         if cell is None or rank not in cell.regrouping:
             return
         if error is not None:
-            self.end_session(cell, f"rank {rank}: {error.type_name}: {error.message}")
+            self._end_session(cell, f"rank {rank}: {error.type_name}: {error.message}")
             return
         cell.regrouping.discard(rank)
         if not cell.regrouping:
-            self.cells.note = REGROUPED
-            self.cells._close_cell(cell)
+            self.note = REGROUPED
+            self._close_cell(cell)
 
-    def end_session(self, cell: CellState, why: str | None) -> None:
+    def _end_session(self, cell: CellState, why: str | None) -> None:
         """The ranks could not be regrouped (``why``; None: not in time), or could not
         be freed (``cell.busy``): the session ends, saying why."""
-        if self.cells._cell is not cell:
+        if self._cell is not cell:
             return
         if cell.regrouping:
-            self.cells.lost = (
+            self.lost = (
                 f"the process group could not be re-initialised after freeing the blocked "
                 f"ranks ({why or f'not done within {REGROUP_WAIT:g}s'})"
             )
         elif cell.busy:
             busy = ", ".join(map(str, sorted(cell.busy)))
-            self.cells.lost = (
+            self.lost = (
                 f"rank(s) {busy} did not return to idle within {INTERRUPT_GRACE:g}s of "
                 "being interrupted: blocked in a collective, or in C code"
             )
         else:
             return
-        cell.source.events.put(Notice(f"{self.cells.lost}; ending the session"))
-        self.cells.core.halt(RunStatus.FAILED)
+        cell.source.events.put(Notice(f"{self.lost}; ending the session"))
+        self.core.halt(RunStatus.FAILED)
 
-    def give_up(self, cell: CellState) -> None:
+    def _give_up(self, cell: CellState) -> None:
         """Interrupted ranks did not return: with gloo, free them by closing the process
         group's connections (``nbddp.rank.regroup``), once; else end the session."""
-        if self.cells._cell is not cell or not cell.busy:
+        if self._cell is not cell or not cell.busy:
             return
-        idle = sorted(set(range(self.cells._ranks)) - cell.busy)
-        if self.cells.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
+        idle = sorted(set(range(self._ranks)) - cell.busy)
+        if self.spec.backend == "gloo" and idle and not cell.freeing and cell.number > 0:
             cell.freeing = True
             busy = ", ".join(map(str, sorted(cell.busy)))
             cell.source.events.put(
@@ -358,11 +352,11 @@ class _Rescue:
                     "to free them"
                 )
             )
-            for rank in range(self.cells._ranks):  # the busy ones shut their ends too
-                self.cells.transport.send(rank, "close_group", None)
-            self.cells.core.later(INTERRUPT_GRACE, self.give_up, cell)
+            for rank in range(self._ranks):  # the busy ones shut their ends too
+                self.transport.send(rank, "close_group", None)
+            self.core.later(INTERRUPT_GRACE, self._give_up, cell)
             return
-        self.end_session(cell, None)
+        self._end_session(cell, None)
 
 
 def _why_over(cells: Cells) -> str:

@@ -20,15 +20,11 @@ from nbddp.launcher import settings
 
 @dataclass(frozen=True)
 class RayCluster:
-    """A Ray cluster to run on, for ``launch(..., cluster=RayCluster(...))``.
-
-    ``address`` as ``ray.init`` takes it: ``"ray://head:10001"`` (Ray Client),
-    ``"ray"`` or ``"auto"`` (the cluster this process runs in), or a GCS
-    ``"host:6379"``; ``runtime_env`` is Ray's, for the agents and so the ranks.
-    """
+    """A Ray cluster to run on, for ``launch(..., cluster=RayCluster(...))``."""
 
     address: str
-    """``ray://head:10001``, ``ray`` (this process's cluster) or a GCS ``host:port``."""
+    """As ``ray.init`` takes it: ``"ray://head:10001"`` (Ray Client), ``"ray"`` or ``"auto"``
+    (the cluster this process runs in), or a GCS ``"host:6379"``."""
     runtime_env: Mapping[str, object] | None = field(default=None, compare=False)
     """Ray's ``runtime_env`` for the agents (and so the ranks): ``pip``, ``env_vars``..."""
 

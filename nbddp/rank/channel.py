@@ -9,6 +9,7 @@ own next message: rows a child logged before the rank's result arrive before it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -174,10 +175,8 @@ class _Family:
 
     def post(self, rows: list[Row]) -> None:
         """From a child: send ``rows`` as one datagram; blocks while the rank's queue is full."""
-        try:
+        with contextlib.suppress(OSError):  # the rank has gone: the child is stopped with it
             self.tx.send(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
-        except OSError:
-            pass  # the rank has gone: the child is being stopped with it
 
 
 MAX_DATAGRAM = 1 << 18  # bytes: more than a datagram socket's send buffer lets through

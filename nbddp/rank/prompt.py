@@ -123,9 +123,6 @@ class NotebookStdin(io.TextIOBase):
     def readable(self) -> bool:
         return True
 
-    def isatty(self) -> bool:
-        return False
-
     # typeshed gives TextIOBase the readline of bytes streams.
     def readline(self, size: int | None = -1, /) -> str:  # type: ignore[override]
         line = ask("")
@@ -134,10 +131,7 @@ class NotebookStdin(io.TextIOBase):
     def read(self, size: int | None = -1, /) -> str:
         if size is not None and size >= 0:
             return self.readline()
-        lines = []
-        while line := self.readline():
-            lines.append(line)
-        return "".join(lines)
+        return "".join(iter(self.readline, ""))  # every line, to the end of input
 
 
 def post_mortem(tb: TracebackType | None) -> None:

@@ -9,6 +9,7 @@ pipes. When its link to the notebook reaches EOF, the worker kills its own proce
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import logging
@@ -167,7 +168,9 @@ def run_rank(ctrl: socket.socket) -> int:
         value = _call(order)
     except SystemExit as exc:
         _leave_if_forked(owner, exc)
-        return _report_exit(channel, exc)
+        if exc.code not in (None, 0):
+            return _report_exit(channel, exc.code)
+        value = None  # sys.exit() or sys.exit(0): as a function that returned None
     except BaseException as exc:
         _leave_if_forked(owner, exc)
         if order.debug and not isinstance(exc, KeyboardInterrupt):
@@ -200,11 +203,10 @@ def _wait_for_peers() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
-    try:
+    # A store hosted by a rank that already left (say) raises: nothing to wait for.
+    with contextlib.suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
         _all_arrive(store, "returned", dist.get_world_size(), PEER_WAIT)
-    except Exception:
-        pass  # e.g. a store hosted by a rank that already left: nothing to wait for
 
 
 def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
@@ -223,13 +225,7 @@ def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
     os._exit(code)
 
 
-def _report_exit(channel: Channel, exc: SystemExit) -> int:
-    code = exc.code
-    if code is None or code == 0:
-        channel.send("result", values.pack(None))
-        prctl.flush_output()
-        _wait_for_peers()
-        return 0
+def _report_exit(channel: Channel, code: object) -> int:
     if not isinstance(code, int):
         sys.stderr.write(f"{code}\n")  # as Python's sys.exit(message) prints it
         code = 1

@@ -15,6 +15,7 @@ else (``prove``, ``proven``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hmac
 import itertools
 import logging
@@ -81,10 +82,8 @@ class Caller:
                 return
             self.closed = True
             waiting, self._waiting = self._waiting, {}
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         for future in waiting.values():
             future.set_exception(ConnectionError(why))
 

@@ -61,13 +61,6 @@ class SharingPickler(CloudPickler):
             return _rebuild_descriptors, (start, len(obj.fds))
         return super().reducer_override(obj)
 
-    def _share(self, storage: torch.UntypedStorage) -> int:
-        """A descriptor of shared memory holding ``storage``'s bytes (here: moved there)."""
-        storage.share_memory_()  # a no-op when already shared (repeat launches)
-        # torch's own multiprocessing reductions get the fd this way.
-        fd, _ = storage._share_fd_cpu_()
-        return int(fd)
-
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
         # so its bytes are copied once into a memfd for all ranks (pickling
@@ -88,14 +81,15 @@ class SharingPickler(CloudPickler):
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in self._index:
-            fd = self._share(storage)
+        if storage.data_ptr() not in self._index:
+            # Moved to shared memory (a no-op when already there: repeat launches), which
+            # changes its address; torch's own multiprocessing reductions get the fd this way.
+            storage.share_memory_()
+            fd, _ = storage._share_fd_cpu_()
             self._index[storage.data_ptr()] = len(self.fds)
-            self.fds.append(fd)
-            key = storage.data_ptr()
+            self.fds.append(int(fd))
         meta = (
-            self._index[key],
+            self._index[storage.data_ptr()],
             storage.nbytes(),
             tensor.dtype,
             tensor.storage_offset(),

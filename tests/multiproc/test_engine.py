@@ -18,7 +18,7 @@ import nbddp
 from nbddp.agent.node import NodeAgent
 from nbddp.cluster import agents as kept
 from nbddp.cluster import ray_engine
-from nbddp.cluster.agents import Agents, Channel, Shape
+from nbddp.cluster.agents import Agents, Channel, Engine, Shape
 from nbddp.errors import RankExitedError
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import RunStatus
@@ -57,17 +57,11 @@ def _with_timeout(result: object) -> object:
     return wait
 
 
-class InProcess:
+class InProcess(Engine):
     """The engine: values are shared as they are; giving back ends the agents' runs."""
 
     def __init__(self) -> None:
         self.given_back = 0
-
-    def share(self, value: object) -> object:
-        return value
-
-    def connected(self) -> bool:
-        return True
 
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         self.given_back += 1
@@ -75,12 +69,6 @@ class InProcess:
             assert isinstance(channel, Direct)
             for run in list(channel.agent._runs):
                 channel.agent.stop(run, RunStatus.STOPPED)
-
-    def others_waiting(self, holds: list[object]) -> bool:
-        return False
-
-    def note(self) -> str:
-        return ""
 
 
 @pytest.fixture
@@ -92,7 +80,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcess]:
 
     def place(config: LaunchConfig) -> Agents:
         shape: Shape = ("in-process", config.nodes, 0, 1)
-        reused = kept.reuse(shape, lambda agents: True)
+        reused = kept.reuse(shape)
         if reused is not None:
             return reused
         channels: list[Channel] = [Direct(LocalAgent(), pool) for _ in range(config.nodes)]

@@ -9,19 +9,20 @@ import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
 from nbddp import RayCluster, SlurmCluster, entry, notebook_launcher
-from nbddp.agent.portable import land_payload, land_value, ship_payload, ship_value
+from nbddp.agent.portable import land, land_payload, ship, ship_payload
 from nbddp.errors import ConfigError, PayloadError, RankExitedError
 from nbddp.launcher.clusters import as_cluster
 from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import Failure
 from nbddp.launcher.failures import rank_error
 from nbddp.launcher.spelling import FLAGS
+from nbddp.wire.descriptors import Packed
 from nbddp.wire.payload import Payload, load_call
 from nbddp.wire.values import pack, unpack
 from nbddp.wire.versions import mismatch
@@ -178,9 +179,10 @@ def test_a_value_and_its_large_tensor_cross_machines_as_bytes_and_land_in_shared
     big = torch.arange(1 << 18, dtype=torch.float32)
     packed = pack({"weights": big, "step": 3})
     assert len(packed.fds) == 1
-    shipped = ship_value(packed)
+    shipped = ship([packed])
     packed.fds.close()
-    landed = unpack(land_value(shipped))
+    (landed_packed,) = cast(list[Packed], land(shipped))
+    landed = unpack(landed_packed)
     assert landed["step"] == 3 and torch.equal(landed["weights"], big)
     assert landed["weights"].untyped_storage().is_shared()
 
