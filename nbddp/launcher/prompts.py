@@ -47,9 +47,8 @@ def withdraw_prompt(asking: threading.Thread) -> None:
     """End the ``ask_user`` that ``asking`` waits in: a SIGINT to the main thread (which
     interrupts its read) raises ``KeyboardInterrupt`` there, where Python's own handler is
     installed; a wait in any other thread cannot be ended from outside."""
-    if asking is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
-        signal.default_int_handler
-    ):
+    pythons_own = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if asking is threading.main_thread() and pythons_own:
         signal.pthread_kill(asking.ident or 0, signal.SIGINT)
 
 

@@ -150,10 +150,6 @@ class _RankStreams:
     outbox: collections.deque[_Outgoing] = field(default_factory=collections.deque)
 
 
-def _utf8() -> codecs.IncrementalDecoder:
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-
 class _Ended:
     """The sink of a closed relay: a finished run hears nothing more."""
 
@@ -241,10 +237,11 @@ class Relay:
         streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
         setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
         self._ranks[rank] = streams
+        utf8 = codecs.getincrementaldecoder("utf-8")
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
-            streams.decoders[fd, stream] = _utf8()
+            streams.decoders[fd, stream] = utf8(errors="replace")
             if stream == "stdout":  # it carries Python's stderr too (``wire.stdio``)
-                streams.decoders[fd, "stderr"] = _utf8()
+                streams.decoders[fd, "stderr"] = utf8(errors="replace")
             os.set_blocking(fd, False)
             if setpipe is not None:
                 with contextlib.suppress(OSError):

@@ -61,6 +61,13 @@ class SharingPickler(CloudPickler):
             return _rebuild_descriptors, (start, len(obj.fds))
         return super().reducer_override(obj)
 
+    def _share(self, storage: torch.UntypedStorage) -> int:
+        """A descriptor of shared memory holding ``storage``'s bytes (here: moved there, a
+        no-op when already shared; the results' pickler copies instead)."""
+        storage.share_memory_()
+        fd, _ = storage._share_fd_cpu_()  # as torch's own multiprocessing reductions get it
+        return int(fd)
+
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # A numpy array's memory cannot be swapped for shared memory in place,
         # so its bytes are copied once into a memfd for all ranks (pickling
@@ -82,12 +89,9 @@ class SharingPickler(CloudPickler):
     def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self._index:
-            # Moved to shared memory (a no-op when already there: repeat launches), which
-            # changes its address; torch's own multiprocessing reductions get the fd this way.
-            storage.share_memory_()
-            fd, _ = storage._share_fd_cpu_()
+            fd = self._share(storage)  # may move it, changing its address
             self._index[storage.data_ptr()] = len(self.fds)
-            self.fds.append(int(fd))
+            self.fds.append(fd)
         meta = (
             self._index[storage.data_ptr()],
             storage.nbytes(),

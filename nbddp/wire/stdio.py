@@ -49,20 +49,18 @@ class Demux:
         """The ``(stream, bytes)`` pieces of ``data``, in order, markers left out."""
         data, self._held, pieces = self._held + data, b"", []
         while data:
-            marker = BEGIN if self._stream == "stdout" else END
-            at = data.find(marker)
+            mark = BEGIN if self._stream == "stdout" else END
+            at = data.find(mark)
             if at < 0:
-                cut = next(
-                    (n for n in range(len(marker) - 1, 0, -1) if data.endswith(marker[:n])), 0
-                )
+                cut = max((n for n in range(1, len(mark)) if data.endswith(mark[:n])), default=0)
                 data, self._held = data[: len(data) - cut], data[len(data) - cut :]
                 at = len(data)
             if at:
                 pieces.append((self._stream, data[:at]))
             if at == len(data):
                 break
-            data = data[at + len(marker) :]
-            self._stream = "stderr" if marker is BEGIN else "stdout"
+            data = data[at + len(mark) :]
+            self._stream = "stderr" if mark is BEGIN else "stdout"
         return pieces
 
     def end(self) -> list[tuple[str, bytes]]:

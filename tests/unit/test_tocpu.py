@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ import torch
 
 from nbddp.rank.worker import error_info
 from nbddp.wire import values
+from nbddp.wire.shm import SHARE_BYTES
 
 CUDA0 = torch.device("cuda", 0)
 ON_FAKE_CUDA: set[int] = set()  # ids of the tensors that report cuda:0 (tests keep them alive)
@@ -263,3 +265,13 @@ def test_exceptions_travel_with_their_tensors_on_the_cpu() -> None:
     assert type(rebuilt) is ValueError and rebuilt.args[0] == "bad batch"
     assert rebuilt.args[1].device.type == "cpu"
     assert torch.equal(rebuilt.args[1], torch.full((2,), 3.0))
+
+
+def test_a_large_value_is_copied_into_shared_memory_never_moved_and_outlives_packing() -> None:
+    big = torch.arange(SHARE_BYTES // 4 + 1, dtype=torch.float32)
+    fake = on_fake_cuda(big.clone())
+    packed = values.pack({"cpu": big, "gpu": fake})
+    gc.collect()  # the GPU value's shared copy is the packed value's, not the pickler's
+    back = values.unpack(packed)
+    assert not big.untyped_storage().is_shared()  # the rank's own tensor stays where it is
+    assert torch.equal(back["cpu"], big) and torch.equal(back["gpu"], big)
