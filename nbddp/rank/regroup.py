@@ -39,7 +39,8 @@ def shut_accepted() -> None:
     peers blocked on them raise."""
     import psutil
 
-    conns = psutil.Process().net_connections("tcp")
+    me = psutil.Process()
+    conns = (getattr(me, "net_connections", None) or me.connections)("tcp")  # before psutil 6
     listening = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
     for conn in conns:
         if conn.status == psutil.CONN_ESTABLISHED and conn.laddr.port in listening:
