@@ -48,9 +48,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, stdin: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "greet.py"
-    script.write_text(SCRIPT)
+def _run(
+    tmp_path: Path, stdin: str, text: str = SCRIPT, **env_vars: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``text`` as a script in ``tmp_path``, its terminal's input ``stdin``."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), **env_vars}
     return subprocess.run(
         [sys.executable, str(script)],
@@ -92,10 +95,8 @@ def test_a_breakpoint_hook_the_user_chose_is_kept(tmp_path: Path) -> None:
 
 
 def test_spawn_and_notebook_launcher_ranks_ask_too(tmp_path: Path) -> None:
-    script = tmp_path / "dropin.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    source = textwrap.dedent(
+        """
             import os
             import nbddp
 
@@ -110,18 +111,8 @@ def test_spawn_and_notebook_launcher_ranks_ask_too(tmp_path: Path) -> None:
             nbddp.spawn(by_index, nprocs=2)
             nbddp.notebook_launcher(by_env, num_processes=2)
             """
-        )
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        input="ada\nbob\n",
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=tmp_path,
-    )
+    done = _run(tmp_path, "ada\nbob\n", source)
     assert done.returncode == 0, done.stderr
     assert "name? [rank 1] " in done.stdout and "[rank 1] got ada" in done.stdout, done.stdout
     assert "again? [rank 0] " in done.stdout and "[rank 0] got bob" in done.stdout, done.stdout
@@ -141,21 +132,11 @@ def _asked_on(run: Any, answer: Answer) -> list[tuple[int, str, bool]]:
 
 
 def test_threads_of_a_rank_asking_at_once_each_get_their_own_line(tmp_path: Path) -> None:
-    script = tmp_path / "threads.py"
-    script.write_text(
+    source = (
         "import nbddp\nfrom tests.multiproc.prompt_fns import ask_from_threads\n"
         "print('got', nbddp.launch(ask_from_threads, 4, procs=2))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        input="a\nb\nc\nd\n",
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=tmp_path,
-    )
+    done = _run(tmp_path, "a\nb\nc\nd\n", source)
     assert done.returncode == 0, done.stderr
     asked = re.findall(r"(t\d)\? \[rank 1\] ", done.stdout)
     assert sorted(asked) == ["t0", "t1", "t2", "t3"], done.stdout
