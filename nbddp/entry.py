@@ -10,6 +10,8 @@ import is the whole migration.
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, ca
 from nbddp.display.guard import Guarded
 from nbddp.display.kernel import KernelDisplay
 from nbddp.display.text import TextDisplay
-from nbddp.errors import ConfigError
+from nbddp.errors import ConfigError, PayloadError
 from nbddp.launcher.clusters import Cluster, configured
 from nbddp.launcher.config import LaunchConfig, ViewSpec
 from nbddp.launcher.devices import visible_gpus
@@ -35,7 +37,7 @@ from nbddp.launcher.options import (
 from nbddp.launcher.pump import Display
 from nbddp.launcher.restarts import Restarting
 from nbddp.launcher.run import Run, RunResult
-from nbddp.launcher.spelling import Spelling, check_call, spoken
+from nbddp.launcher.spelling import Spelling, Worded, check_call, spoken
 from nbddp.rank.context import WithRank
 from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Args, Fn, Kwargs, Payload
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 NOTEBOOK_LAUNCHER = Spelling(
     names={"gpus": "num_processes", "procs": "num_processes", "port": "use_port"}
@@ -101,6 +104,25 @@ def make_display(view: ViewSpec) -> Display:
 def guarded(display: Display, view: ViewSpec) -> Guarded:
     """``display``, made never to raise: text takes over from it (``display.guard``)."""
     return display if isinstance(display, Guarded) else Guarded(display, view.shown_ranks)
+
+
+def one_line(call: Callable[P, R]) -> Callable[P, R]:
+    """``call``, whose ``ConfigError`` or ``PayloadError`` (raised before any rank starts)
+    shows in a kernel as one line, ``ConfigError: ...``, as ``%%ddp``'s do; ``%tb``
+    after it shows the whole traceback, and the ``nbddp`` logger has it (debug)."""
+
+    @functools.wraps(call)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except (ConfigError, PayloadError) as exc:
+            if not hasattr(exc, "_render_traceback_"):  # a rank's own shows its traceback
+                log.debug("%s did not start", call.__name__, exc_info=True)
+                name = exc.plain.__name__ if isinstance(exc, Worded) else type(exc).__name__
+                exc.show_as([f"{name}: {exc}"], once=True)
+            raise
+
+    return checked
 
 
 def start_run(
@@ -191,6 +213,7 @@ class Launcher:
         """Whose output is shown (the ``output`` option)."""
         return self.options.get("output", "all")
 
+    @one_line
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn(*args, **kwargs)`` on every rank; return rank 0's value."""
         config = LaunchConfig.build(**self.options)
@@ -202,6 +225,7 @@ class Launcher:
 def launch(fn: Callable[..., R], *args: object, block: Literal[True] = ..., **kwargs: Any) -> R: ...
 @overload
 def launch(fn: Callable[..., R], *args: object, block: Literal[False], **kwargs: Any) -> Run: ...
+@one_line
 def launch(
     fn: Callable[..., R],
     *args: object,
@@ -272,6 +296,7 @@ def launch(
     return cast(R, waited(run).values.get(0))
 
 
+@one_line
 def notebook_launcher(
     function: Callable[..., R],
     args: Args = (),
@@ -333,6 +358,7 @@ def notebook_launcher(
         return cast(R, waited(start_run(config, function, tuple(args), {})).values.get(0))
 
 
+@one_line
 def spawn(
     fn: Fn,
     args: Args = (),

@@ -4,8 +4,9 @@ Configuration and payload problems raise before any process starts (``ConfigErro
 ``PayloadError``); a running job's, after every rank has stopped and its output is collected
 (``RankError`` and subclasses, ``LaunchTimeout``). A rank's own exception is re-raised as its own
 type whenever it unpickles here; these classes are the fallback. An error given lines with
-``show_as`` shows in IPython as exactly those lines (``_render_traceback_``) plus later notes;
-one without has no ``_render_traceback_``. ``ShownLines(exc, lines)``: that rule for any exception.
+``show_as`` shows in IPython as exactly those lines (``_render_traceback_``) plus later notes
+(with ``once``, the first time only: ``%tb`` then shows the traceback); one without has no
+``_render_traceback_``. ``ShownLines(exc, lines)``: that rule for any exception.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ class ShownLines:
 
     Holds the exception's list of notes, not the exception: no reference cycle."""
 
-    def __init__(self, exc: BaseException, lines: Iterable[str]) -> None:
+    def __init__(self, exc: BaseException, lines: Iterable[str], once: bool = False) -> None:
         self.lines = tuple(lines)
+        self.once, self.spent = once, False
         notes = getattr(exc, "__notes__", None)
         if not isinstance(notes, list):
             notes = []
@@ -29,6 +31,7 @@ class ShownLines:
         self.known = len(notes)
 
     def __call__(self) -> list[str]:
+        self.spent = self.once
         return [*self.lines, *(str(note) for note in self.notes[self.known :])]
 
 
@@ -37,10 +40,10 @@ class NbddpError(Exception):
 
     _shown: ShownLines | None = None
 
-    def show_as(self, lines: Iterable[str]) -> None:
+    def show_as(self, lines: Iterable[str], once: bool = False) -> None:
         """Have IPython show ``lines`` for this error instead of its local traceback
-        (then the notes added to it afterwards)."""
-        self._shown = ShownLines(self, lines)
+        (then the notes added to it afterwards); with ``once``, the first time only."""
+        self._shown = ShownLines(self, lines, once)
 
     @property
     def _render_traceback_(self) -> Callable[[], list[str]]:
@@ -49,7 +52,7 @@ class NbddpError(Exception):
         Why a property: IPython and the magics test for the hook with
         ``hasattr``, so an error without lines must not have it.
         """
-        if self._shown is None:
+        if self._shown is None or self._shown.spent:
             raise AttributeError("_render_traceback_")
         return self._shown
 

@@ -19,7 +19,7 @@ import contextvars
 import difflib
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -231,7 +231,7 @@ def check_call(fn: Fn, args: Args, kwargs: Mapping[str, object]) -> None:
         if reason.startswith(("too many", "multiple values")):
             reason = f"got {reason}"  # as Python says it: "f() got multiple values for ..."
         message = f"{_name(target)}() {reason}{how}"
-        hint = _hint(str(exc), kwargs)
+        hint = _hint(str(exc), kwargs, signature.parameters)
         raise CallError(lambda s: f"{message}; {hint(s)}" if hint else message) from None
 
 
@@ -242,12 +242,16 @@ def _name(fn: Fn) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def _hint(error: str, kwargs: Mapping[str, object]) -> Say | None:
-    """``did you mean the launch option procs=2?`` for an unexpected keyword near one."""
+def _hint(error: str, kwargs: Mapping[str, object], params: Iterable[str]) -> Say | None:
+    """``did you mean the launch option procs=2?`` for an unexpected keyword near one,
+    else ``did you mean epochs=3?`` for one near a parameter of the function."""
     if "unexpected keyword" not in error:
         return None
     for key, value in kwargs.items():
-        options = close_options(key) if repr(key) in error else ()
-        if options:
+        if repr(key) not in error:
+            continue
+        if options := close_options(key):
             return lambda s: f"did you mean {s.suggest(options, value)}?"
+        if near := difflib.get_close_matches(key, list(params), 1, CLOSE):
+            return lambda s: f"did you mean {near[0]}={value!r}?"
     return None
