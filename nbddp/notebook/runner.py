@@ -35,6 +35,8 @@ from nbddp.rank.cell import CellValues
 from nbddp.wire.payload import find_unpicklable, short_error
 from nbddp.wire.sources import cell_name
 
+_DRAWN_OVER = re.compile(r"[^\r\n]*\r+(?=[^\r\n])")
+
 
 @dataclass(frozen=True)
 class CellName:
@@ -280,7 +282,8 @@ class CellRunner:
             raise CellError(f"%ddp_log: rank {rank}: {what}'s ranks are 0 to {world - 1}")
         if tail is not None and tail < 0:
             raise CellError(f"%ddp_log: --tail {tail}: give a number of lines, 0 or more")
-        text = read_rank_log(log_dir, rank, world, tail)
+        # A line redrawn after "\r" (a progress bar) shows its last drawing, as a terminal does.
+        text = _DRAWN_OVER.sub("", read_rank_log(log_dir, rank, world, tail)).replace("\r\n", "\n")
         cut = tail is not None and len(text.splitlines()) >= tail
         return RankLog(rank, what, rank_log(log_dir, rank), tail if cut else None, text)
 

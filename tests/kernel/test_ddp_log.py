@@ -54,6 +54,25 @@ def test_it_shows_a_ranks_log_of_the_latest_run(kernel: Kernel) -> None:
     assert "rank 0 line 4" in tail["text/html"] and "<pre" in tail["text/html"]
 
 
+def test_its_tail_shows_a_progress_bar_as_a_terminal_does(kernel: Kernel) -> None:
+    code = (
+        "def bar():\n"
+        "    import sys\n"
+        "    for epoch in range(3):\n"
+        "        for i in range(50):\n"
+        "            sys.stderr.write(f'\\repoch {epoch}: {i * 2}%')\n"
+        "        sys.stderr.write(f'\\repoch {epoch}: 100%\\n')\n"
+        "        print(f'epoch {epoch} finished', flush=True)\n"
+        "nbddp.launch(bar, procs=2)"
+    )
+    assert kernel.execute(code).status == "ok"
+    tail = shown(kernel.execute("%ddp_log 1 --tail 3"))
+    first, _, body = tail["text/plain"].partition("\n")
+    assert first.startswith("rank 1 of the latest run (last 3 lines): ")
+    assert body.splitlines() == ["epoch 1 finished", "epoch 2: 100%", "epoch 2 finished"]
+    assert "\r" not in tail["text/html"] and "98%" not in tail["text/html"]
+
+
 @pytest.mark.parametrize(
     ("line", "error"),
     [
