@@ -138,11 +138,8 @@ def _survey(base: Path) -> list[tuple[Path, float, int]]:
 
 
 def _tree_stats(path: str, last_write: float) -> tuple[float, int]:
-    """(latest of ``last_write`` and every file's mtime, bytes in all) under ``path``.
-
-    ``os.scandir`` rather than ``os.walk``: this runs at every launch over up to
-    a minute's worth of runs (a sweep's), and the walk's own bookkeeping was
-    most of the launch's time spent here."""
+    """(latest of ``last_write`` and every file's mtime, bytes in all) under ``path``;
+    ``os.scandir``, not ``os.walk``, whose bookkeeping was most of a launch's time here."""
     size = 0
     with os.scandir(path) as entries:
         for entry in entries:

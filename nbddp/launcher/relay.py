@@ -143,6 +143,7 @@ class _RankStreams:
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
     log_tail: list[str] = field(default_factory=list)
+    unlogged: dict[int, bytes] = field(default_factory=dict)  # fd -> its unfinished line
     readers: dict[int, Callable[[], int]] = field(default_factory=dict)  # fd -> one read
     watched: set[int] = field(default_factory=set)  # fds the loop watches for reading
     resting: set[int] = field(default_factory=set)  # fds read at the next tick
@@ -167,8 +168,7 @@ class Relay:
         self.loop = loop()
         self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
-        self.ctrl_rests = ctrl_rests
-        """False: control messages are read as they come (a session's replies)."""
+        self.ctrl_rests = ctrl_rests  # False: control messages are read as they come
 
     def log_path(self, rank: int) -> Path:
         return rank_log(self.log_dir, rank)
@@ -235,7 +235,6 @@ class Relay:
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = open_rank_log(self.log_dir, rank)
         streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
-        setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
         self._ranks[rank] = streams
         utf8 = codecs.getincrementaldecoder("utf-8")
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
@@ -243,9 +242,8 @@ class Relay:
             if stream == "stdout":  # it carries Python's stderr too (``wire.stdio``)
                 streams.decoders[fd, "stderr"] = utf8(errors="replace")
             os.set_blocking(fd, False)
-            if setpipe is not None:
-                with contextlib.suppress(OSError):
-                    fcntl.fcntl(fd, setpipe, PIPE_SIZE)
+            with contextlib.suppress(OSError, AttributeError):  # F_SETPIPE_SZ: Linux only
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             streams.readers[fd] = functools.partial(self._read_stream, rank, streams, stream, fd)
             self._watch(streams, fd)
         pipes.ctrl.setblocking(False)
@@ -296,8 +294,12 @@ class Relay:
         self, rank: int, streams: _RankStreams, fd: int, pieces: list[tuple[str, bytes]]
     ) -> None:
         """Log each piece read from ``fd`` and hand its text to the sink."""
+        # Logged up to a line end: a line cut by a read is never split by the other pipe's.
+        held = streams.unlogged.pop(fd, b"") + b"".join(data for _, data in pieces)
+        cut = len(held) if len(held) > READ_SIZE else max(map(held.rfind, (b"\n", b"\r"))) + 1
+        os.write(streams.log, held[:cut])
+        streams.unlogged[fd] = held[cut:]
         for stream, data in pieces:
-            os.write(streams.log, data)
             text = streams.decoders[fd, stream].decode(data)
             if text:
                 self.sink.on_output(rank, stream, text)
@@ -387,6 +389,7 @@ class Relay:
         if fd not in streams.open_fds:
             return
         streams.open_fds.discard(fd)
+        os.write(streams.log, streams.unlogged.pop(fd, b""))
         # No longer read at the next tick: the fd number may be reused by then.
         streams.resting.discard(fd)
         streams.idle.discard(fd)
