@@ -96,7 +96,7 @@ class ForkserverStarter:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._asked = False  # whether this forkserver was ever sent a request
+        self._answered = False  # whether this forkserver ever forked a rank we know of
         self._exit_hook = False  # close() is registered to run at interpreter exit
 
     @property
@@ -147,7 +147,7 @@ class ForkserverStarter:
                 "use start_method='fork', or fix what the error names and retry"
             ) from exc
         self._sock = ours
-        self._asked = False
+        self._answered = False
         NOTEBOOK_FDS.keep(ours.fileno())
         if not self._exit_hook:
             atexit.register(self.close)
@@ -161,7 +161,6 @@ class ForkserverStarter:
                 request = REQUEST.pack(b"F", pool.size, pool.idle)
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
-                self._asked = True
                 try:
                     socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
                 except OSError:
@@ -192,6 +191,7 @@ class ForkserverStarter:
                 "nbddp's forkserver did not start a worker (see the kernel's log); "
                 "retry, or use start_method='spawn'"
             )
+        self._answered = True
         return pid
 
     def close(self) -> None:
@@ -205,9 +205,9 @@ class ForkserverStarter:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            if not self._asked:
-                # Never asked, it has forked nothing; waiting out its torch import
-                # would make a script that never launched take seconds to exit.
+            if not self._answered:
+                # No rank of ours yet: waiting out its torch import would hold exit up by
+                # seconds, and a notebook killed meanwhile (slow kernel shutdown) would leave it.
                 self._proc.kill()
             try:
                 self._proc.wait(timeout=5)  # it ends its idle workers, waits for its ranks
