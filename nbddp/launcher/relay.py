@@ -1,13 +1,12 @@
 """The relay: reads every rank's stdout, stderr, messages and exit status.
 
-One loop thread per process (``loop()``) serves every run; ``Relay.attach``
-hands it a rank's fds. Never blocking on a rank, it appends raw output to the
-rank's log file and reports to the ``RelaySink`` on the loop thread (sinks
-must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status
-lost), then ``on_closed`` once every fd is at EOF: the output is complete.
-A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
-``send`` writes a message of any size to a rank, whole, without waiting on it.
-The owner calls ``close()`` once the run has ended.
+One loop thread per process (``loop()``) serves every run; ``Relay.attach`` hands it a rank's fds.
+Never blocking on a rank, it appends raw output to the rank's log file and reports to the
+``RelaySink`` on the loop thread (sinks must return quickly): ``on_output``, ``on_message``,
+``on_exit`` (None: status lost), then ``on_closed`` once every fd is at EOF: the output is complete.
+A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick. ``send`` writes a
+message of any size to a rank, whole, without waiting on it. The owner calls ``close()`` once the
+run has ended.
 """
 
 from __future__ import annotations
@@ -69,6 +68,14 @@ class EventLoopThread:
 
 _LOOP: EventLoopThread | None = None
 _LOOP_LOCK = threading.Lock()
+
+
+def _forget_loop() -> None:
+    global _LOOP, _LOOP_LOCK  # a forked child has neither the loop's thread nor whoever held this
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop)
 
 
 def loop() -> EventLoopThread:
@@ -282,8 +289,7 @@ class Relay:
         if not data:
             self._pass_on(rank, streams, fd, streams.demux.end() if split else [])
             for (of, piece_stream), decoder in streams.decoders.items():
-                tail = decoder.decode(b"", final=True) if of == fd else ""
-                if tail:
+                if of == fd and (tail := decoder.decode(b"", final=True)):
                     self.sink.on_output(rank, piece_stream, tail)
             self._close_fd(rank, streams, fd)
             return CLOSED
@@ -412,8 +418,7 @@ class Relay:
             streams.exit_reported = True
             self.sink.on_exit(rank, None)
         if not streams.open_fds:
-            for text in streams.log_tail:
-                os.write(streams.log, text.encode("utf-8", "backslashreplace"))
+            os.write(streams.log, "".join(streams.log_tail).encode("utf-8", "backslashreplace"))
             os.close(streams.log)
             self.sink.on_closed(rank)
 
