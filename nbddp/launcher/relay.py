@@ -50,20 +50,13 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="nbddp-relay", daemon=True
-        )
+        run = self.loop.run_forever
+        self.thread = threading.Thread(target=run, name="nbddp-relay", daemon=True)
         self.thread.start()
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` on the loop thread (from any thread)."""
         self.loop.call_soon_threadsafe(fn, *args)
-
-    def call_later(
-        self, delay: float, fn: Callable[..., object], *args: object
-    ) -> asyncio.TimerHandle:
-        """Schedule ``fn(*args)``; only call this on the loop thread."""
-        return self.loop.call_later(delay, fn, *args)
 
 
 _LOOP: EventLoopThread | None = None
@@ -371,7 +364,7 @@ class Relay:
             self.loop.loop.remove_reader(fd)
         streams.resting.add(fd)
         if self._tick is None:
-            self._tick = self.loop.call_later(REST, self._on_tick)
+            self._tick = self.loop.loop.call_later(REST, self._on_tick)
 
     def _on_tick(self) -> None:
         # An fd is watched again only after two empty ticks in a row: a rank
