@@ -19,8 +19,7 @@ class NotebookFds:
     def __init__(self) -> None:
         self._fds: set[int] = set()
         self._lock = threading.Lock()
-        # A forked child has only the forking thread: a lock another thread held at the
-        # fork would stay held there forever, so the child takes a new one (as ``logging``).
+        # A forked child lacks the thread that held the lock at the fork, if any: a new lock.
         os.register_at_fork(after_in_child=lambda: setattr(self, "_lock", threading.Lock()))
 
     def keep(self, *fds: int) -> None:
