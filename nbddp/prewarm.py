@@ -9,6 +9,8 @@ that import can print torch's finalizer errors). ``shutdown()`` stops the forkse
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import threading
 
@@ -38,4 +40,8 @@ def start() -> None:
     """Start the forkserver; in an interactive session, import the launch side too."""
     FORKSERVER.prewarm()
     if interactive():
-        threading.Thread(target=_import_launch, name="nbddp-prewarm", daemon=True).start()
+        thread = threading.Thread(target=_import_launch, name="nbddp-prewarm", daemon=True)
+        thread.start()
+        # Why a fork waits for these imports (bounded): a child forked mid-import would find
+        # the module's lock held forever by this thread, which the child lacks.
+        os.register_at_fork(before=functools.partial(thread.join, 60))

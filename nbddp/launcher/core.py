@@ -218,7 +218,7 @@ class RunCore:
             return
         now = self._loop.loop.time()
         self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
-        self._timers.append(self._loop.call_later(delay, fn, *args))
+        self._timers.append(self._loop.loop.call_later(delay, fn, *args))
 
     def fail(self, failure: Failure, when: float | None = None) -> None:
         """Record ``failure`` (``when``: the rank's own time of it, on this process's

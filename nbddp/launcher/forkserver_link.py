@@ -1,10 +1,9 @@
 """The notebook's link to nbddp's forkserver: it starts the forkserver and asks it for ranks.
 
-``FORKSERVER`` is this process's one forkserver, started on first use (or by
-``prewarm``) with ``forkserver_env``; it exits when this end of its link closes.
-``fork(fds, pool)`` asks it for one rank, whose keeper reports the pid on the
-returned ``status_r``; each request also says what pool to keep
-(``pool_request``). ``ForkserverLaunch`` is it as one launch's ``Starter``.
+``FORKSERVER`` is this process's one forkserver, started on first use (or by ``prewarm``) with
+``forkserver_env``; it exits when this end of its link closes. ``fork(fds, pool)`` asks it for one
+rank, whose keeper reports the pid on the returned ``status_r``; each request also says what pool to
+keep (``pool_request``). ``ForkserverLaunch`` is it as one launch's ``Starter``.
 """
 
 from __future__ import annotations
@@ -78,10 +77,8 @@ def interrupts_after() -> Iterator[None]:
 class PoolRequest:
     """What the forkserver keeps after forking a launch's ranks."""
 
-    size: int
-    """Idle workers to keep (0: none)."""
-    idle: float
-    """Seconds without a launch before they end."""
+    size: int  # idle workers to keep (0: none)
+    idle: float  # seconds without a launch before they end
 
 
 def pool_request(spec: JobSpec, ranks: int) -> PoolRequest:
@@ -93,10 +90,11 @@ class ForkserverStarter:
     """Fork from the forkserver: a server process with torch imported that never touches CUDA."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # renewed in a forked child: see ``NOTEBOOK_FDS``
+        os.register_at_fork(after_in_child=lambda: setattr(self, "_lock", threading.Lock()))
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._asked = False  # whether this forkserver was ever sent a request
+        self._answered = False  # whether this forkserver ever forked a rank we know of
         self._exit_hook = False  # close() is registered to run at interpreter exit
 
     @property
@@ -122,17 +120,11 @@ class ForkserverStarter:
 
     def _start(self, env: dict[str, str], size: int, idle: float) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = (str(theirs.fileno()), str(size), str(idle))  # see ``server.main``
         try:
             with theirs:
                 self._proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        "import nbddp.forkserver.server as s; s.main()",
-                        str(theirs.fileno()),
-                        str(size),
-                        str(idle),
-                    ],
+                    [sys.executable, "-c", "import nbddp.forkserver.server as s; s.main()", *argv],
                     stdin=subprocess.DEVNULL,
                     pass_fds=(theirs.fileno(),),
                     env=env,
@@ -147,7 +139,7 @@ class ForkserverStarter:
                 "use start_method='fork', or fix what the error names and retry"
             ) from exc
         self._sock = ours
-        self._asked = False
+        self._answered = False
         NOTEBOOK_FDS.keep(ours.fileno())
         if not self._exit_hook:
             atexit.register(self.close)
@@ -161,7 +153,6 @@ class ForkserverStarter:
                 request = REQUEST.pack(b"F", pool.size, pool.idle)
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
-                self._asked = True
                 try:
                     socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
                 except OSError:
@@ -192,6 +183,7 @@ class ForkserverStarter:
                 "nbddp's forkserver did not start a worker (see the kernel's log); "
                 "retry, or use start_method='spawn'"
             )
+        self._answered = True
         return pid
 
     def close(self) -> None:
@@ -205,9 +197,9 @@ class ForkserverStarter:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            if not self._asked:
-                # Never asked, it has forked nothing; waiting out its torch import
-                # would make a script that never launched take seconds to exit.
+            if not self._answered:
+                # No rank of ours yet: waiting out its torch import would hold exit up by
+                # seconds, and a notebook killed meanwhile (slow kernel shutdown) would leave it.
                 self._proc.kill()
             try:
                 self._proc.wait(timeout=5)  # it ends its idle workers, waits for its ranks

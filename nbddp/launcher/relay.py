@@ -1,13 +1,13 @@
 """The relay: reads every rank's stdout, stderr, messages and exit status.
 
-One loop thread per process (``loop()``) serves every run; ``Relay.attach``
-hands it a rank's fds. Never blocking on a rank, it appends raw output to the
-rank's log file and reports to the ``RelaySink`` on the loop thread (sinks
-must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status
-lost), then ``on_closed`` once every fd is at EOF: the output is complete.
-A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
-``send`` writes a message of any size to a rank, whole, without waiting on it.
-The owner calls ``close()`` once the run has ended.
+One loop thread per process (``loop()``) serves every run; ``Relay.attach`` hands it a rank's fds.
+Never blocking on a rank, it appends raw output to the rank's log file (each pipe's in whole lines,
+so that the two never split a line) and reports to the ``RelaySink`` on the loop thread (sinks
+must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status lost), then
+``on_closed`` once every fd is at EOF: the output is complete.
+A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick. ``send`` writes a
+message of any size to a rank, whole, without waiting on it. The owner calls ``close()`` once the
+run has ended.
 """
 
 from __future__ import annotations
@@ -51,24 +51,25 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="nbddp-relay", daemon=True
-        )
+        run = self.loop.run_forever
+        self.thread = threading.Thread(target=run, name="nbddp-relay", daemon=True)
         self.thread.start()
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` on the loop thread (from any thread)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def call_later(
-        self, delay: float, fn: Callable[..., object], *args: object
-    ) -> asyncio.TimerHandle:
-        """Schedule ``fn(*args)``; only call this on the loop thread."""
-        return self.loop.call_later(delay, fn, *args)
-
 
 _LOOP: EventLoopThread | None = None
 _LOOP_LOCK = threading.Lock()
+
+
+def _forget_loop() -> None:
+    global _LOOP, _LOOP_LOCK  # a forked child has neither the loop's thread nor whoever held this
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop)
 
 
 def loop() -> EventLoopThread:
@@ -143,6 +144,7 @@ class _RankStreams:
     exit_reported: bool = False
     ctrl_fd: int = -1  # kept: a closed socket's fileno() is -1
     log_tail: list[str] = field(default_factory=list)
+    unlogged: dict[int, bytes] = field(default_factory=dict)  # fd -> its unfinished line
     readers: dict[int, Callable[[], int]] = field(default_factory=dict)  # fd -> one read
     watched: set[int] = field(default_factory=set)  # fds the loop watches for reading
     resting: set[int] = field(default_factory=set)  # fds read at the next tick
@@ -167,8 +169,7 @@ class Relay:
         self.loop = loop()
         self._ranks: dict[int, _RankStreams] = {}
         self._tick: asyncio.TimerHandle | None = None  # armed while any fd rests
-        self.ctrl_rests = ctrl_rests
-        """False: control messages are read as they come (a session's replies)."""
+        self.ctrl_rests = ctrl_rests  # False: control messages are read as they come
 
     def log_path(self, rank: int) -> Path:
         return rank_log(self.log_dir, rank)
@@ -235,7 +236,6 @@ class Relay:
     def _attach(self, rank: int, pipes: RankPipes) -> None:
         log = open_rank_log(self.log_dir, rank)
         streams = _RankStreams(pipes, log, set(pipes.fds()), ctrl_fd=pipes.ctrl.fileno())
-        setpipe = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
         self._ranks[rank] = streams
         utf8 = codecs.getincrementaldecoder("utf-8")
         for stream, fd in (("stdout", pipes.out), ("stderr", pipes.err)):
@@ -243,9 +243,8 @@ class Relay:
             if stream == "stdout":  # it carries Python's stderr too (``wire.stdio``)
                 streams.decoders[fd, "stderr"] = utf8(errors="replace")
             os.set_blocking(fd, False)
-            if setpipe is not None:
-                with contextlib.suppress(OSError):
-                    fcntl.fcntl(fd, setpipe, PIPE_SIZE)
+            with contextlib.suppress(OSError, AttributeError):  # F_SETPIPE_SZ: Linux only
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             streams.readers[fd] = functools.partial(self._read_stream, rank, streams, stream, fd)
             self._watch(streams, fd)
         pipes.ctrl.setblocking(False)
@@ -284,8 +283,7 @@ class Relay:
         if not data:
             self._pass_on(rank, streams, fd, streams.demux.end() if split else [])
             for (of, piece_stream), decoder in streams.decoders.items():
-                tail = decoder.decode(b"", final=True) if of == fd else ""
-                if tail:
+                if of == fd and (tail := decoder.decode(b"", final=True)):
                     self.sink.on_output(rank, piece_stream, tail)
             self._close_fd(rank, streams, fd)
             return CLOSED
@@ -296,8 +294,12 @@ class Relay:
         self, rank: int, streams: _RankStreams, fd: int, pieces: list[tuple[str, bytes]]
     ) -> None:
         """Log each piece read from ``fd`` and hand its text to the sink."""
+        # Logged up to a line end: a line cut by a read is never split by the other pipe's.
+        held = streams.unlogged.pop(fd, b"") + b"".join(data for _, data in pieces)
+        cut = len(held) if len(held) > READ_SIZE else max(map(held.rfind, (b"\n", b"\r"))) + 1
+        os.write(streams.log, held[:cut])
+        streams.unlogged[fd] = held[cut:]
         for stream, data in pieces:
-            os.write(streams.log, data)
             text = streams.decoders[fd, stream].decode(data)
             if text:
                 self.sink.on_output(rank, stream, text)
@@ -363,7 +365,7 @@ class Relay:
             self.loop.loop.remove_reader(fd)
         streams.resting.add(fd)
         if self._tick is None:
-            self._tick = self.loop.call_later(REST, self._on_tick)
+            self._tick = self.loop.loop.call_later(REST, self._on_tick)
 
     def _on_tick(self) -> None:
         # An fd is watched again only after two empty ticks in a row: a rank
@@ -387,6 +389,7 @@ class Relay:
         if fd not in streams.open_fds:
             return
         streams.open_fds.discard(fd)
+        os.write(streams.log, streams.unlogged.pop(fd, b""))
         # No longer read at the next tick: the fd number may be reused by then.
         streams.resting.discard(fd)
         streams.idle.discard(fd)
@@ -409,8 +412,7 @@ class Relay:
             streams.exit_reported = True
             self.sink.on_exit(rank, None)
         if not streams.open_fds:
-            for text in streams.log_tail:
-                os.write(streams.log, text.encode("utf-8", "backslashreplace"))
+            os.write(streams.log, "".join(streams.log_tail).encode("utf-8", "backslashreplace"))
             os.close(streams.log)
             self.sink.on_closed(rank)
 

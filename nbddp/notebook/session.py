@@ -9,6 +9,7 @@ each time.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -84,7 +85,7 @@ class Session:
         self._job, self._started_at = job, time.monotonic()
         # A session dropped without stop() (a kernel's magics reloaded, a script's
         # end) still ends its ranks: they would otherwise idle until the kernel exits.
-        self._finalizer = weakref.finalize(self, _end_job, job)
+        self._finalizer = weakref.finalize(self, _end_job, job, os.getpid())
         try:
             Run(job.ready, None, self.config).wait()
         except BaseException:
@@ -325,9 +326,9 @@ class Session:
         return "\n".join(lines)
 
 
-def _end_job(job: Cells) -> None:
+def _end_job(job: Cells, owner: int | None = None) -> None:
     core = job.core
-    if core.wait(0):
+    if core.wait(0) or owner not in (None, os.getpid()):  # at a forked child's exit: not its
         return
     if not job.busy_ranks():  # idle ranks are asked to leave first
         job.end()

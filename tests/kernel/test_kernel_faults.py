@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.kernel.kernel import CellResult, Kernel
-from tests.procs import wait_procs_gone
+from tests.procs import wait_gone, wait_procs_gone
 from tests.sources import FAILING_TRAIN
 
 HANG = """
@@ -150,6 +150,25 @@ def test_an_interrupt_while_the_forkserver_starts_leaves_nothing_in_the_kernel(
             "assert after == before, (before, after)"
         )
         assert check.status == "ok", check.text()
+
+
+def test_an_interrupt_in_the_first_ddp_cell_leaves_no_process_after_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NBDDP_PREWARM", "0")
+    with Kernel() as kernel:
+        assert kernel.execute("%load_ext nbddp").status == "ok"
+        msg_id = kernel.kc.execute("%%ddp --procs 2\nprint('hello from', rank)\n")
+        # Interrupt as soon as the forkserver exists: it is still importing torch.
+        deadline = time.monotonic() + 60
+        while not any(_is_forkserver(pid) for pid in kernel.descendants()):
+            assert time.monotonic() < deadline, "the forkserver never started"
+            psutil.wait_procs([psutil.Process(kernel.pid)], timeout=0.01)
+        kernel.interrupt()
+        cell = kernel.collect(msg_id)
+        assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+        started = kernel.descendants()  # the forkserver among them
+    assert wait_gone(("worker", "forkserver", "idle"), timeout=10.0, pids=started) == []
 
 
 def _is_forkserver(pid: int) -> bool:

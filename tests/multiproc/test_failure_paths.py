@@ -8,6 +8,7 @@ a launch check that it leaks no fd, thread or process in the notebook.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
@@ -23,7 +24,7 @@ import nbddp
 from nbddp.errors import ConfigError, RemoteError
 from nbddp.launcher.forkserver_link import FORKSERVER
 from tests.multiproc import failing, fns
-from tests.procs import threads_and_fds, wait_gone
+from tests.procs import threads_and_fds, wait_gone, wait_procs_gone
 from tests.sources import FAILING_TRAIN
 
 BIG = 200 * 1024  # bytes: more than one variable given to a new process may hold (128 KiB)
@@ -235,3 +236,54 @@ def test_a_notebook_function_failing_on_one_rank_shows_its_cell_and_why_the_othe
     assert log.endswith("rank1.log") and "\n" not in log  # the path ends the lines
     logged = Path(log).read_text()
     assert "nbddp/rank/worker.py" in logged and "Cell In[4], line 7, in train" in logged
+
+
+def test_an_interrupt_before_the_forkserver_answers_leaves_it_to_no_one_at_exit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The interrupt lands while the new forkserver still imports torch (held here
+    # before its imports): it has the first request and has answered nothing. Then
+    # the notebook exits, and is killed while its exit handler stops the forkserver,
+    # as jupyter_client kills a kernel that takes seconds to shut down.
+    import subprocess
+
+    from nbddp.launcher import forkserver_link
+
+    FORKSERVER.close()
+    before = threads_and_fds()
+    hold = tmp_path / "hold"
+    os.mkfifo(hold)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('NBDDP_ROLE') == 'forkserver':\n"
+        "    open(os.environ['NBDDP_TEST_HOLD'])  # a FIFO no one writes: held here\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setenv("NBDDP_TEST_HOLD", str(hold))
+
+    def interrupted(status_r: int, timeout: float) -> int | None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forkserver_link, "read_pid", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        nbddp.launch(fns.all_reduce_sum, 0.0, procs=2, output="none")
+    pid = FORKSERVER.pid
+    assert pid is not None
+    server = psutil.Process(pid)
+
+    class Killed(BaseException):
+        """The notebook's process, killed where it waits."""
+
+    def killed(self: subprocess.Popen[bytes], timeout: float | None = None) -> int:
+        raise Killed
+
+    monkeypatch.setattr(subprocess.Popen, "wait", killed)
+    with pytest.raises(Killed):
+        FORKSERVER.close()
+    monkeypatch.undo()
+    left = wait_procs_gone([server], timeout=10.0)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        server.kill()
+    FORKSERVER.close()
+    assert not left, "the forkserver outlived the notebook's exit"
+    assert threads_and_fds() == before

@@ -6,7 +6,11 @@ a session check its ranks are gone, and failure paths check fds and threads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -276,3 +280,29 @@ def test_a_cells_timeout_takes_a_c_level_dump_of_a_rank_holding_the_gil(
     # The regex never gives the GIL back: the interrupt cannot land, the session ends.
     assert "state is lost" in info.value.__notes__[-1]
     assert _gone(pids)
+
+
+def test_a_child_forked_beside_a_session_exits_without_waiting_on_it(session: Session) -> None:
+    # A child of the notebook (an ``os.fork()`` that returns, so that its exit handlers
+    # run) inherits the session's exit handler: the session is the notebook's, not its.
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            finalizer = session._finalizer
+            assert finalizer is not None
+            finalizer()  # what the exit of a child that returns runs
+            os.write(done_w, b"ok")
+        finally:
+            os._exit(0)
+    os.close(done_w)
+    try:
+        ready, _, _ = select.select([done_r], [], [], 5)  # ending a session waits up to 10 s
+        assert ready and os.read(done_r, 2) == b"ok", "the child's exit waited on the session"
+    finally:
+        os.close(done_r)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    first = session.run(fns.identity)
+    assert session.run(fns.identity) == first  # the notebook's session goes on, the same

@@ -70,3 +70,29 @@ def test_an_error_sent_just_before_exiting_is_reported_before_the_exit(tmp_path:
         assert ("link_closed", []) in sink.events
         assert kinds.index(("message", "error")) < kinds.index(("exit", 1)), kinds
         assert kinds.index(("output", "last words\n")) < kinds.index(("exit", 1)), kinds
+
+
+def test_a_line_cut_by_a_read_is_logged_whole_beside_the_other_pipe(tmp_path: Path) -> None:
+    # The relay reads a rank's two pipes separately: what it reads of stderr while
+    # the stdout pipe still holds the rest of a line must not land inside that line.
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
+    ours, theirs = socket.socketpair()
+    sink = Recorder()
+    relay = Relay(tmp_path, sink)
+    relay.attach(0, RankPipes(out_r, err_r, ours, status_r))
+    os.write(out_w, b"line 0\nline 1\nli")  # a read ends inside line 2
+    sink.wait_for(("output", "line 0\nline 1\nli"))
+    os.write(err_w, b"last words on fd 2\n")
+    sink.wait_for(("output", "last words on fd 2\n"))
+    os.write(out_w, b"ne 2\nline 3")
+    for fd in (out_w, err_w):
+        os.close(fd)
+    theirs.close()
+    os.write(status_w, STATUS.pack(0))
+    os.close(status_w)
+    sink.wait_for(("closed", None))
+    lines = relay.log_path(0).read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("line ")] == [f"line {i}" for i in range(4)]
+    assert "last words on fd 2" in lines
