@@ -49,3 +49,8 @@ def returns_unrebuildable() -> Unrebuildable:
 
 def runs_long() -> None:
     time.sleep(60)  # the work a timeout ends; nothing waits on it
+
+
+def cell_value_unrebuildable() -> Unrebuildable:
+    """What a ``%%ddp --out`` name holds that the notebook cannot rebuild."""
+    return Unrebuildable()
