@@ -54,3 +54,7 @@ def runs_long() -> None:
 def cell_value_unrebuildable() -> Unrebuildable:
     """What a ``%%ddp --out`` name holds that the notebook cannot rebuild."""
     return Unrebuildable()
+
+
+def takes(value: object) -> int:
+    return 1

@@ -164,8 +164,14 @@ IN_A_KERNEL: dict[str, str] = {
     "%ddp_session start: a session is already running": "%ddp_session start --procs 2",
     "%%ddp --no-init": "%%ddp --no-init\nx = 1",
     "nothing to debug": "%ddp_debug",
+    "this cell's options differ": "%%ddp --procs 3\nx = 1",
     "%%ddp: the session has ended": "%%ddp\nimport os\nos._exit(3) if rank == 1 else 0",
 }
+# Quoted in the page's prose, not in a table.
+KERNEL_PROSE = [
+    "this cell's options differ from the session's (...); drop them (the session's apply), "
+    "or %ddp_session stop to run one-shot cells"
+]
 KERNEL_SETUP = ["%load_ext nbddp", "%ddp_session start --procs 2", "%%ddp\nx = 1"]
 # Asserted on the real error by these tests (a Slurm cluster; a directory of another user).
 ASSERTED_BY: dict[str, str] = {
@@ -222,9 +228,11 @@ def test_the_magic_quotes_are_what_the_cells_say() -> None:
             # An error, or IPython's one-line UsageError (on stderr).
             said = result.error["evalue"] if result.error else result.stderr
             assert said, f"{cell!r} did not fail:\n{result.text()}"
-            (quote,) = [q for q in table_quotes() if key in q]
+            (quote,) = [q for q in table_quotes() + KERNEL_PROSE if key in q]
             assert pattern(quote).search(said), f"the page quotes\n  {quote}\nnbddp says\n  {said}"
         kernel.execute("%ddp_session stop")
+    page = " ".join(PAGE.read_text().split())
+    assert all(quote in page for quote in KERNEL_PROSE), "update KERNEL_PROSE"
 
 
 @pytest.mark.parametrize("key", list(ASSERTED_BY))

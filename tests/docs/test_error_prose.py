@@ -1,0 +1,104 @@
+"""Messages the pages quote in their prose (notices and errors, not in a ``text``
+block or a table): each is on its page as written here, and is what its call says,
+as the error raised or a notice on stderr. ``<...>`` stands for any text."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import re
+import socket
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import nbddp
+from tests.docs import error_fns as fns
+from tests.docs.pages import ROOT
+
+
+@contextlib.contextmanager
+def port_taken(port: int) -> Iterator[None]:
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):  # taken already, which is as good
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+        yield
+
+
+def accelerate_port() -> None:
+    with port_taken(29500):
+        nbddp.notebook_launcher(fns.returns, num_processes=2, use_port=29500)
+
+
+def session_exit() -> None:
+    with nbddp.session(procs=2) as session:
+        session.exec("import sys\nsys.exit(2) if rank == 1 else 0")
+
+
+def queue_to_a_cluster() -> None:
+    queue = multiprocessing.get_context("spawn").Queue()
+    nbddp.launch(fns.takes, queue, nodes=2, procs=1, cluster="ray://head:10001")
+
+
+def panel_without_ipywidgets(mp: pytest.MonkeyPatch) -> None:
+    mp.setitem(sys.modules, "ipywidgets", None)
+    nbddp.panel(fns.returns)
+
+
+# (page, the quote as the page writes it) -> a call that says it.
+PROSE: dict[tuple[str, str], Callable[[pytest.MonkeyPatch], object]] = {
+    (
+        "docs/troubleshooting.md",
+        "no GPU visible: running 2 CPU processes (gloo); pass procs=N to choose how many",
+    ): lambda mp: nbddp.launch(fns.returns),
+    ("docs/troubleshooting.md", "backend 'nccl' needs GPUs"): lambda mp: nbddp.launch(
+        fns.returns, procs=2, backend="nccl"
+    ),
+    (
+        "docs/troubleshooting.md",
+        "for a run on this machine use master_addr='127.0.0.1'",
+    ): lambda mp: nbddp.launch(fns.returns, procs=2, master_addr="10.255.255.1"),
+    (
+        "docs/troubleshooting.md",
+        "port 29500 on 127.0.0.1 is in use; using port <N> instead",
+    ): lambda mp: accelerate_port(),
+    (
+        "docs/troubleshooting.md",
+        "a multiprocessing object (queue, pipe, lock, event) cannot be sent to ranks on other "
+        "machines",
+    ): lambda mp: queue_to_a_cluster(),
+    (
+        "docs/troubleshooting.md",
+        "rank <r> called sys.exit(<n>) in the cell; in a session that ends the cell, not the rank",
+    ): lambda mp: session_exit(),
+    (
+        "docs/panel.md",
+        "nbddp.panel needs ipywidgets: pip install 'nbddp[panel]' (or ipywidgets)",
+    ): panel_without_ipywidgets,
+}
+
+
+def pattern(quote: str) -> re.Pattern[str]:
+    parts = re.split(r"<[^<>]+>", quote)
+    return re.compile(".+?".join(re.escape(p) for p in parts), re.S)
+
+
+@pytest.mark.parametrize(("page", "quote"), list(PROSE), ids=[q[:40] for _, q in PROSE])
+def test_the_quoted_message_is_what_nbddp_says(
+    page: str, quote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = " ".join((ROOT / page).read_text().split())
+    assert quote in text, f"{page} no longer quotes {quote!r}: update PROSE"
+    stderr = io.StringIO()
+    said = ""
+    with contextlib.redirect_stderr(stderr):
+        try:
+            PROSE[(page, quote)](monkeypatch)
+        except Exception as exc:
+            said = str(exc)
+    said += "\n" + stderr.getvalue()
+    assert pattern(quote).search(said), f"{page} quotes\n  {quote}\nnbddp says\n  {said}"
