@@ -102,3 +102,43 @@ def test_the_quoted_message_is_what_nbddp_says(
             said = str(exc)
     said += "\n" + stderr.getvalue()
     assert pattern(quote).search(said), f"{page} quotes\n  {quote}\nnbddp says\n  {said}"
+
+
+# (page, a part of the quote) -> the test that asserts it on the real message (a
+# prompt, an interrupt, a cluster: what this module cannot do in its own process).
+ASSERTED_BY: dict[tuple[str, str], str] = {
+    ("docs/debugging.md", "no longer asks: it ended, so its prompt takes no answer"): (
+        "tests/kernel/test_prompt_beside_run.py"
+    ),
+    ("docs/debugging.md", "input is not available in this frontend"): (
+        "tests/kernel/test_debug_kernel.py"
+    ),
+    ("docs/troubleshooting.md", "every rank was stopped; their output is in"): (
+        "tests/kernel/test_kernel_faults.py"
+    ),
+    ("docs/troubleshooting.md", "interrupted while the ranks were starting; none was left"): (
+        "tests/unit/test_failures.py"
+    ),
+    ("docs/sessions.md", "every rank returned to idle: the session keeps its state"): (
+        "tests/kernel/test_session_kernel.py"
+    ),
+    ("docs/troubleshooting.md", "raised on rank 1 of 2"): "tests/kernel/test_magic.py",
+    ("docs/troubleshooting.md", "stopped in a collective after rank 1 failed"): (
+        "tests/unit/test_failures.py"
+    ),
+    ("docs/troubleshooting.md", "is gone; the cluster has"): "tests/cluster/test_cluster.py",
+    ("docs/clusters.md", "is gone; the cluster has"): "tests/cluster/test_cluster.py",
+    ("docs/troubleshooting.md", "cannot connect to the Ray cluster"): (
+        "tests/unit/test_cluster_config.py"
+    ),
+    ("docs/troubleshooting.md", "the run was stopped"): "tests/multiproc/test_launch.py",
+    ("docs/troubleshooting.md", "the run was interrupted"): "tests/unit/test_failures.py",
+}
+
+
+@pytest.mark.parametrize(("page", "part"), list(ASSERTED_BY), ids=[p[:40] for _, p in ASSERTED_BY])
+def test_the_quoted_message_is_asserted_by_its_test(page: str, part: str) -> None:
+    text = " ".join((ROOT / page).read_text().split())
+    assert part in text, f"{page} no longer quotes {part!r}: update ASSERTED_BY"
+    test = ASSERTED_BY[(page, part)]
+    assert part in (ROOT / test).read_text(), f"{test} does not assert {part!r}"

@@ -16,6 +16,7 @@ Where a page says its names come from elsewhere (``train``, ``X``...),
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,3 +158,14 @@ def test_the_setup_names_only_pages_that_exist() -> None:
     pages = {str(p.relative_to(ROOT)) for p in documents()}
     named = set(SETUP) | {page for page, _ in RAISES} | {page for page, _ in ANSWERS}
     assert named <= pages, named - pages
+
+
+def test_no_block_escapes_the_check_by_its_language() -> None:
+    """Python or notebook code is fenced ``python``, the language the tests run."""
+    other = re.compile(r"^\s*```(py|python3|ipython|ipython3|pycon|jupyter)\s*$", re.M)
+    found = [
+        f"{p.relative_to(ROOT)}: {m.group(0).strip()}"
+        for p in PAGES
+        for m in other.finditer(p.read_text())
+    ]
+    assert not found, found
