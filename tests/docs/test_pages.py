@@ -40,11 +40,7 @@ def train(X, y):
     return (X.sum() + y.sum()).item()
 """
 SETUP: dict[str, list[str]] = {
-    "docs/index.md": [
-        TRAIN
-        + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        + "def Net():\n    return torch.nn.Linear(8, 2)\n"
-    ],
+    "docs/index.md": [TRAIN + "def Net():\n    return torch.nn.Linear(8, 2)\n"],
     "docs/running.md": [
         TRAIN + "X, y = torch.randn(64, 64), torch.randint(0, 10, (64,))",
     ],
