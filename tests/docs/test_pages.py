@@ -8,7 +8,7 @@ process, where a magic is a syntax error.
 
 One real kernel per page (``tests/kernel/kernel.py``), its blocks in page
 order, so a later block sees what an earlier one defined; Sybil parses the
-page and hands each block to ``KernelEvaluator``. A block whose first line is
+page and hands each block to ``PageRun.evaluate``. A block whose first line is
 ``# sketch: ...`` is not run (the page says so where the reader sees it).
 Where a page says its names come from elsewhere (``train``, ``X``...),
 ``SETUP`` defines them in the page's kernel first: small, and here to read.
