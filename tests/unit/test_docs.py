@@ -124,3 +124,23 @@ def test_the_readme_quotes_no_timing_of_its_own() -> None:
     text = (ROOT / "README.md").read_text()
     assert not re.findall(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b", text)
     assert "docs/benchmarks.md" in text
+
+
+def test_the_install_lines_name_extras_pyproject_has() -> None:
+    """``pip install -e ".[notebook,demo]"`` installs what the pages then run: each extra
+    exists, and the quickstart's scikit-learn comes with ``demo``."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    named = [
+        (page.name, m.group(1))
+        for page in pages
+        for m in re.finditer(r'pip install -e "\.\[([a-z,]+)\]"', page.read_text())
+    ]
+    assert named, "the pages say how to install from a clone"
+    for page, names in named:
+        assert set(names.split(",")) <= set(extras), (page, names)
+        assert "demo" in names.split(","), f"{page}: the quickstart needs scikit-learn ([demo])"
+    assert any(req.startswith("scikit-learn") for req in extras["demo"])
