@@ -49,6 +49,14 @@ def panel_without_ipywidgets(mp: pytest.MonkeyPatch) -> None:
     nbddp.panel(fns.returns)
 
 
+def fork_lock_unreachable(mp: pytest.MonkeyPatch) -> None:
+    """A fork-context lock sent to forkserver ranks, where /proc/self/map_files is closed."""
+    from nbddp.wire import mpobjects
+
+    mp.setattr(mpobjects, "_mapped", lambda lock, address: None)
+    nbddp.launch(fns.takes, multiprocessing.get_context("fork").Lock(), procs=2)
+
+
 # (page, the quote as the page writes it) -> a call that says it.
 PROSE: dict[tuple[str, str], Callable[[pytest.MonkeyPatch], object]] = {
     (
@@ -75,6 +83,12 @@ PROSE: dict[tuple[str, str], Callable[[pytest.MonkeyPatch], object]] = {
         "docs/troubleshooting.md",
         "rank <r> called sys.exit(<n>) in the cell; in a session that ends the cell, not the rank",
     ): lambda mp: session_exit(),
+    (
+        "docs/troubleshooting.md",
+        "this multiprocessing <type> was made in the 'fork' context, whose semaphores only "
+        "forked processes can reach; make it with multiprocessing.get_context('spawn') (as "
+        "torch's spawn requires), or launch with start_method='fork'",
+    ): fork_lock_unreachable,
     (
         "docs/panel.md",
         "nbddp.panel needs ipywidgets: pip install 'nbddp[panel]' (or ipywidgets)",
@@ -132,6 +146,9 @@ ASSERTED_BY: dict[tuple[str, str], str] = {
         "tests/unit/test_cluster_config.py"
     ),
     ("docs/troubleshooting.md", "the run was stopped"): "tests/multiproc/test_launch.py",
+    ("docs/clusters.md", "rank 1 was killed by signal SIGKILL"): (
+        "tests/cluster/test_cluster_session.py"
+    ),
     ("docs/troubleshooting.md", "the run was interrupted"): "tests/unit/test_failures.py",
 }
 
