@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The newest and the oldest lane, beside the pinned set .ci/run tests: each is a
 # fresh environment (.lanes/NAME) installed from .ci/NAME.txt, in which the unit
-# tests and the kernel tests (the example notebooks among them) run. newest.txt
+# tests, the kernel tests (the example notebooks among them) and the docs' code blocks run. newest.txt
 # names the newest releases, unpinned; oldest.txt the lowest versions
 # pyproject.toml allows. The two lanes run side by side (their tests mostly wait
 # on kernels and ranks; each pytest session tells its own processes apart), each
@@ -19,7 +19,7 @@ lane() {
         ".lanes/$name/bin/pip" install -q --no-compile -r ".ci/$name.txt" -e . || return 1
     local installed=$((SECONDS - started))
     echo "lane $name: $(".lanes/$name/bin/pip" freeze | grep -iE "$KEY" | tr '\n' ' ')"
-    ".lanes/$name/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/kernel
+    ".lanes/$name/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/kernel tests/docs
     local status=$?
     echo "lane $name: installed in ${installed}s, tested in $((SECONDS - started - installed))s"
     return $status

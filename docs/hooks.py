@@ -15,6 +15,13 @@ One source of truth: nothing here is copied by hand into a page.
   --json``), the machine and date it was measured on, and the run's tables,
   folded. A marker without its JSON, or a JSON without its PNG, fails the
   strict build.
+- ``<!-- nbddp:figure BENCH TABLE "ROW" "COLUMN" -->`` becomes one figure of
+  ``docs/bench/BENCH.json``: the value in the row ``ROW`` (its first cell, or its
+  first two joined by `` / ``) and the column ``COLUMN`` of the table ``TABLE``,
+  written with the column's unit (``12 ms``, ``0.06 s``, ``1.3x``). After them,
+  ``minus "ROW" "COLUMN"`` or ``over "ROW" "COLUMN"`` gives the difference or the
+  ratio of two figures of that table. A figure the JSON does not have fails the
+  strict build: the pages quote no figure by hand.
 - ``notebooks/*.ipynb`` are added to the site as ``examples/NAME.ipynb`` (to
   download) and rendered as the pages ``examples/NAME.md``: markdown cells as
   they are, code cells as code (the notebooks are stored without outputs).
@@ -31,6 +38,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +54,7 @@ HELP_COLUMNS = "76"  # fits a code block of the theme without scrolling
 MAGIC = re.compile(r"<!-- nbddp:magic ([a-z_ ]+?) -->")
 SETTINGS = "<!-- nbddp:settings -->"
 BENCH = re.compile(r"<!-- nbddp:bench (\w+) -->")
+FIGURE = re.compile(r"<!-- nbddp:figure (.+?) -->")
 
 
 def on_config(config: Any) -> Any:
@@ -90,6 +99,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     markdown = MAGIC.sub(lambda m: magic_help(m.group(1)), markdown)
     if SETTINGS in markdown:
         markdown = markdown.replace(SETTINGS, settings_table())
+    markdown = FIGURE.sub(lambda m: figure_text(m.group(1)), markdown)
     return BENCH.sub(lambda m: bench(m.group(1), page.file.src_uri), markdown)
 
 
@@ -214,3 +224,62 @@ def cell(value: Any) -> str:
         shown = ", ".join(cell(v) for v in value[:12])
         return shown + (f", ... ({len(value)} in all)" if len(value) > 12 else "")
     return str(value).replace("|", "\\|")
+
+
+# -- figures -----------------------------------------------------------------------------
+
+
+def figure_text(spec: str) -> str:
+    """``BENCH TABLE "ROW" "COLUMN" [minus|over "ROW" "COLUMN"]``, written out; a figure
+    that is not there is a warning (an error in the strict build) and shows as such."""
+    try:
+        return figure(spec)
+    except (KeyError, ValueError, OSError) as exc:
+        log.warning(f"nbddp:figure {spec}: {exc}")
+        return f"(no figure: {spec})"
+
+
+def figure(spec: str) -> str:
+    """The figure ``spec`` names (``figure_text``), raising when it is not recorded."""
+    words = shlex.split(spec)
+    if len(words) not in (4, 7):
+        raise ValueError('write BENCH TABLE "ROW" "COLUMN" [minus|over "ROW" "COLUMN"]')
+    name, table_name, row, column = words[:4]
+    data = json.loads((DOCS / "bench" / f"{name}.json").read_text())
+    tables = [t for t in data.get("tables", []) if t.get("name") == table_name]
+    if not tables:
+        raise KeyError(f"docs/bench/{name}.json has no table {table_name!r}")
+    table = tables[0]
+    value = table_value(table, row, column)
+    if len(words) == 7:
+        op, other = words[4], table_value(table, words[5], words[6])
+        if op not in ("minus", "over"):
+            raise ValueError(f"{op!r}: write minus or over")
+        if op == "over":
+            return f"{value / other:.2g}x"
+        value -= other
+    return with_unit(value, column)
+
+
+def table_value(table: dict[str, Any], row: str, column: str) -> float:
+    """The number in ``table`` at ``row`` (first cell, or first two joined by " / ") and
+    ``column``."""
+    if column not in table["columns"]:
+        raise KeyError(f"table {table['name']!r} has no column {column!r}")
+    at = table["columns"].index(column)
+    for cells in table["rows"]:
+        if row in (str(cells[0]), " / ".join(map(str, cells[:2]))):
+            if not isinstance(cells[at], (int, float)):
+                raise ValueError(f"{row!r} / {column!r} is {cells[at]!r}, not a number")
+            return float(cells[at])
+    raise KeyError(f"table {table['name']!r} has no row {row!r}")
+
+
+def with_unit(value: float, column: str) -> str:
+    """``value`` as the column's unit writes it: ms whole, s to two significant digits."""
+    unit = re.search(r"\((ms|s)\)", column)
+    if unit is None:
+        return f"{value:.2g}x" if "/" in column or "ratio" in column else f"{value:.3g}"
+    if unit.group(1) == "ms":
+        return f"{value:.0f} ms"
+    return f"{value:.2g} s"

@@ -280,7 +280,8 @@ class DdpMagics(Magics):
         A name a session cell bound belongs to the ranks: the notebook's value
         of that name is never sent to them.
         """
-        verb, _, rest = line.strip().partition(" ")
+        words = line if line.lstrip().startswith("start") else line.partition("#")[0]  # a comment
+        verb, _, rest = words.strip().partition(" ")
         runner = self.runner
         with _as_usage_error():
             if verb == "start":

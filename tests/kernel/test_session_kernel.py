@@ -455,10 +455,11 @@ def test_stop_and_restart(kernel: Kernel) -> None:
     assert ours(pids=kernel.descendants()) == []
     assert "no session" in ok(kernel, "%ddp_session").stdout
     for verb in ("stop", "restart"):
-        assert usage_error(kernel, f"%ddp_session {verb}") == (
-            f"UsageError: %ddp_session {verb}: no session is running; %ddp_session start "
-            "[options] starts one"
-        )
+        for line in (f"%ddp_session {verb}", f"%ddp_session {verb}   # a comment is left out"):
+            assert usage_error(kernel, line) == (
+                f"UsageError: %ddp_session {verb}: no session is running; %ddp_session start "
+                "[options] starts one"
+            )
     # One-shot cells again: fresh ranks each time.
     assert ok(kernel, "%%ddp --procs 2\nrank + 1").result == "1"
 

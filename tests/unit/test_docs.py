@@ -98,3 +98,49 @@ def test_plot_draws_every_recorded_bench(tmp_path: Path) -> None:
     for path in sorted((DOCS / "bench").glob("*.json")):
         png = plot.plot(path, tmp_path)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_every_figure_a_page_quotes_is_in_the_recorded_benches() -> None:
+    pytest.importorskip("mkdocs")  # docs/hooks.py is MkDocs' (.ci/requirements.txt installs it)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hooks", DOCS / "hooks.py")
+    assert spec and spec.loader
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    specs = [
+        (page.name, m.group(1))
+        for page in sorted(DOCS.glob("**/*.md"))
+        for m in hooks.FIGURE.finditer(page.read_text())
+    ]
+    assert specs, "the pages take their figures from docs/bench/*.json"
+    for page, spec_text in specs:
+        assert re.fullmatch(r"[\d.]+ (ms|s)|[\d.]+x|[\d.]+", hooks.figure(spec_text)), page
+
+
+def test_the_readme_quotes_no_timing_of_its_own() -> None:
+    """The README is not built by MkDocs: its timings would be hand-written, so it has
+    none and links to the Benchmarks page, whose figures come from the benches' JSON."""
+    text = (ROOT / "README.md").read_text()
+    assert not re.findall(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b", text)
+    assert "docs/benchmarks.md" in text
+
+
+def test_the_install_lines_name_extras_pyproject_has() -> None:
+    """``pip install -e ".[notebook,demo]"`` installs what the pages then run: each extra
+    exists, and the quickstart's scikit-learn comes with ``demo``."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    named = [
+        (page.name, m.group(1))
+        for page in pages
+        for m in re.finditer(r'pip install -e "\.\[([a-z,]+)\]"', page.read_text())
+    ]
+    assert named, "the pages say how to install from a clone"
+    for page, names in named:
+        assert set(names.split(",")) <= set(extras), (page, names)
+        assert "demo" in names.split(","), f"{page}: the quickstart needs scikit-learn ([demo])"
+    assert any(req.startswith("scikit-learn") for req in extras["demo"])
