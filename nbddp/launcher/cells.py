@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nbddp.errors import SessionError
-from nbddp.launcher.cellsource import CellSource, CellState
+from nbddp.launcher.cellsource import CellSource, CellState, stopped_by_us
 from nbddp.launcher.config import JobSpec
 from nbddp.launcher.core import STACKS_WAIT, RunCore
 from nbddp.launcher.events import (
@@ -48,7 +48,6 @@ REGROUPED = (
     "re-created"
 )
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
-_KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
 
 
 class CellTransport(Protocol):
@@ -206,15 +205,16 @@ class Cells:
             self.names = reply.names
         self.device_bytes[rank] = reply.device_bytes
         error = reply.error
-        failed = error is not None
-        if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
+        failed = error is not None and not stopped_by_us(reply, cell)
+        if failed and error is not None:
             when = local_time(error.raised_at) or time.monotonic()
             cell.failures.append(
                 (when, Failure(rank, "raised", error, where=self.transport.where(rank)))
             )
             if len(cell.failures) == 1 and cell.busy:
                 self.core.later(self.spec.failure_grace, self._not_returned, cell)
-        cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
+        state = RankState.FAILED if failed else RankState.STOPPED if error else RankState.DONE
+        cell.source.events.put(StateChanged(rank, state))
         if not cell.busy:
             if cell.freeing:
                 self._regroup(cell)
