@@ -287,7 +287,7 @@ def test_same_run_as_code_runs_as_pasted_in_a_new_cell(page: Page, lab_server: L
         retype(panel.locator(".nbddp-field-timeout input"), "120")
         retype(panel.locator(".nbddp-field-kwargs input"), "lr=0.5, tag='pasted'")
         expect(code).to_have_text(
-            "nbddp.launch(train, 3, w, lr=0.5, tag='pasted', procs=3, timeout=120.0)"
+            "nbddp.launch(train, 3, w, lr=0.5, tag='pasted', procs=3, timeout=120)"
         )
         panel.locator("button.nbddp-launch").click()
         expect(panel.locator('.nbddp-run-state[data-state="done"]')).to_be_visible(timeout=90 * MS)

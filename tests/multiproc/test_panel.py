@@ -204,7 +204,7 @@ def test_the_code_shown_runs_as_pasted_and_returns_the_same_value() -> None:
     panel.view.kwargs.value = "lr=0.5, tag='pasted'"
     panel.view.timeout.value = "120"
     _, call = panel.code()
-    assert call == "nbddp.launch(echo, 3, w, lr=0.5, tag='pasted', procs=2, timeout=120.0)"
+    assert call == "nbddp.launch(echo, 3, w, lr=0.5, tag='pasted', procs=2, timeout=120)"
     panel.launch()
     panel.wait(60)
     exec(f"pasted = {call}", notebook)  # a new cell of the same notebook

@@ -126,11 +126,11 @@ def test_the_code_names_what_the_notebook_holds_and_runs_as_pasted() -> None:
     assert source.complete
     settings = replace(CPU, procs="3", timeout="120")
     magic, launch = run_code(source, settings)
-    assert launch == "nbddp.launch(train, 3, data, lr=0.5, procs=3, timeout=120.0)"
+    assert launch == "nbddp.launch(train, 3, data, lr=0.5, procs=3, timeout=120)"
     assert magic == "%%ddp --no-init --procs 3 --timeout 120\ntrain(3, data, lr=0.5)"
     call = executed(launch, namespace)
     assert_same_call(call, train, args, kwargs)
-    assert call.options == {"procs": 3, "timeout": 120.0}
+    assert call.options == {"procs": 3, "timeout": 120}
     # A long literal the notebook holds is written by its name.
     source = call_source(train, (1,), {"lr": long}, namespace)
     assert source.call() == "train(1, lr=xs)"
@@ -147,7 +147,7 @@ def test_a_keyword_named_like_a_launch_option_goes_through_a_partial() -> None:
     _, launch = run_code(source, replace(CPU, timeout="60"))
     assert launch.splitlines() == [
         "import functools",
-        "nbddp.launch(functools.partial(train, timeout=5.0), 1, lr=0.2, procs=2, timeout=60.0)",
+        "nbddp.launch(functools.partial(train, timeout=5.0), 1, lr=0.2, procs=2, timeout=60)",
     ]
     call = executed(launch, namespace)
     assert_same_call(call, train, (1,), {"timeout": 5.0, "lr": 0.2})

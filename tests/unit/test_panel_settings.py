@@ -139,7 +139,9 @@ def test_code_for_literal_arguments_is_exact() -> None:
         # The form only parses the text; the config's own check says what is wrong.
         # It names the form's fields, as the panel shows them.
         ({"port": "70000"}, "port", "Master port must be a number from 1 to 65535"),
-        ({"timeout": "-1"}, "timeout", "Timeout (s) must be positive (seconds), got -1.0"),
+        # The value as typed: a whole number stays one.
+        ({"timeout": "-5"}, "timeout", "Timeout (s) must be positive (seconds), got -5;"),
+        ({"timeout": "-2.5"}, "timeout", "Timeout (s) must be positive (seconds), got -2.5;"),
         ({"start_method": "thread"}, "start_method", "unknown Start method 'thread'"),
         ({"mixed_precision": "fp64"}, "mixed_precision", "unknown Mixed precision 'fp64'"),
     ],
