@@ -165,7 +165,7 @@ def test_code_for_a_lambda_nothing_holds_names_it_fn_and_says_so() -> None:
     magic, call = panel.code()
     comment = "# define fn first: nbddp.panel was given a function (<lambda>)"
     assert call.startswith(comment) and call.endswith("\nnbddp.launch(fn, procs=2)")
-    assert magic.endswith("\nfn()") and comment in magic
+    assert magic.endswith("\nresult = fn()") and comment in magic
     assert "Define the names the comments list" in panel.view.code.value
 
 
