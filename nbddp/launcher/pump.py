@@ -108,6 +108,7 @@ class Shown(Protocol):
     def run_id(self) -> str: ...
     @property
     def config(self) -> LaunchConfig: ...
+    def redraw(self) -> None: ...
 
 
 class Pump:
@@ -331,6 +332,7 @@ class Pump:
             if display is not None:
                 self._show_ends(display)
                 display.close()
+            self._quietly(self.run.redraw)
             return True
         if display is not None:
             if isinstance(event, ev.Text):
@@ -365,6 +367,7 @@ class Pump:
                 display.state(end.rank, end.state)
 
     def _refresh(self) -> None:
+        self._quietly(self.run.redraw)
         display = self.run.display
         if display is None:
             self._refresh_at = None

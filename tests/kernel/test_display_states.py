@@ -134,6 +134,20 @@ def test_an_interrupted_session_cell_ends_with_every_rank_interrupted(kernel: Ke
         ok(kernel, "%ddp_session stop")
 
 
+def test_a_background_run_shown_as_a_cells_result_is_redrawn_until_its_final_state(
+    kernel: Kernel,
+) -> None:
+    code = (
+        "def short():\n    threading.Event().wait(1.0)\n"
+        "run = nbddp.launch(short, procs=2, block=False)\nrun"
+    )
+    seen = read_until_idle(kernel, kernel.kc.execute(code))
+    seen += read_until_idle(kernel, kernel.kc.execute("run.wait(); del run"))
+    [shown] = [d for d in final_blocks(seen).values() if "nbddp-run" in d["text/html"]]
+    assert re.search(r": done, 2 ranks \(2 done\), \d+s>$", shown["text/plain"]), shown
+    assert ": done, 2 ranks (2 done)" in shown["text/html"]
+
+
 def test_an_interrupt_during_a_draw_still_ends_with_the_final_frame(kernel: Kernel) -> None:
     # SIGINT is raised inside the display's own update, as the stop button does when
     # it lands while the cell draws; the blocks are then finished with SIGINT ignored.
