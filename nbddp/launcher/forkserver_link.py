@@ -1,10 +1,9 @@
 """The notebook's link to nbddp's forkserver: it starts the forkserver and asks it for ranks.
 
-``FORKSERVER`` is this process's one forkserver, started on first use (or by
-``prewarm``) with ``forkserver_env``; it exits when this end of its link closes.
-``fork(fds, pool)`` asks it for one rank, whose keeper reports the pid on the
-returned ``status_r``; each request also says what pool to keep
-(``pool_request``). ``ForkserverLaunch`` is it as one launch's ``Starter``.
+``FORKSERVER`` is this process's one forkserver, started on first use (or by ``prewarm``) with
+``forkserver_env``; it exits when this end of its link closes. ``fork(fds, pool)`` asks it for one
+rank, whose keeper reports the pid on the returned ``status_r``; each request also says what pool to
+keep (``pool_request``). ``ForkserverLaunch`` is it as one launch's ``Starter``.
 """
 
 from __future__ import annotations
@@ -47,10 +46,9 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
-    """(idle workers, seconds they wait) for a new forkserver to keep before any launch
-    has said: as many as a launch with no options starts (every visible GPU, else
-    ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the settings are wrong
-    (the launch then says what is wrong)."""
+    """(idle workers, seconds they wait) for a new forkserver to keep before any launch has said: as
+    many as a launch with no options starts (every visible GPU, else ``DEFAULT_CPU_PROCS``), within
+    ``NBDDP_POOL``; none where the settings are wrong (the launch then says what is wrong)."""
     try:
         chosen = settings.read(environ)
     except ValueError:

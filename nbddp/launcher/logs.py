@@ -1,13 +1,12 @@
 """Where a run's logs go, one directory per run, how many old runs are kept, and reading them.
 
 Contract: ``new_run_dir(run_id)`` makes a run's private directory (mode 0700)
-``run-<run_id>-<random>`` in the base directory (``NBDDP_LOG_DIR``, else
-``$TMPDIR/nbddp-<uid>/``), holds an exclusive ``flock`` on it while the run goes
-(``RunDir.release()``), then prunes the base directory to ``NBDDP_LOG_KEEP`` runs
-and ``NBDDP_LOG_MAX_MB`` megabytes, oldest first, never a run still going (locked,
-or written to in the last ``RECENT`` seconds) and never anything but ``run-*``
-directories. ``rank_log(log_dir, rank)`` is the one place that names a rank's
-log; ``RankLogs`` appends to them, ``read_rank_log`` and ``last_lines`` read them.
+``run-<run_id>-<random>`` in the base directory (``NBDDP_LOG_DIR``, else ``$TMPDIR/nbddp-<uid>/``),
+holds an exclusive ``flock`` on it while the run goes (``RunDir.release()``), then prunes the base
+directory to ``NBDDP_LOG_KEEP`` runs and ``NBDDP_LOG_MAX_MB`` megabytes, oldest first, never a run
+still going (locked, or written to in the last ``RECENT`` seconds) and never anything but ``run-*``
+directories. ``rank_log(log_dir, rank)`` is the one place that names a rank's log; ``RankLogs``
+appends to them, ``read_rank_log`` and ``last_lines`` read them.
 """
 
 from __future__ import annotations
@@ -140,9 +139,8 @@ def _survey(base: Path) -> list[tuple[Path, float, int]]:
 def _tree_stats(path: str, last_write: float) -> tuple[float, int]:
     """(latest of ``last_write`` and every file's mtime, bytes in all) under ``path``.
 
-    ``os.scandir`` rather than ``os.walk``: this runs at every launch over up to
-    a minute's worth of runs (a sweep's), and the walk's own bookkeeping was
-    most of the launch's time spent here."""
+    ``os.scandir`` rather than ``os.walk``: this runs at every launch over up to a minute's worth of
+    runs (a sweep's), and the walk's own bookkeeping was most of the launch's time spent here."""
     size = 0
     with os.scandir(path) as entries:
         for entry in entries:

@@ -1,17 +1,15 @@
 """The pump: what shows a run while it goes, in the waiting thread or a watcher of its own.
 
-Contract: ``Pump(run)`` takes the run's typed events from its job's queue in
-batches (up to ``BATCH_SECONDS`` of work) and hands them to ``run.display``,
-which only records them; between batches the display's ``refresh()`` draws at its
-own rate. Metric rows reach ``run.metrics`` whatever the display does. On
-``Done`` the display learns how each rank ended and draws its final frame.
-Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits,
-never in the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a
-watcher, so output, failures and the end of the run go on while the user answers. A
-prompt whose rank ended, or whose run did, is withdrawn (``run.withdraw`` ends the
-wait) and its late answer dropped. ``stop_and_drain`` stops every rank and pumps until
-the run is done, answering prompts with end of input; a display that raises meanwhile
-is dropped.
+Contract: ``Pump(run)`` takes the run's typed events from its job's queue in batches (up to
+``BATCH_SECONDS`` of work) and hands them to ``run.display``, which only records them; between
+batches the display's ``refresh()`` draws at its own rate. Metric rows reach ``run.metrics``
+whatever the display does. On ``Done`` the display learns how each rank ended and draws its final
+frame. Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits, never in
+the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a watcher, so output,
+failures and the end of the run go on while the user answers. A prompt whose rank ended, or whose
+run did, is withdrawn (``run.withdraw`` ends the wait) and its late answer dropped.
+``stop_and_drain`` stops every rank and pumps until the run is done, answering prompts with end of
+input; a display that raises meanwhile is dropped.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """``Run``: the user's handle of a launch, which shows it while it goes and gives its result.
 
-Contract: beyond what ``Run`` states, ``wait`` reads output until all of it is read
-(``pump.Pump``), attaches the rank's traceback to a rebuilt exception
-(``failures.run_error``), and after an interrupt waits for every rank to be gone before
-re-raising; anything else that escapes stops every rank before it is raised. What the
-display shows is true when ``wait`` returns or raises. A ``Run`` reads its run only
-through ``RunSource`` (a run core, or the restarts over one).
+Contract: beyond what ``Run`` states, ``wait`` reads output until all of it is read (``pump.Pump``),
+attaches the rank's traceback to a rebuilt exception (``failures.run_error``), and after an
+interrupt waits for every rank to be gone before re-raising; anything else that escapes stops every
+rank before it is raised. What the display shows is true when ``wait`` returns or raises. A ``Run``
+reads its run only through ``RunSource`` (a run core, or the restarts over one).
 """
 
 from __future__ import annotations
@@ -48,12 +47,11 @@ def latest_logs() -> tuple[Path, int] | None:
 class Run:
     """A launched run: ``launch(..., block=False)`` returns one, as ``spawn(join=False)``.
 
-    ``wait()`` shows the output until every rank has finished, then returns a
-    ``RunResult`` or raises the root-cause failure (the earliest failing rank's
-    own exception when it can be rebuilt here, else ``RemoteError`` or
-    ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank. ``stop()``,
-    ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and
-    ``output(rank)`` work while it runs.
+    ``wait()`` shows the output until every rank has finished, then returns a ``RunResult`` or
+    raises the root-cause failure (the earliest failing rank's own exception when it can be rebuilt
+    here, else ``RemoteError`` or ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank.
+    ``stop()``, ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and ``output(rank)`` work
+    while it runs.
     """
 
     def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
