@@ -10,7 +10,11 @@ one without has no ``_render_traceback_``. ``ShownLines(exc, lines)``: that rule
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterable
+
+_LOG_LINE = re.compile(r"(?<=^full output in )/\S*/(rank(\d+)\.log)$")
 
 
 class ShownLines:
@@ -29,7 +33,12 @@ class ShownLines:
         self.known = len(notes)
 
     def __call__(self) -> list[str]:
-        return [*self.lines, *(str(note) for note in self.notes[self.known :])]
+        lines = [*self.lines, *(str(note) for note in self.notes[self.known :])]
+        if not os.environ.get("JPY_SESSION_NAME"):
+            return lines
+        # A kernel of a Jupyter server: JupyterLab links a path in an error to its debugger
+        # ("Start debugger?") unless it is under its root; the rank's block shows the path.
+        return [_LOG_LINE.sub(r"\1, its path under rank \2's block above", line) for line in lines]
 
 
 class NbddpError(Exception):

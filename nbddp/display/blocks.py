@@ -116,22 +116,19 @@ def rank_bundle(
         plain.append(f"… {hidden:,} earlier lines in {log if log is not None else 'its log'}")
     plain += lines
     attrs = f'class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}"'
-    color = STATE_COLORS.get(state)
-    style = _HEADER + (f";color:{color}" if color else "")
+    style = _style(state)
+    total = hidden + len(lines)
+    where_html = path_html(log) if log is not None else "its log"
+    # A failed rank's block names its log (its error cannot: ``errors.ShownLines``).
+    note = f"last {len(lines):,} of {total:,} lines; all in " if hidden else "full output in "
+    note = f'<div class="nbddp-note" style="{_NOTE}">{note}{where_html}</div>'
+    note = note if hidden or state in _OPEN else ""
     if not lines:
-        shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div></div>'
+        shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div>{note}</div>'
         return {"text/plain": "\n".join(plain), "text/html": shown}
     is_open = not state.ended or state in _OPEN or asked or len(lines) <= FOLD_LINES
-    note = ""
-    total = hidden + len(lines)
     # The folded header says how much is inside (the plain text's header stays as is).
     count = f'<span style="{_COUNT}"> ({total:,} line{"s" if total != 1 else ""})</span>'
-    if hidden:
-        where_html = path_html(log) if log is not None else "its log"
-        note = (
-            f'<div class="nbddp-note" style="{_NOTE}">last {len(lines):,} of {total:,} lines; '
-            f"all in {where_html}</div>"
-        )
     body = html.escape("\n".join(lines))
     shown = (
         f'<details {attrs} data-fold="{html.escape(fold)}"{" open" if is_open else ""}>'
@@ -147,16 +144,19 @@ def headers_only_bundle(
     """A rank's block once the display has failed: its header and ``note`` (what
     happened, where its output is now), and its log."""
     where = str(log) if log is not None else "its log"
-    color = STATE_COLORS.get(state)
-    style = _HEADER + (f";color:{color}" if color else "")
     where_html = path_html(log) if log is not None else "its log"
     shown = (
         f'<div class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}">'
-        f'<div style="{style}">{html.escape(header)}</div>'
+        f'<div style="{_style(state)}">{html.escape(header)}</div>'
         f'<div class="nbddp-note" style="{_NOTE}">{html.escape(note)}; all its output is in '
         f"{where_html}</div></div>"
     )
     return {"text/plain": f"{header}\n({note}; all its output is in {where})", "text/html": shown}
+
+
+def _style(state: str) -> str:
+    color = STATE_COLORS.get(state)
+    return _HEADER + (f";color:{color}" if color else "")
 
 
 def footer_bundle(notices: list[str], chart_plain: str, chart_html: str) -> Bundle:

@@ -234,3 +234,13 @@ def test_a_debugging_transcript_stays_open_after_the_rank_continues() -> None:
     display.state(1, "done")
     display.close()
     assert opened(pub.blocks[1]) and pub.plain()[1].endswith("(Pdb) p 9\n9\ndone")
+
+
+def test_a_failed_ranks_block_names_its_log() -> None:
+    display, pub, _ = make()
+    display.output(1, "stdout", "about to fail\n")
+    display.state(0, "done")
+    display.state(1, "failed")
+    display.close()
+    assert "full output in /runs/x/rank1.log" in pub.blocks[1]["text/html"]
+    assert "rank0.log" not in pub.blocks[0]["text/html"]  # a rank that did not fail: no note
