@@ -259,3 +259,36 @@ def test_a_chatty_run_reads_as_folded_headers_with_the_tail_length(
         )
         expect(fold.locator(".nbddp-note")).to_contain_text("last 40 of 3,000 lines; all in")
         expect(fold.locator("pre")).to_be_hidden()  # folded: the tail is one click away
+
+
+ORANGE = "rgb(230, 85, 13)"  # ``display.blocks``' interrupted
+
+
+def test_a_run_shown_as_a_result_ends_true_and_an_interrupted_session_cell_reads_interrupted(
+    page: Page, lab_server: Lab
+) -> None:
+    shown = "run = nbddp.launch(spin, procs=2, block=False)\nrun"
+    start_all(page, lab_server, "cell_shown.ipynb", [SPIN, shown])
+    line = output(page, 1).locator(".nbddp-run")
+    expect(line).to_contain_text("running, 2 ranks (2 running)", timeout=90 * MS)
+    add_and_start(page, 2, "run.stop()")
+    expect(line).to_contain_text(": stopped, 2 ranks (2 stopped)", timeout=60 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+
+    add_and_start(page, 3, "%ddp_session start --procs 2")
+    expect(output(page, 3)).to_contain_text("0 cells run", timeout=90 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    add_and_start(page, 4, "%%ddp\nspin()")
+    cell = output(page, 4)
+    expect(cell).to_contain_text("rank 1 step 3", timeout=90 * MS)
+    interrupt(page)
+    expect(cell).to_contain_text("KeyboardInterrupt", timeout=60 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+    shot(page, "cell-shown-and-session-interrupted.png")
+    for rank in (0, 1):
+        head = cell.locator(f'.nbddp-rank[data-rank="{rank}"] summary')
+        expect(head).to_contain_text(f"rank {rank} · interrupted · ")
+        expect(head).to_have_css("color", ORANGE)
+    add_and_start(page, 5, "%ddp_session stop")
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
