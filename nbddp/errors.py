@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-_LOG_LINE = re.compile(r"(?<=^full output in )/\S*/(rank(\d+)\.log)$")
+_LOG_LINE = re.compile(r"(^full output in | output is in )/\S*/(rank(\d+)\.log)$")
 
 
 class ShownLines:
@@ -38,7 +38,8 @@ class ShownLines:
             return lines
         # A kernel of a Jupyter server: JupyterLab links a path in an error to its debugger
         # ("Start debugger?") unless it is under its root; the rank's block shows the path.
-        return [_LOG_LINE.sub(r"\1, its path under rank \2's block above", line) for line in lines]
+        named = r"\1\2, its path under rank \3's block above"
+        return [_LOG_LINE.sub(named, line) for line in lines]
 
 
 class NbddpError(Exception):

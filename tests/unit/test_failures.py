@@ -130,6 +130,10 @@ def test_a_rank_that_exited_or_died_names_how(tmp_path: Path, code: int | None, 
     assert str(exc).startswith(text)
     assert str(exc).endswith(f"its output is in {tmp_path / 'rank2.log'}")
     assert (exc.rank, exc.exit_code) == (2, code)
+    with pytest.MonkeyPatch.context() as patch:  # a kernel of a Jupyter server: no path
+        patch.setenv("JPY_SESSION_NAME", "train.ipynb")
+        shown = "\n".join(exc._render_traceback_())  # type: ignore[attr-defined]
+    assert "its output is in rank2.log, its path under rank 2's block above" in shown, shown
 
 
 def test_a_timeout_names_the_ranks_still_running(tmp_path: Path) -> None:
