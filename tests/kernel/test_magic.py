@@ -240,7 +240,7 @@ def test_ddp_panel_shows_a_panel_preset_from_its_options(kernel: Kernel) -> None
     ]
     assert len(views) == 1  # shown once, not again as the cell's result
     shown = ok(kernel, "p = _\nprint(p.settings().procs, p.settings().timeout, p.code()[1])")
-    assert "3 9 nbddp.launch(work, procs=3, timeout=9, env={'A': '1'})" in shown.stdout
+    assert "3 9 result = nbddp.launch(work, procs=3, timeout=9, env={'A': '1'})" in shown.stdout
     done = ok(kernel, "p.launch()\nprint('value', p.wait(60).values)")
     assert "value {0: 7, 1: 7, 2: 7}" in done.stdout
     ok(kernel, "p.close()\ndel p, work")
