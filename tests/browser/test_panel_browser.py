@@ -205,13 +205,15 @@ def test_every_invalid_field_is_flagged_at_once(page: Page, lab_server: Lab) -> 
         retype(panel.locator(".nbddp-field-port input"), "http")
         retype(panel.locator(".nbddp-field-env textarea"), "MASTER_PORT=29500")
         retype(panel.locator(".nbddp-field-kwargs input"), "epochs=fast")
-        expect(launch).to_have_text("Fix 4 fields to launch")
+        retype(panel.locator(".nbddp-field-timeout input"), "-5")  # quoted as typed
+        expect(launch).to_have_text("Fix 5 fields to launch")
         expect(launch).to_be_disabled()
         said = {
             "procs": "a whole number, e.g. 2",
             "port": "a port number",
             "env": "nbddp sets MASTER_PORT itself",
             "kwargs": "entry 1 (epochs=fast)",
+            "timeout": "must be positive (seconds), got -5;",
         }
         for name, text in said.items():
             expect(panel.locator(f".nbddp-error-{name}")).to_contain_text(text)
@@ -232,6 +234,7 @@ def test_every_invalid_field_is_flagged_at_once(page: Page, lab_server: Lab) -> 
     retype(panel.locator(".nbddp-field-port input"), "")
     retype(panel.locator(".nbddp-field-env textarea"), "")
     retype(panel.locator(".nbddp-field-kwargs input"), "")
+    retype(panel.locator(".nbddp-field-timeout input"), "")
     expect(launch).to_have_text("Launch")
     expect(launch).to_be_enabled()
     expect(panel.locator(".nbddp-invalid")).to_have_count(0)
