@@ -124,11 +124,11 @@ def test_code_for_literal_arguments_is_exact() -> None:
     settings = replace(CPU, start_method="spawn", env="A=1")
     magic, launch = run_code(source, settings)
     assert magic == (
-        "%%ddp --no-init --procs 2 --start-method spawn --env A=1\n"
-        "train(3, 'x', [1.5, None], lr=0.1)"
+        "%%ddp --no-init --procs 2 --start-method spawn --env A=1 --out result\n"
+        "result = train(3, 'x', [1.5, None], lr=0.1)"
     )
     assert launch == (
-        "nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
+        "result = nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
         "start_method='spawn', env={'A': '1'})"
     )
 
