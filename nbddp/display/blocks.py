@@ -68,7 +68,7 @@ def state_words(state: str, detail: str = "") -> str:
 Bundle = dict[str, str]
 
 FOLD_LINES = 10
-"""A finished tail this long or shorter shows open; a longer one folds."""
+"""Lines a running rank shows; a finished tail this long or shorter shows open, longer folds."""
 EMPTY: Bundle = {"text/plain": "", "text/html": ""}
 
 _HEADER = "font-family:monospace;font-weight:bold;padding:1px 0"
@@ -115,6 +115,8 @@ def rank_bundle(
     if hidden:
         plain.append(f"… {hidden:,} earlier lines in {log if log is not None else 'its log'}")
     plain += lines
+    if not state.ended and not asked:  # in view, a running rank's last lines, not a page of them
+        hidden, lines = hidden + max(0, len(lines) - FOLD_LINES), lines[-FOLD_LINES:]
     attrs = f'class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}"'
     style = _style(state)
     total = hidden + len(lines)

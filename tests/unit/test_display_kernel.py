@@ -216,10 +216,15 @@ def test_live_output_shows_unfolded_and_a_long_finished_tail_folds() -> None:
     display.refresh()
     assert [opened(b) for b in pub.blocks] == [True, True]  # running: the tail is in view
     assert pub.plain()[0].splitlines()[-1] == "line 99" and len(pub.plain()[0].splitlines()) <= 42
+    # In view, a running rank's last lines only: a page of them would push the rest away.
+    shown = re.search(r"<pre[^>]*>(.*)</pre>", pub.blocks[0]["text/html"], re.S)
+    assert shown is not None and shown.group(1).split("\n") == [f"line {i}" for i in range(90, 100)]
+    assert "last 10 of 100 lines; all in" in pub.blocks[0]["text/html"]
     display.state(0, "done")
     display.state(1, "failed")
     display.close()
     assert [opened(b) for b in pub.blocks] == [False, True]  # done folds; failed stays open
+    assert "last 40 of 100 lines" in pub.blocks[0]["text/html"]  # the whole tail, once ended
 
 
 def test_a_debugging_transcript_stays_open_after_the_rank_continues() -> None:
