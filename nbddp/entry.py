@@ -73,9 +73,8 @@ class KernelShell(Protocol):
 
 
 def kernel_shell() -> KernelShell | None:
-    """The IPython shell of the Jupyter kernel this runs in, or None (a terminal
-    IPython, a script). Looks only at modules already imported: importing nbddp
-    never imports IPython."""
+    """The IPython shell of the Jupyter kernel this runs in, or None (a terminal IPython, a script).
+    Looks only at modules already imported: importing nbddp never imports IPython."""
     ipython = sys.modules.get("IPython")
     if ipython is None or "ipykernel" not in sys.modules:
         return None
@@ -195,11 +194,10 @@ def start_with_display(
 class Launcher:
     """Launch options held apart from the call, so ``run`` keeps ``fn``'s exact types.
 
-    ``Launcher(procs=2).run(train, data, epochs=3)`` is ``launch(train, data,
-    epochs=3, procs=2)`` for type checkers that check ``train``'s parameters.
-    The options may also come as one dict, ``Launcher({"procs": 2})``; keywords
-    win over it. (``run`` is generic per call, not the class: the options say
-    nothing about ``fn``.)
+    ``Launcher(procs=2).run(train, data, epochs=3)`` is ``launch(train, data, epochs=3, procs=2)``
+    for type checkers that check ``train``'s parameters. The options may also come as one dict,
+    ``Launcher({"procs": 2})``; keywords win over it. (``run`` is generic per call, not the class:
+    the options say nothing about ``fn``.)
     """
 
     options: LaunchOptions
@@ -316,16 +314,14 @@ def notebook_launcher(
 ) -> R:
     """accelerate's ``notebook_launcher``, done right: returns rank 0's value.
 
-    Works after the notebook used CUDA (forkserver, not fork); on a machine
-    without GPUs runs ``num_processes`` CPU ranks that form one gloo group;
-    picks another port when ``use_port`` is busy (and says so); exports
-    ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
-    ``mixed_precision``; ``max_restarts`` restarts every rank after a failure,
-    as torch elastic does. ``num_nodes`` > 1 runs ``num_processes`` ranks on each of
-    that many nodes of the cluster ``NBDDP_CLUSTER`` names (``ConfigError``
-    when none is configured); ``node_rank`` and ``rdzv_*`` raise ``ConfigError``
-    (nbddp places the nodes itself).
-    ``monitor_interval`` and ``log_line_prefix_template`` are accepted and unused.
+    Works after the notebook used CUDA (forkserver, not fork); on a machine without GPUs runs
+    ``num_processes`` CPU ranks that form one gloo group; picks another port when ``use_port`` is
+    busy (and says so); exports ``ACCELERATE_MIXED_PRECISION`` so ``Accelerator()`` sees
+    ``mixed_precision``; ``max_restarts`` restarts every rank after a failure, as torch elastic
+    does. ``num_nodes`` > 1 runs ``num_processes`` ranks on each of that many nodes of the cluster
+    ``NBDDP_CLUSTER`` names (``ConfigError`` when none is configured); ``node_rank`` and ``rdzv_*``
+    raise ``ConfigError`` (nbddp places the nodes itself). ``monitor_interval`` and
+    ``log_line_prefix_template`` are accepted and unused.
     """
     del monitor_interval, log_line_prefix_template, rdzv_id, rdzv_conf
     if node_rank != 0 or rdzv_endpoint or rdzv_backend != "static":
@@ -369,12 +365,11 @@ def spawn(
 ) -> Run | None:
     """torch.multiprocessing's ``spawn``: ``fn(rank, *args)`` on ``nprocs`` processes.
 
-    As with torch, the ranks see the notebook's devices and choose their own
-    (``cuda:rank``); the torch.distributed environment variables are set too.
-    ``start_method`` defaults to nbddp's forkserver (torch's default, a
-    fresh interpreter per process, is ``"spawn"``). With ``join=False``
-    returns the ``Run`` (its ``join()`` waits). ``daemon`` is accepted and
-    unused: ranks never outlive the notebook anyway.
+    As with torch, the ranks see the notebook's devices and choose their own (``cuda:rank``); the
+    torch.distributed environment variables are set too. ``start_method`` defaults to nbddp's
+    forkserver (torch's default, a fresh interpreter per process, is ``"spawn"``). With
+    ``join=False`` returns the ``Run`` (its ``join()`` waits). ``daemon`` is accepted and unused:
+    ranks never outlive the notebook anyway.
     """
     del daemon
     with SPAWN.speaking():

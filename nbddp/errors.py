@@ -11,7 +11,11 @@ type whenever it unpickles here; these classes are the fallback. An error given 
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterable
+
+_LOG_LINE = re.compile(r"(^full output in | output is in )/\S*/(rank(\d+)\.log)$")
 
 
 class ShownLines:
@@ -32,7 +36,13 @@ class ShownLines:
 
     def __call__(self) -> list[str]:
         self.spent = self.once
-        return [*self.lines, *(str(note) for note in self.notes[self.known :])]
+        lines = [*self.lines, *(str(note) for note in self.notes[self.known :])]
+        if not os.environ.get("JPY_SESSION_NAME"):
+            return lines
+        # A kernel of a Jupyter server: JupyterLab links a path in an error to its debugger
+        # ("Start debugger?") unless it is under its root; the rank's block shows the path.
+        named = r"\1\2, its path under rank \3's block above"
+        return [_LOG_LINE.sub(named, line) for line in lines]
 
 
 class NbddpError(Exception):

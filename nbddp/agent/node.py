@@ -1,18 +1,15 @@
 """The nbddp agent: one per node, running nbddp's own local launcher there.
 
-Contract: an engine places one ``NodeAgent`` per node (``ray_node.RayNodeAgent``
-as a Ray actor) and the notebook calls its methods through a channel, from
-several threads at once, so ``poll`` may wait while ``stop`` arrives.
-``describe()`` says where it runs and its versions (read without importing
-torch); a new agent starts the node's forkserver at once. It holds any number
-of runs, each under the notebook's run id with its own ``noderun.NodeRun`` and,
-on agent 0, its own rendezvous store (``host_store``/``close_store``).
-``poll(wait)`` is the one long poll for all of them: a ``Batch`` per run with
-its events, new failures and, once its ranks here have all ended, their
-outcomes (global ranks), shipped (``portable.ship``). The agent ends itself
-(``os._exit``, so every rank's link closes) once it has lost the notebook: no
-poll for ``QUIET`` seconds, or its engine's process on the node gone
-(``engine_lost``).
+Contract: an engine places one ``NodeAgent`` per node (``ray_node.RayNodeAgent`` as a Ray actor) and
+the notebook calls its methods through a channel, from several threads at once, so ``poll`` may wait
+while ``stop`` arrives. ``describe()`` says where it runs and its versions (read without importing
+torch); a new agent starts the node's forkserver at once. It holds any number of runs, each under
+the notebook's run id with its own ``noderun.NodeRun`` and, on agent 0, its own rendezvous store
+(``host_store``/``close_store``). ``poll(wait)`` is the one long poll for all of them: a ``Batch``
+per run with its events, new failures and, once its ranks here have all ended, their outcomes
+(global ranks), shipped (``portable.ship``). The agent ends itself (``os._exit``, so every rank's
+link closes) once it has lost the notebook: no poll for ``QUIET`` seconds, or its engine's process
+on the node gone (``engine_lost``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """What crosses between a node's agent and the notebook: shared memory made plain bytes.
 
-Contract: on one machine a rank's value, its exception, a session rank's
-reply and the call's large arguments travel as bytes plus shared-memory descriptors
-(``descriptors.Packed``, ``payload.Payload``); descriptors cannot leave a
-machine. ``ship(obj)`` and ``ship_payload`` (on the sending side) read each
-descriptor's memory into bytes once; ``land`` and ``land_payload`` (on the
-receiving side) write them into fresh shared memory (memfd), so the rest of
-nbddp gets the very objects it gets locally: ``values.unpack`` and
-``failures.run_error`` work unchanged.
-A payload holding multiprocessing objects (pipes, queues, locks) cannot be
-shipped: ``PayloadError`` says so. Nothing here imports ray.
+Contract: on one machine a rank's value, its exception, a session rank's reply and the call's large
+arguments travel as bytes plus shared-memory descriptors (``descriptors.Packed``,
+``payload.Payload``); descriptors cannot leave a machine. ``ship(obj)`` and ``ship_payload`` (on the
+sending side) read each descriptor's memory into bytes once; ``land`` and ``land_payload`` (on the
+receiving side) write them into fresh shared memory (memfd), so the rest of nbddp gets the very
+objects it gets locally: ``values.unpack`` and ``failures.run_error`` work unchanged. A payload
+holding multiprocessing objects (pipes, queues, locks) cannot be shipped: ``PayloadError`` says so.
+Nothing here imports ray.
 """
 
 from __future__ import annotations
@@ -91,10 +89,9 @@ ShippedPayload = tuple[bytes, tuple["bytes | pickle.PickleBuffer", ...]]
 def ship_payload(payload: Payload) -> ShippedPayload:
     """The call's bytes and its shared memory (notebook side).
 
-    Each memory goes as a ``PickleBuffer`` over a read-only map of its descriptor:
-    Ray stores such a buffer out of band (one copy, into its object store) and a
-    node reads it from there without another copy; plain bytes cost two more
-    copies of a large argument."""
+    Each memory goes as a ``PickleBuffer`` over a read-only map of its descriptor: Ray stores such a
+    buffer out of band (one copy, into its object store) and a node reads it from there without
+    another copy; plain bytes cost two more copies of a large argument."""
     return payload.data, tuple(_mapped(fd) for fd in payload.fds)
 
 

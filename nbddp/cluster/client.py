@@ -1,19 +1,16 @@
 """``ClusterJob``: the transport of a run across a cluster's nodes.
 
-Contract: ``ClusterJob(config, payload, session=False).start()`` takes agents
-(``ray_engine.place``: kept ones of the same shape, or new ones), attaches to
-them under its run id, has agent 0 host the run's rendezvous store on its node
-address, shares the call once (``Engine.share``) and starts every node's slice
-of the run as a job of its own there, so any number of runs go on at once.
-Its ``core`` (``launcher.core.RunCore``, global ranks) is what ``Run``, the
-displays and the failures read, exactly as for a local ``Job``; the agents'
-batches are posted to the relay loop, where the core is kept. ``nodes`` says
-where each node's ranks run (node 0 hosts the store: ``MASTER_ADDR``), also
-said by the first run on new agents and in the error of a rank that died. A
-node whose agent is lost ends its ranks as failed, naming the node. With
-``session=True`` the ranks are a session's, driven by ``launcher.cells.Cells``
-through ``send``, ``send_cell`` and ``ask_stacks``, each through the rank's
-node's agent.
+Contract: ``ClusterJob(config, payload, session=False).start()`` takes agents (``ray_engine.place``:
+kept ones of the same shape, or new ones), attaches to them under its run id, has agent 0 host the
+run's rendezvous store on its node address, shares the call once (``Engine.share``) and starts every
+node's slice of the run as a job of its own there, so any number of runs go on at once. Its ``core``
+(``launcher.core.RunCore``, global ranks) is what ``Run``, the displays and the failures read,
+exactly as for a local ``Job``; the agents' batches are posted to the relay loop, where the core is
+kept. ``nodes`` says where each node's ranks run (node 0 hosts the store: ``MASTER_ADDR``), also
+said by the first run on new agents and in the error of a rank that died. A node whose agent is lost
+ends its ranks as failed, naming the node. With ``session=True`` the ranks are a session's, driven
+by ``launcher.cells.Cells`` through ``send``, ``send_cell`` and ``ask_stacks``, each through the
+rank's node's agent.
 """
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 
 Pure functions from plain values to ``{"text/plain", "text/html"}`` bundles that escape everything
 a rank wrote. A rank's ``text/plain`` is its header, a note of hidden lines, then its tail; its
-``text/html`` folds the tail under the header (open when short, failed or waiting for input), and
-a one-line script keeps a fold the user toggled across updates. The footer holds nbddp's notices
-over the metrics chart. A file's path (``path_html(path)``) is escaped text unless ``path`` lies
-under the root of the Jupyter server that started this kernel (found once by its
-``jpserver-<pid>.json``; the notebook by ``JPY_SESSION_NAME``): then a link, relative to the
+``text/html`` folds a finished tail under the header unless it is short, failed, or holds a
+prompt's transcript (a live tail shows); a one-line script keeps a fold the user toggled. The
+footer holds nbddp's notices over the metrics chart. A file's path (``path_html``) is escaped
+text unless it lies under the root of the Jupyter server that started this kernel (found once by
+its ``jpserver-<pid>.json``; the notebook by ``JPY_SESSION_NAME``): then a link, relative to the
 notebook, that opens in a tab. (A path outside the root would open a "Start debugger?" dialog.)
-Anything missing means no link.
 
 How states look, in the kernel display and the panel: ``STATE_COLORS`` and ``RUN_COLORS`` (keyed
 by ``str`` enums, so plain names work; a state without an entry takes the default colour), and
@@ -69,7 +68,7 @@ def state_words(state: str, detail: str = "") -> str:
 Bundle = dict[str, str]
 
 FOLD_LINES = 10
-"""A tail this long or shorter starts open; a longer one starts folded."""
+"""Lines a running rank shows; a finished tail this long or shorter shows open, longer folds."""
 EMPTY: Bundle = {"text/plain": "", "text/html": ""}
 
 _HEADER = "font-family:monospace;font-weight:bold;padding:1px 0"
@@ -80,8 +79,7 @@ _NOTICE = (
     "margin:0;padding:2px 6px;white-space:pre-wrap;word-break:break-all;"
     "background:var(--jp-rendermime-error-background,#fdd)"
 )
-# Start open: a failed rank's last words, and a waiting rank's prompt.
-_OPEN = frozenset((RankState.FAILED, RankState.EXITED, RankState.WAITING))
+_OPEN = frozenset((RankState.FAILED, RankState.EXITED))  # a failed rank's last words stay open
 # Keeps the user's choice of open or closed across updates of the block: each
 # update replaces the block's HTML, which would otherwise reset the fold.
 # Only clicks count: the kernel's own choice (open, then folded) is not a choice.
@@ -109,30 +107,30 @@ def rank_bundle(
     hidden: int,
     log: Path | None,
     fold: str,
+    asked: bool = False,
 ) -> Bundle:
-    """One rank's block. ``hidden``: lines only in ``log``;
-    ``fold``: the id that names the fold in the page (stable for the block's life)."""
+    """One rank's block. ``hidden``: lines only in ``log``; ``fold``: the id that names the
+    fold in the page (stable for the block's life); ``asked``: it has asked for input."""
     plain = [header]
     if hidden:
         plain.append(f"… {hidden:,} earlier lines in {log if log is not None else 'its log'}")
     plain += lines
+    if not state.ended and not asked:  # in view, a running rank's last lines, not a page of them
+        hidden, lines = hidden + max(0, len(lines) - FOLD_LINES), lines[-FOLD_LINES:]
     attrs = f'class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}"'
-    color = STATE_COLORS.get(state)
-    style = _HEADER + (f";color:{color}" if color else "")
-    if not lines:
-        shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div></div>'
-        return {"text/plain": "\n".join(plain), "text/html": shown}
-    is_open = len(lines) <= FOLD_LINES or state in _OPEN
-    note = ""
+    style = _style(state)
     total = hidden + len(lines)
+    where_html = path_html(log) if log is not None else "its log"
+    # A failed rank's block names its log (its error cannot: ``errors.ShownLines``).
+    note = f"last {len(lines):,} of {total:,} lines; all in " if hidden else "full output in "
+    note = f'<div class="nbddp-note" style="{_NOTE}">{note}{where_html}</div>'
+    note = note if hidden or state in _OPEN else ""
+    if not lines:
+        shown = f'<div {attrs}><div style="{style}">{html.escape(header)}</div>{note}</div>'
+        return {"text/plain": "\n".join(plain), "text/html": shown}
+    is_open = not state.ended or state in _OPEN or asked or len(lines) <= FOLD_LINES
     # The folded header says how much is inside (the plain text's header stays as is).
     count = f'<span style="{_COUNT}"> ({total:,} line{"s" if total != 1 else ""})</span>'
-    if hidden:
-        where_html = path_html(log) if log is not None else "its log"
-        note = (
-            f'<div class="nbddp-note" style="{_NOTE}">last {len(lines):,} of {total:,} lines; '
-            f"all in {where_html}</div>"
-        )
     body = html.escape("\n".join(lines))
     shown = (
         f'<details {attrs} data-fold="{html.escape(fold)}"{" open" if is_open else ""}>'
@@ -148,16 +146,19 @@ def headers_only_bundle(
     """A rank's block once the display has failed: its header and ``note`` (what
     happened, where its output is now), and its log."""
     where = str(log) if log is not None else "its log"
-    color = STATE_COLORS.get(state)
-    style = _HEADER + (f";color:{color}" if color else "")
     where_html = path_html(log) if log is not None else "its log"
     shown = (
         f'<div class="nbddp-rank" data-rank="{rank}" data-state="{html.escape(state)}">'
-        f'<div style="{style}">{html.escape(header)}</div>'
+        f'<div style="{_style(state)}">{html.escape(header)}</div>'
         f'<div class="nbddp-note" style="{_NOTE}">{html.escape(note)}; all its output is in '
         f"{where_html}</div></div>"
     )
     return {"text/plain": f"{header}\n({note}; all its output is in {where})", "text/html": shown}
+
+
+def _style(state: str) -> str:
+    color = STATE_COLORS.get(state)
+    return _HEADER + (f";color:{color}" if color else "")
 
 
 def footer_bundle(notices: list[str], chart_plain: str, chart_html: str) -> Bundle:

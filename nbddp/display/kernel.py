@@ -261,4 +261,5 @@ class KernelDisplay:
             hidden=entry.hidden,
             log=log,
             fold=f"{self._fold}-{rank}",
+            asked=entry.asked,
         )

@@ -45,6 +45,8 @@ class RankModel:
         """When it was first seen in an ended state."""
         self.metric: MetricRow | None = None
         """Its latest metric row."""
+        self.asked = False
+        """It has waited for input: the prompt's transcript stays in view."""
         self.dirty = True
         """Something of this rank changed since it was last drawn."""
         self._drawn_elapsed = ""
@@ -133,6 +135,7 @@ class RunModel:
         again, restarted, has not ended)."""
         entry = self.rank(rank)
         entry.state = new = _STATES[state]
+        entry.asked = entry.asked or new is RankState.WAITING
         if not new.ended:
             entry.ended_at = None
             entry.detail = ""

@@ -1,17 +1,14 @@
 """A session's cells: ranks that stay up and run one cell after another.
 
-Contract: ``Cells(transport)`` drives the cells of a session whose ranks a
-transport started as a session's (``job.Job`` on this machine, a cluster job
-across nodes): ``start()`` starts them, ``cell(payload, timeout)`` sends one
-call to every rank and returns a ``CellSource``, what a ``Run`` reads for that
-cell alone (its own display, value and error). Cell 0 is the start: it ends
-once every rank is idle with its process group (``ready``). One cell at a time
-(``SessionError``). When a rank fails the others get ``failure_grace``, then
-are interrupted; ranks still blocked in a collective are freed by closing the
-idle ranks' group and regrouping every rank (gloo; ``note`` says what must be
-re-created), else the session ends and ``lost`` says why. Bookkeeping runs on
-the relay loop (the cells are the run core's listener); other threads read
-frozen values.
+Contract: ``Cells(transport)`` drives the cells of a session whose ranks a transport started as a
+session's (``job.Job`` on this machine, a cluster job across nodes): ``start()`` starts them,
+``cell(payload, timeout)`` sends one call to every rank and returns a ``CellSource``, what a ``Run``
+reads for that cell alone (its own display, value and error). Cell 0 is the start: it ends once
+every rank is idle with its process group (``ready``). One cell at a time (``SessionError``). When a
+rank fails the others get ``failure_grace``, then are interrupted; ranks still blocked in a
+collective are freed by closing the idle ranks' group and regrouping every rank (gloo; ``note`` says
+what must be re-created), else the session ends and ``lost`` says why. Bookkeeping runs on the relay
+loop (the cells are the run core's listener); other threads read frozen values.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nbddp.errors import SessionError
-from nbddp.launcher.cellsource import CellSource, CellState
+from nbddp.launcher.cellsource import CellSource, CellState, stopped_by_us
 from nbddp.launcher.config import JobSpec
 from nbddp.launcher.core import STACKS_WAIT, RunCore
 from nbddp.launcher.events import (
@@ -48,7 +45,6 @@ REGROUPED = (
     "re-created"
 )
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
-_KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
 
 
 class CellTransport(Protocol):
@@ -113,9 +109,8 @@ class Cells:
         return not (core.wait(0) or self._asked_to_end or core.stop_reason is not None)
 
     def cell(self, payload: Payload, timeout: float | None, debug: bool = False) -> CellSource:
-        """Run ``payload`` on every rank as the next cell (any thread, one at a time),
-        stopped after ``timeout`` seconds (None: never); ``debug``: a rank that raises
-        opens a debugger first."""
+        """Run ``payload`` on every rank as the next cell (any thread, one at a time), stopped after
+        ``timeout`` seconds (None: never); ``debug``: a rank that raises opens a debugger first."""
         if not self.alive:
             raise SessionError(f"the session has ended ({self.lost or 'stopped'})")
         if not self._one_cell.acquire(blocking=False):
@@ -206,15 +201,16 @@ class Cells:
             self.names = reply.names
         self.device_bytes[rank] = reply.device_bytes
         error = reply.error
-        failed = error is not None
-        if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
+        failed = error is not None and not stopped_by_us(reply, cell)
+        if failed and error is not None:
             when = local_time(error.raised_at) or time.monotonic()
             cell.failures.append(
                 (when, Failure(rank, "raised", error, where=self.transport.where(rank)))
             )
             if len(cell.failures) == 1 and cell.busy:
                 self.core.later(self.spec.failure_grace, self._not_returned, cell)
-        cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
+        state = RankState.FAILED if failed else RankState.STOPPED if error else RankState.DONE
+        cell.source.events.put(StateChanged(rank, state))
         if not cell.busy:
             if cell.freeing:
                 self._regroup(cell)

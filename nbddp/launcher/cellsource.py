@@ -59,7 +59,7 @@ def in_cell(record: RankOutcome, cell: CellState | None) -> RankOutcome:
         state = record.state if record.exited else RankState.RUNNING
         return replace(record, state=state, value=None, ended_at=None, stacks=None)
     reply = cell.replies.get(record.rank)
-    if reply is not None:
+    if reply is not None and not stopped_by_us(reply, cell):
         state = RankState.FAILED if reply.error is not None else RankState.DONE
     else:
         state = record.state if record.exited else RankState.STOPPED
@@ -73,6 +73,12 @@ def in_cell(record: RankOutcome, cell: CellState | None) -> RankOutcome:
         # What became of the stacks this cell asked for is in the job's record.
         stacks=record.stacks if record.rank in cell.stacks else None,
     )
+
+
+def stopped_by_us(reply: CellReply, cell: CellState) -> bool:
+    """True if the rank raised the interrupt the cell was stopped with (not a failure)."""
+    error = reply.error
+    return bool(cell.reason and error and error.type_name == "builtins.KeyboardInterrupt")
 
 
 class CellSource:

@@ -1,10 +1,9 @@
 """The ``cluster`` launch option's value: which cluster a run goes to.
 
-``RayCluster(address, runtime_env=None)`` names a Ray cluster as ``ray.init``
-does; ``SlurmCluster()`` (``"slurm"``) the Slurm allocation this process runs
-in. ``as_cluster(value)`` turns an option's value into one or says in one line
-what is wrong; ``configured()`` is the cluster ``NBDDP_CLUSTER`` names. Nothing
-here imports ray or calls Slurm.
+``RayCluster(address, runtime_env=None)`` names a Ray cluster as ``ray.init`` does;
+``SlurmCluster()`` (``"slurm"``) the Slurm allocation this process runs in. ``as_cluster(value)``
+turns an option's value into one or says in one line what is wrong; ``configured()`` is the cluster
+``NBDDP_CLUSTER`` names. Nothing here imports ray or calls Slurm.
 """
 
 from __future__ import annotations
@@ -41,13 +40,12 @@ class RayCluster:
 class SlurmCluster:
     """A Slurm allocation to run on, for ``launch(..., cluster=SlurmCluster(...))``.
 
-    With no arguments (``"slurm"``): the allocation this process runs in
-    (``salloc``, ``sbatch``). With any: nbddp asks Slurm for one of its own
-    (from a login node), as ``salloc`` would with ``--partition``, ``--time``,
-    ``--account``, ``--qos``, ``--gpus-per-node`` and ``extra_args``, and gives
-    it back with its agents; ``keep=True`` keeps it past this process, under
-    ``name``, for a later process asking for the same name to use again.
-    As a string: ``"slurm --partition gpu --time 1:00:00 --keep exp1"``.
+    With no arguments (``"slurm"``): the allocation this process runs in (``salloc``, ``sbatch``).
+    With any: nbddp asks Slurm for one of its own (from a login node), as ``salloc`` would with
+    ``--partition``, ``--time``, ``--account``, ``--qos``, ``--gpus-per-node`` and ``extra_args``,
+    and gives it back with its agents; ``keep=True`` keeps it past this process, under ``name``, for
+    a later process asking for the same name to use again. As a string:
+    ``"slurm --partition gpu --time 1:00:00 --keep exp1"``.
     """
 
     partition: str | None = None

@@ -1,14 +1,12 @@
 """``LaunchConfig``: a launch's options, validated before any process starts, by reader.
 
-Contract: ``LaunchConfig.build(**options)`` takes ``options.LaunchOptions`` (and
-the keywords with which the entry points wire a launch) and returns a config
-whose every part is valid and resolved, or raises ``OptionError`` (one line:
-the option, its value, what to do). Each option is checked on its own
-(``checks``), combinations here. Parts by reader: ``job`` (``JobSpec``: what
-starts and stops the ranks), ``view`` (``ViewSpec``: what the display reads),
-``nodes`` and ``cluster``. A machine's share of a run is a ``NodeSlice``, and
-``JobSpec.rank_env`` is the one place that builds a rank's torchrun variables.
-Nothing here starts a process, initialises CUDA or keeps a port.
+Contract: ``LaunchConfig.build(**options)`` takes ``options.LaunchOptions`` (and the keywords with
+which the entry points wire a launch) and returns a config whose every part is valid and resolved,
+or raises ``OptionError`` (one line: the option, its value, what to do). Each option is checked on
+its own (``checks``), combinations here. Parts by reader: ``job`` (``JobSpec``: what starts and
+stops the ranks), ``view`` (``ViewSpec``: what the display reads), ``nodes`` and ``cluster``. A
+machine's share of a run is a ``NodeSlice``, and ``JobSpec.rank_env`` is the one place that builds a
+rank's torchrun variables. Nothing here starts a process, initialises CUDA or keeps a port.
 """
 
 from __future__ import annotations
@@ -211,12 +209,11 @@ class LaunchConfig:
     ) -> LaunchConfig:
         """Validate launch ``options`` and resolve defaults.
 
-        With neither ``gpus`` nor ``procs``: every visible GPU (``visible``, default:
-        detected without CUDA), or with none visible, ``DEFAULT_CPU_PROCS`` CPU
-        processes and a notice. ``inherit_devices`` (with ``procs``) leaves
-        ``CUDA_VISIBLE_DEVICES`` as the notebook has it. ``environ`` (default
-        ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env`` may not
-        set a variable that nbddp sets itself (``reserved``).
+        With neither ``gpus`` nor ``procs``: every visible GPU (``visible``, default: detected
+        without CUDA), or with none visible, ``DEFAULT_CPU_PROCS`` CPU processes and a notice.
+        ``inherit_devices`` (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has it.
+        ``environ`` (default ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env``
+        may not set a variable that nbddp sets itself (``reserved``).
         """
         if unknown := sorted(set(options) - set(OPTIONS)):
             raise TypeError(
@@ -341,10 +338,9 @@ def _place(values: Values, vis: VisibleGpus, inherit_devices: bool) -> _Placemen
 
 
 def _slurm_task(node: NodeSlice, local: int, world_size: int) -> dict[str, str]:
-    """Slurm's per-task variables as a rank's, where it runs inside a Slurm job: Slurm
-    gives every process of a step the step's own numbers (one task per node for
-    nbddp's agents, one task for a notebook), which Lightning and submitit would read
-    instead of torch's."""
+    """Slurm's per-task variables as a rank's, where it runs inside a Slurm job: Slurm gives every
+    process of a step the step's own numbers (one task per node for nbddp's agents, one task for a
+    notebook), which Lightning and submitit would read instead of torch's."""
     rank, tasks = str(node.first_rank + local), str(world_size)
     return {
         "SLURM_PROCID": rank,

@@ -1,15 +1,13 @@
 """The run core: one run's bookkeeping, whatever carries its ranks.
 
-Contract: a transport (``job.Job`` on this machine, ``cluster.client.ClusterJob``
-across nodes) holds one ``RunCore`` and tells it what its ranks did, on the
-relay loop thread only: ``route`` an event, ``fail``, ``end``. Other threads
-read typed values (``events``, ``outcomes()``, ``root_cause``, ``status``,
-``elapsed()``, ``wait``) and ask through ``stop``, ``dump_stacks`` and
-``answer``, which the core hands to its transport on the loop. A ``Listener``
-(a session's cells, an agent's forwarder) takes the events, rank messages and
-the end instead of ``events``. Once the run has ended the core holds only
-typed values: its timers are cancelled and its transport and listener let go.
-A ``RankRecord`` is one rank's mutable record, on the loop thread only.
+Contract: a transport (``job.Job`` on this machine, ``cluster.client.ClusterJob`` across nodes)
+holds one ``RunCore`` and tells it what its ranks did, on the relay loop thread only: ``route`` an
+event, ``fail``, ``end``. Other threads read typed values (``events``, ``outcomes()``,
+``root_cause``, ``status``, ``elapsed()``, ``wait``) and ask through ``stop``, ``dump_stacks`` and
+``answer``, which the core hands to its transport on the loop. A ``Listener`` (a session's cells, an
+agent's forwarder) takes the events, rank messages and the end instead of ``events``. Once the run
+has ended the core holds only typed values: its timers are cancelled and its transport and listener
+let go. A ``RankRecord`` is one rank's mutable record, on the loop thread only.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The one place that turns how a run failed into the exception the user sees.
 
-``root_cause`` names the failure that ended a run; ``run_error`` is the
-exception a finished run raises (None if it succeeded): a rank's own exception
-with its original type when it rebuilds here (once; ``release`` closes the
-shared memory of those never rebuilt), else ``RemoteError``; ``RankExitedError``
-for a rank that exited or died, ``LaunchTimeout``, or ``RankError`` for a stopped
-run. ``presentable``/``rendered`` make it show in IPython as the rank's own
-traceback, its rank and its log, with no frame of nbddp's; ``summary`` is the
-failure as the panel shows it.
+``root_cause`` names the failure that ended a run; ``run_error`` is the exception a finished run
+raises (None if it succeeded): a rank's own exception with its original type when it rebuilds here
+(once; ``release`` closes the shared memory of those never rebuilt), else ``RemoteError``;
+``RankExitedError`` for a rank that exited or died, ``LaunchTimeout``, or ``RankError`` for a
+stopped run. ``presentable``/``rendered`` make it show in IPython as the rank's own traceback, its
+rank and its log, with no frame of nbddp's; ``summary`` is the failure as the panel shows it.
 
 What became of the other ranks is said in plain words (``collateral``, ``broken_link``,
 ``plain``), pure over the job's typed values; the backend's own text stays in the rank's log.

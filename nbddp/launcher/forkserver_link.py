@@ -46,10 +46,9 @@ def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def first_pool(environ: Mapping[str, str]) -> tuple[int, float]:
-    """(idle workers, seconds they wait) for a new forkserver to keep before any launch
-    has said: as many as a launch with no options starts (every visible GPU, else
-    ``DEFAULT_CPU_PROCS``), within ``NBDDP_POOL``; none where the settings are wrong
-    (the launch then says what is wrong)."""
+    """(idle workers, seconds they wait) for a new forkserver to keep before any launch has said: as
+    many as a launch with no options starts (every visible GPU, else ``DEFAULT_CPU_PROCS``), within
+    ``NBDDP_POOL``; none where the settings are wrong (the launch then says what is wrong)."""
     try:
         chosen = settings.read(environ)
     except ValueError:

@@ -1,13 +1,12 @@
 """The job: the transport that starts a run's ranks on this machine and owns their processes.
 
-Contract: ``Job(spec, payload, node).start()`` chooses the port, starts one
-worker per rank of ``node`` (``config.NodeSlice``; default: the whole run,
-on this machine), sends each its ``RunOrder`` and hands its fds to a
-``Relay``. Its ``core`` (``core.RunCore``) keeps the run's bookkeeping and is
-what other threads read and ask. Stopping a rank sends SIGTERM to its whole
-process group (its DataLoader workers too), then SIGKILL after ``kill_grace``.
-Once the run has ended the job drops its payload (the arguments' shared
-memory) and the relay forgets it, so reference counting alone frees it.
+Contract: ``Job(spec, payload, node).start()`` chooses the port, starts one worker per rank of
+``node`` (``config.NodeSlice``; default: the whole run, on this machine), sends each its
+``RunOrder`` and hands its fds to a ``Relay``. Its ``core`` (``core.RunCore``) keeps the run's
+bookkeeping and is what other threads read and ask. Stopping a rank sends SIGTERM to its whole
+process group (its DataLoader workers too), then SIGKILL after ``kill_grace``. Once the run has
+ended the job drops its payload (the arguments' shared memory) and the relay forgets it, so
+reference counting alone frees it.
 """
 
 from __future__ import annotations
@@ -185,9 +184,8 @@ class Job:
         """A link that closes before its rank said how it ended means the rank died;
         messages to it that were not sent whole (``unsent``) are said in a notice.
 
-        This is the earliest sign of a crash (the kernel closes a dead
-        process's sockets at once), so it is recorded before the errors the
-        other ranks raise when their collectives break.
+        This is the earliest sign of a crash (the kernel closes a dead process's sockets at once),
+        so it is recorded before the errors the other ranks raise when their collectives break.
         """
         if unsent:
             self.core.route(Notice(f"rank {rank}: {', '.join(unsent)} was not sent whole"))

@@ -1,12 +1,10 @@
 """The user-facing launch options, defined once.
 
-``LaunchOptions`` defines every option: its type, and in its ``Opt`` metadata
-its default, help and magic spelling (``Magic``). ``OPTIONS``
-reads it back as ``Option`` records; ``LaunchConfig.build``, ``Launcher``, the
-magics' flags and help, ``merge_options``/``format_options`` and the panel all
-derive from it (``tests/unit/test_options.py`` holds ``launch()``'s parameters
-to it). Validation is ``LaunchConfig.build``'s; nothing here imports IPython,
-torch or ray.
+``LaunchOptions`` defines every option: its type, and in its ``Opt`` metadata its default, help and
+magic spelling (``Magic``). ``OPTIONS`` reads it back as ``Option`` records; ``LaunchConfig.build``,
+``Launcher``, the magics' flags and help, ``merge_options``/``format_options`` and the panel all
+derive from it (``tests/unit/test_options.py`` holds ``launch()``'s parameters to it). Validation is
+``LaunchConfig.build``'s; nothing here imports IPython, torch or ray.
 """
 
 import argparse

@@ -1,17 +1,15 @@
 """The pump: what shows a run while it goes, in the waiting thread or a watcher of its own.
 
-Contract: ``Pump(run)`` takes the run's typed events from its job's queue in
-batches (up to ``BATCH_SECONDS`` of work) and hands them to ``run.display``,
-which only records them; between batches the display's ``refresh()`` draws at its
-own rate. Metric rows reach ``run.metrics`` whatever the display does. On
-``Done`` the display learns how each rank ended and draws its final frame.
-Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits,
-never in the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a
-watcher, so output, failures and the end of the run go on while the user answers. A
-prompt whose rank ended, or whose run did, is withdrawn (``run.withdraw`` ends the
-wait) and its late answer dropped. ``stop_and_drain`` stops every rank and pumps until
-the run is done, answering prompts with end of input; a display that raises meanwhile
-is dropped.
+Contract: ``Pump(run)`` takes the run's typed events from its job's queue in batches (up to
+``BATCH_SECONDS`` of work) and hands them to ``run.display``, which only records them; between
+batches the display's ``refresh()`` draws at its own rate. Metric rows reach ``run.metrics``
+whatever the display does. On ``Done`` the display learns how each rank ended and draws its final
+frame. Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits, never in
+the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a watcher, so output,
+failures and the end of the run go on while the user answers. A prompt whose rank ended, or whose
+run did, is withdrawn (``run.withdraw`` ends the wait) and its late answer dropped.
+``stop_and_drain`` stops every rank and pumps until the run is done, answering prompts with end of
+input; a display that raises meanwhile is dropped.
 """
 
 from __future__ import annotations
@@ -108,6 +106,7 @@ class Shown(Protocol):
     def run_id(self) -> str: ...
     @property
     def config(self) -> LaunchConfig: ...
+    def redraw(self) -> None: ...
 
 
 class Pump:
@@ -331,6 +330,7 @@ class Pump:
             if display is not None:
                 self._show_ends(display)
                 display.close()
+            self._quietly(self.run.redraw)
             return True
         if display is not None:
             if isinstance(event, ev.Text):
@@ -365,6 +365,7 @@ class Pump:
                 display.state(end.rank, end.state)
 
     def _refresh(self) -> None:
+        self._quietly(self.run.redraw)
         display = self.run.display
         if display is None:
             self._refresh_at = None

@@ -1,11 +1,10 @@
 """``Run``: the user's handle of a launch, which shows it while it goes and gives its result.
 
-Contract: beyond what ``Run`` states, ``wait`` reads output until all of it is read
-(``pump.Pump``), attaches the rank's traceback to a rebuilt exception
-(``failures.run_error``), and after an interrupt waits for every rank to be gone before
-re-raising; anything else that escapes stops every rank before it is raised. What the
-display shows is true when ``wait`` returns or raises. A ``Run`` reads its run only
-through ``RunSource`` (a run core, or the restarts over one).
+Contract: beyond what ``Run`` states, ``wait`` reads output until all of it is read (``pump.Pump``),
+attaches the rank's traceback to a rebuilt exception (``failures.run_error``), and after an
+interrupt waits for every rank to be gone before re-raising; anything else that escapes stops every
+rank before it is raised. What the display shows is true when ``wait`` returns or raises. A ``Run``
+reads its run only through ``RunSource`` (a run core, or the restarts over one).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nbddp.launcher.config import LaunchConfig
 from nbddp.launcher.events import Failure, RankOutcome, RankState, RunStatus
@@ -47,12 +47,11 @@ def latest_logs() -> tuple[Path, int] | None:
 class Run:
     """A launched run: ``launch(..., block=False)`` returns one, as ``spawn(join=False)``.
 
-    ``wait()`` shows the output until every rank has finished, then returns a
-    ``RunResult`` or raises the root-cause failure (the earliest failing rank's
-    own exception when it can be rebuilt here, else ``RemoteError`` or
-    ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank. ``stop()``,
-    ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and
-    ``output(rank)`` work while it runs.
+    ``wait()`` shows the output until every rank has finished, then returns a ``RunResult`` or
+    raises the root-cause failure (the earliest failing rank's own exception when it can be rebuilt
+    here, else ``RemoteError`` or ``RankExitedError``); Ctrl-C in ``wait()`` stops every rank.
+    ``stop()``, ``dump_stacks()``, ``status``, ``rank_states()``, ``pids`` and ``output(rank)`` work
+    while it runs.
     """
 
     def __init__(self, job: RunSource, display: Display | None, config: LaunchConfig) -> None:
@@ -69,6 +68,7 @@ class Run:
         self.withdraw: Callable[[threading.Thread], None] = withdraw_prompt
         """Ends ``asker``'s wait in the given thread: the prompt's rank or run ended."""
         self.pump = Pump(self)
+        self._shown: list[tuple[Any, dict[str, str]]] = []  # (handle, bundle) per drawn line
         if display is not None:
             display.attach(job.log_dir, len(job.outcomes()))
         _LATEST = weakref.ref(self)
@@ -136,6 +136,25 @@ class Run:
             f"nbddp run {html.escape(_line(self))}<br>"
             f'<span style="opacity:0.7">logs in {html.escape(str(self.log_dir))}</span></div>'
         )
+
+    def _ipython_display_(self) -> None:
+        """Both lines; in a kernel, redrawn in place (``redraw``) until the run has ended."""
+        from IPython import get_ipython
+        from IPython.display import display
+
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        handle = display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
+        if getattr(get_ipython(), "kernel", None) is not None and not self.pump.done:
+            self._shown.append((handle, bundle))
+
+    def redraw(self) -> None:
+        """Bring the lines ``_ipython_display_`` drew up to date (the run's pump calls it)."""
+        shown, self._shown = self._shown, []  # a line that fails to draw is dropped
+        for handle, drawn in shown:
+            bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+            if bundle != drawn:
+                handle.update(bundle, raw=True)
+            self._shown.append((handle, bundle))
 
     def outcomes(self) -> tuple[RankOutcome, ...]:
         """Each rank's state, pid, exit code, value and error, as last seen."""

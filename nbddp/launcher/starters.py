@@ -1,13 +1,11 @@
 """Starting one worker process: what every start method does, and spawn and fork.
 
-A starter's ``start(fds, env)`` asks for a process in its own session with
-``fds.out``/``fds.err`` as fd 1/2, running the worker on ``fds.ctrl``, and returns
-a ``Starting`` at once (a launch asks for every rank, then waits for each).
-The ``Child``'s ``status_fd`` turns readable once, with the 8-byte exit code
-(negative: a signal), when the rank's whole tree is gone; the rank's keeper
-reports it, so a rank outlives its forkserver. The caller keeps ``fds`` and
-closes its copies after ``start``; a ``Starting`` it will not wait for is
-``abandon``-ed. No start method re-imports ``__main__``.
+A starter's ``start(fds, env)`` asks for a process in its own session with ``fds.out``/``fds.err``
+as fd 1/2, running the worker on ``fds.ctrl``, and returns a ``Starting`` at once (a launch asks for
+every rank, then waits for each). The ``Child``'s ``status_fd`` turns readable once, with the 8-byte
+exit code (negative: a signal), when the rank's whole tree is gone; the rank's keeper reports it, so
+a rank outlives its forkserver. The caller keeps ``fds`` and closes its copies after ``start``; a
+``Starting`` it will not wait for is ``abandon``-ed. No start method re-imports ``__main__``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """IPython magics: ``%%ddp``, ``%ddp_config``, ``%ddp_session``, ``%ddp_debug``,
 ``%ddp_status``, ``%ddp_panel``.
 
-The magics only parse their arguments (flags and help from
-``options.LaunchOptions``) and hand over to the kernel's ``CellRunner``. Bad
-options and an empty cell raise a one-line ``UsageError``; nothing on a magic
-line is evaluated as Python. ``%reload_ext nbddp`` starts afresh.
+The magics only parse their arguments (flags and help from ``options.LaunchOptions``) and hand over
+to the kernel's ``CellRunner``. Bad options and an empty cell raise a one-line ``UsageError``;
+nothing on a magic line is evaluated as Python. ``%reload_ext nbddp`` starts afresh.
 """
 
 from __future__ import annotations
@@ -214,12 +213,11 @@ class DdpMagics(Magics):
     def ddp(self, line: str, cell: str) -> Any:
         """Run this cell on every rank (one process per GPU, or per CPU slot).
 
-        Before the cell, the default process group is initialised (nccl on
-        GPUs, gloo on CPU) and rank, local_rank, world_size and device are
-        defined. The notebook names the cell reads are sent to the ranks.
-        After it, the --out names come back from rank 0 (tensors on the
-        CPU) and a last expression on rank 0 is the cell's result. A rank
-        that raises fails the cell with that rank's traceback.
+        Before the cell, the default process group is initialised (nccl on GPUs, gloo on CPU) and
+        rank, local_rank, world_size and device are defined. The notebook names the cell reads are
+        sent to the ranks. After it, the --out names come back from rank 0 (tensors on the CPU) and
+        a last expression on rank 0 is the cell's result. A rank that raises fails the cell with
+        that rank's traceback.
         """
         args = parse(self.ddp, line, "%%ddp")
         shell = self.shell
@@ -272,13 +270,12 @@ class DdpMagics(Magics):
     def ddp_session(self, line: str) -> None:
         """Ranks that live across %%ddp cells, keeping their state.
 
-        %ddp_session start [launch options]: start the ranks (process group
-        initialised; rank, local_rank, world_size, device defined); from then
-        on every %%ddp cell runs in them, each rank keeping its globals.
-        %ddp_session: show each rank (state, pid, memory) and the names on rank 0.
-        %ddp_session restart: fresh ranks, same options. %ddp_session stop: end them.
-        A name a session cell bound belongs to the ranks: the notebook's value
-        of that name is never sent to them.
+        %ddp_session start [launch options]: start the ranks (process group initialised; rank,
+        local_rank, world_size, device defined); from then on every %%ddp cell runs in them, each
+        rank keeping its globals. %ddp_session: show each rank (state, pid, memory) and the names on
+        rank 0. %ddp_session restart: fresh ranks, same options. %ddp_session stop: end them. A name
+        a session cell bound belongs to the ranks: the notebook's value of that name is never sent
+        to them.
         """
         words = line if line.lstrip().startswith("start") else line.partition("#")[0]  # a comment
         verb, _, rest = words.strip().partition(" ")
@@ -330,9 +327,8 @@ class DdpMagics(Magics):
         """Show a rank's log in the cell: the current session's while one is alive,
         else the latest run's (a %%ddp cell's or a launch's).
 
-        A rank's log keeps everything it wrote, stdout and stderr as they
-        arrived, and its traceback if it raised; a cell's blocks show only
-        its last lines.
+        A rank's log keeps everything it wrote, stdout and stderr as they arrived, and its traceback
+        if it raised; a cell's blocks show only its last lines.
         """
         args = parse(self.ddp_log, line, "%ddp_log")
         if args.help:

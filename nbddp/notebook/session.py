@@ -1,9 +1,8 @@
 """Sessions (``Session``): ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one
-at a time, each with its own display, value and error. A name a cell bound on the ranks is
-theirs and never sent again (``names``); every other name a cell reads is the notebook's, sent
-each time.
+Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one at a
+time, each with its own display, value and error. A name a cell bound on the ranks is theirs and
+never sent again (``names``); every other name a cell reads is the notebook's, sent each time.
 """
 
 from __future__ import annotations

@@ -282,9 +282,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytes | None:
 class FrameReader:
     """Incremental, non-blocking decoder for the notebook side's event loop.
 
-    Descriptors received beside the bytes (``feed``'s ``fds``) are owned by
-    the reader until a message claims them (see module doc); ``close``
-    closes those never claimed.
+    Descriptors received beside the bytes (``feed``'s ``fds``) are owned by the reader until a
+    message claims them (see module doc); ``close`` closes those never claimed.
     """
 
     def __init__(self) -> None:
@@ -294,9 +293,8 @@ class FrameReader:
     def feed(self, data: bytes, fds: Sequence[int] = ()) -> list[Message]:
         """Add received bytes and descriptors; return every message now complete.
 
-        A message claiming more descriptors than arrived (the kernel drops
-        them when the receiver is out of file descriptors) gets them as
-        ``missing``."""
+        A message claiming more descriptors than arrived (the kernel drops them when the receiver is
+        out of file descriptors) gets them as ``missing``."""
         self._fds += fds
         self._buf += data
         out: list[Message] = []

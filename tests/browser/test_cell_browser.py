@@ -11,6 +11,7 @@ before its checks, so a failing run still leaves a picture of what it drew.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -129,18 +130,27 @@ def test_a_background_run_updates_its_own_cell_while_two_others_run(
         arg=[blocks.element_handle(), before],
         timeout=60 * MS,
     )
-    # A folded tail opens on a click and stays open through the next update.
-    blocks.locator("summary").first.click()
-    opened = blocks.text_content()
+    # The live tail shows unfolded; one folded by a click stays folded through updates.
+    live = blocks.locator('details[data-rank="1"]')
+    expect(live).to_have_attribute("open", "")
+    expect(live.locator("pre")).to_be_visible()
+    expect(live.locator("pre")).to_contain_text(re.compile(r"rank 1 step \d+$"))
+    for _ in range(3):  # a click can land on a header being redrawn: click until it folds
+        blocks.locator('details[data-rank="0"] summary').click()
+        with contextlib.suppress(AssertionError):
+            expect(blocks.locator('details[data-rank="0"] pre')).to_be_hidden(timeout=5 * MS)
+            break
+    folded = blocks.text_content()
     page.wait_for_function(
         "([cell, old]) => cell.textContent !== old",
-        arg=[blocks.element_handle(), opened],
+        arg=[blocks.element_handle(), folded],
         timeout=60 * MS,
     )
     busy = b_cell.evaluate(BUSY)
     shot(page, "cell-background-live.png")
-    expect(blocks.locator('details[data-rank="0"]')).to_have_attribute("open", "")
-    expect(blocks.locator('details[data-rank="0"] .nbddp-note')).to_contain_text("lines; all in")
+    expect(blocks.locator('details[data-rank="0"]')).not_to_have_attribute("open", "")
+    expect(live).to_have_attribute("open", "")
+    expect(live.locator(".nbddp-note")).to_contain_text("lines; all in")
     assert busy, "cell B had finished: the update was not seen while it ran"
     assert before and "rank 0 · running" in before, before
     expect(blocks.locator(".nbddp-rank")).to_have_count(2)
@@ -249,3 +259,36 @@ def test_a_chatty_run_reads_as_folded_headers_with_the_tail_length(
         )
         expect(fold.locator(".nbddp-note")).to_contain_text("last 40 of 3,000 lines; all in")
         expect(fold.locator("pre")).to_be_hidden()  # folded: the tail is one click away
+
+
+ORANGE = "rgb(230, 85, 13)"  # ``display.blocks``' interrupted
+
+
+def test_a_run_shown_as_a_result_ends_true_and_an_interrupted_session_cell_reads_interrupted(
+    page: Page, lab_server: Lab
+) -> None:
+    shown = "run = nbddp.launch(spin, procs=2, block=False)\nrun"
+    start_all(page, lab_server, "cell_shown.ipynb", [SPIN, shown])
+    line = output(page, 1).locator(".nbddp-run")
+    expect(line).to_contain_text("running, 2 ranks (2 running)", timeout=90 * MS)
+    add_and_start(page, 2, "run.stop()")
+    expect(line).to_contain_text(": stopped, 2 ranks (2 stopped)", timeout=60 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+
+    add_and_start(page, 3, "%ddp_session start --procs 2")
+    expect(output(page, 3)).to_contain_text("0 cells run", timeout=90 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    add_and_start(page, 4, "%%ddp\nspin()")
+    cell = output(page, 4)
+    expect(cell).to_contain_text("rank 1 step 3", timeout=90 * MS)
+    interrupt(page)
+    expect(cell).to_contain_text("KeyboardInterrupt", timeout=60 * MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+    page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+    shot(page, "cell-shown-and-session-interrupted.png")
+    for rank in (0, 1):
+        head = cell.locator(f'.nbddp-rank[data-rank="{rank}"] summary')
+        expect(head).to_contain_text(f"rank {rank} · interrupted · ")
+        expect(head).to_have_css("color", ORANGE)
+    add_and_start(page, 5, "%ddp_session stop")
+    page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)

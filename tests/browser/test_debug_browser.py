@@ -49,10 +49,22 @@ def test_a_breakpoint_prompts_in_the_cell_and_the_run_completes(
     box.wait_for_element_state("hidden", timeout=30 * MS)
     expect(stdin).to_have_count(1, timeout=30 * MS)
     shot(page, "debug-answered.png")
+    box = stdin.element_handle()
+    box.fill("ll")  # the whole cell: a transcript longer than a finished tail shows
+    box.press("Enter")
+    expect(output).to_contain_text('print("done", x)', timeout=30 * MS)
+    box.wait_for_element_state("hidden", timeout=30 * MS)
+    expect(stdin).to_have_count(1, timeout=30 * MS)
     stdin.fill("c")
     stdin.press("Enter")
     expect(output).to_contain_text("done 12", timeout=60 * MS)
     expect(output).to_contain_text("rank 1 · done")
     page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
     shot(page, "debug-done.png")
+    # After "c" the transcript stays in view, as the user left it.
+    transcript = output.locator('details[data-rank="1"]')
+    expect(transcript).to_have_attribute("open", "")
+    expect(transcript.locator("pre")).to_be_visible()
+    expect(transcript.locator("pre")).to_contain_text("84")
+    expect(transcript.locator("pre")).to_contain_text("done 12")
     assert wait_procs_gone(ranks_running(), timeout=10.0) == []

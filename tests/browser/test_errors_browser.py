@@ -139,8 +139,22 @@ def test_failures_and_an_interrupt_read_like_the_notebooks_own_code(
     assert not NBDDP_FRAMES.search(ddp_error), ddp_error
     assert re.search(r"^rank 0: stopped (in a collective )?after rank 1 failed", ddp_error, re.M)
     assert "pair.cc" not in ddp_error and "GLHF" not in ddp_error and ddp_error.isascii()
-    # The log's path ends its line, so that it copies as it is.
-    assert re.search(r"^full output in /\S+/rank1\.log$", ddp_error, re.M)
+    # JupyterLab makes a path in an error a link that asks to start its debugger (the log is
+    # outside its root): the error names the log, and rank 1's block shows its path as text.
+    assert re.search(
+        r"^full output in rank1\.log, its path under rank 1's block above$", ddp_error, re.M
+    )
+    assert "/rank1.log" not in ddp_error
+    note = ddp.locator('.nbddp-rank[data-rank="1"] .nbddp-note')
+    expect(note).to_have_text(re.compile(r"^full output in /\S+/rank1\.log$"))
+    expect(note.locator("a")).to_have_count(0)  # selectable text, no link
+    expect(ddp.locator(".jp-RenderedText a", has_text="rank1.log")).to_have_count(0)
+    note.click(click_count=3)  # selects the line, as a person copying it would
+    assert re.fullmatch(
+        r"full output in /\S+/rank1\.log\s*", page.evaluate("getSelection().toString()")
+    )
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+    shot(ddp, "errors-log-path.png")
     # The interrupt: one line.
     assert re.fullmatch(
         r"KeyboardInterrupt: every rank was stopped; their output is in /\S+\s*", interrupt_error

@@ -128,7 +128,7 @@ def test_panel_launches_two_cpu_ranks_to_done_with_a_chart(page: Page, lab_serve
     # The same run as code, shown in the panel.
     panel.get_by_text("Same run as code").click()
     code = panel.locator(".nbddp-code-launch")
-    expect(code).to_have_text("nbddp.launch(train, 30, 0.02, procs=2)")
+    expect(code).to_have_text("result = nbddp.launch(train, 30, 0.02, procs=2)")
     expect(panel.locator(".nbddp-code-magic")).to_contain_text("%%ddp --no-init --procs 2")
     shot(page, "panel-done.png")
 
@@ -205,13 +205,15 @@ def test_every_invalid_field_is_flagged_at_once(page: Page, lab_server: Lab) -> 
         retype(panel.locator(".nbddp-field-port input"), "http")
         retype(panel.locator(".nbddp-field-env textarea"), "MASTER_PORT=29500")
         retype(panel.locator(".nbddp-field-kwargs input"), "epochs=fast")
-        expect(launch).to_have_text("Fix 4 fields to launch")
+        retype(panel.locator(".nbddp-field-timeout input"), "-5")  # quoted as typed
+        expect(launch).to_have_text("Fix 5 fields to launch")
         expect(launch).to_be_disabled()
         said = {
             "procs": "a whole number, e.g. 2",
             "port": "a port number",
             "env": "nbddp sets MASTER_PORT itself",
             "kwargs": "entry 1 (epochs=fast)",
+            "timeout": "must be positive (seconds), got -5;",
         }
         for name, text in said.items():
             expect(panel.locator(f".nbddp-error-{name}")).to_contain_text(text)
@@ -232,6 +234,7 @@ def test_every_invalid_field_is_flagged_at_once(page: Page, lab_server: Lab) -> 
     retype(panel.locator(".nbddp-field-port input"), "")
     retype(panel.locator(".nbddp-field-env textarea"), "")
     retype(panel.locator(".nbddp-field-kwargs input"), "")
+    retype(panel.locator(".nbddp-field-timeout input"), "")
     expect(launch).to_have_text("Launch")
     expect(launch).to_be_enabled()
     expect(panel.locator(".nbddp-invalid")).to_have_count(0)
@@ -282,12 +285,12 @@ def test_same_run_as_code_runs_as_pasted_in_a_new_cell(page: Page, lab_server: L
     code = panel.locator(".nbddp-code-launch")
     with shot_on_failure(page, "panel-code.png"):
         # The notebook's own names and literals, never args[i].
-        expect(code).to_have_text("nbddp.launch(train, 3, w, procs=2)")
+        expect(code).to_have_text("result = nbddp.launch(train, 3, w, procs=2)")
         retype(panel.locator(".nbddp-field-procs input"), "3")
         retype(panel.locator(".nbddp-field-timeout input"), "120")
         retype(panel.locator(".nbddp-field-kwargs input"), "lr=0.5, tag='pasted'")
         expect(code).to_have_text(
-            "nbddp.launch(train, 3, w, lr=0.5, tag='pasted', procs=3, timeout=120.0)"
+            "result = nbddp.launch(train, 3, w, lr=0.5, tag='pasted', procs=3, timeout=120)"
         )
         panel.locator("button.nbddp-launch").click()
         expect(panel.locator('.nbddp-run-state[data-state="done"]')).to_be_visible(timeout=90 * MS)
@@ -313,8 +316,10 @@ def test_same_run_as_code_runs_as_pasted_in_a_new_cell(page: Page, lab_server: L
     run_cell(page, 2)
     out = new_cell.locator(".jp-OutputArea")
     with shot_on_failure(page, "panel-code-pasted.png"):
-        expect(out).to_contain_text(value, timeout=90 * MS)
-        expect(out).to_contain_text("rank 2 · done")  # the pasted call ran three ranks too
+        expect(out).to_contain_text("rank 2 · done", timeout=90 * MS)  # three ranks too
+        page.wait_for_function(KERNEL_IDLE, timeout=60 * MS)
+        # The value is bound to a name, not printed as the cell's output.
+        expect(new_cell.locator(".jp-OutputArea-executeResult")).to_have_count(0)
         # The same function, arguments and value: the kernel compares them itself.
         page.evaluate(
             """() => {
@@ -325,7 +330,7 @@ def test_same_run_as_code_runs_as_pasted_in_a_new_cell(page: Page, lab_server: L
         )
         check = page.locator(".jp-Notebook .jp-Cell").nth(3)
         check.locator(".cm-content").click()
-        page.keyboard.type("print('same value:', _ == p.value)")
+        page.keyboard.type("print('same value:', result == p.value)")
         run_cell(page, 3)
         expect(check.locator(".jp-OutputArea")).to_contain_text("same value: True", timeout=30 * MS)
         check.locator(".jp-OutputArea").scroll_into_view_if_needed()

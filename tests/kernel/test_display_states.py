@@ -15,7 +15,7 @@ import queue
 import re
 from typing import Any
 
-from tests.kernel.kernel import Kernel
+from tests.kernel.kernel import Kernel, ok
 
 DISPLAY = ("display_data", "update_display_data")
 HEADER = re.compile(r"^rank (\d+) · ([^·]+) · ")
@@ -118,6 +118,34 @@ def test_an_interrupted_launch_ends_with_every_rank_interrupted(kernel: Kernel) 
     [error] = [m["content"] for m in seen if m["msg_type"] == "error"]
     [line] = error["traceback"]
     assert line.startswith("KeyboardInterrupt: every rank was stopped"), line
+
+
+def test_an_interrupted_session_cell_ends_with_every_rank_interrupted(kernel: Kernel) -> None:
+    # As a one-shot cell's: the interrupt nbddp sent is not the ranks' failure.
+    ok(kernel, "%ddp_session start --procs 2")
+    try:
+        seen = run_and_interrupt(kernel, "%%ddp\nspin()", "step 3")
+        assert states(seen) == {0: "interrupted", 1: "interrupted"}, headers(seen)
+        html = [
+            d["text/html"] for d in final_blocks(seen).values() if "nbddp-rank" in d["text/html"]
+        ]
+        assert all('data-state="interrupted"' in h for h in html) and len(html) == 2
+    finally:
+        ok(kernel, "%ddp_session stop")
+
+
+def test_a_background_run_shown_as_a_cells_result_is_redrawn_until_its_final_state(
+    kernel: Kernel,
+) -> None:
+    code = (
+        "def short():\n    threading.Event().wait(1.0)\n"
+        "run = nbddp.launch(short, procs=2, block=False)\nrun"
+    )
+    seen = read_until_idle(kernel, kernel.kc.execute(code))
+    seen += read_until_idle(kernel, kernel.kc.execute("run.wait(); del run"))
+    [shown] = [d for d in final_blocks(seen).values() if "nbddp-run" in d["text/html"]]
+    assert re.search(r": done, 2 ranks \(2 done\), \d+s>$", shown["text/plain"]), shown
+    assert ": done, 2 ranks (2 done)" in shown["text/html"]
 
 
 def test_an_interrupt_during_a_draw_still_ends_with_the_final_frame(kernel: Kernel) -> None:

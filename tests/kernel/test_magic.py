@@ -240,10 +240,23 @@ def test_ddp_panel_shows_a_panel_preset_from_its_options(kernel: Kernel) -> None
     ]
     assert len(views) == 1  # shown once, not again as the cell's result
     shown = ok(kernel, "p = _\nprint(p.settings().procs, p.settings().timeout, p.code()[1])")
-    assert "3 9 nbddp.launch(work, procs=3, timeout=9.0, env={'A': '1'})" in shown.stdout
+    assert "3 9 result = nbddp.launch(work, procs=3, timeout=9, env={'A': '1'})" in shown.stdout
     done = ok(kernel, "p.launch()\nprint('value', p.wait(60).values)")
     assert "value {0: 7, 1: 7, 2: 7}" in done.stdout
     ok(kernel, "p.close()\ndel p, work")
+
+
+def test_the_panels_ddp_cell_pasted_keeps_a_big_value_by_name_without_printing_it(
+    kernel: Kernel,
+) -> None:
+    ok(kernel, "def big():\n    return {f'layer{i}.weight': [0.5] * 50 for i in range(200)}")
+    ok(kernel, "import nbddp\np = nbddp.panel(big)")
+    magic = ok(kernel, "print(p.code()[0])").stdout.strip()
+    pasted = ok(kernel, magic)
+    assert pasted.result is None, pasted.result  # no Out: the value is not echoed
+    assert "layer199" not in pasted.text()
+    assert ok(kernel, "print(len(result), result['layer3.weight'][0])").stdout == "200 0.5\n"
+    ok(kernel, "p.close()\ndel p, big, result, nbddp")
 
 
 @pytest.mark.parametrize(

@@ -107,8 +107,8 @@ def check_panel(nb: nbformat.NotebookNode) -> None:
         if "application/vnd.jupyter.widget-view+json" in output.get("data", {})
     ]
     assert len(views) == 2, "each nbddp.panel(...) cell shows one panel"
-    assert "%%ddp --no-init --procs 2\ntrain(epochs=15)" in text
-    assert "nbddp.launch(train, epochs=15, procs=2)" in text
+    assert "%%ddp --no-init --procs 2 --out result\nresult = train(epochs=15)" in text
+    assert "result = nbddp.launch(train, epochs=15, procs=2)" in text
     assert "stopped: the run was stopped" in text and "{0: 'stopped', 1: 'stopped'}" in text
 
 

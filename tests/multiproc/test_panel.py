@@ -164,8 +164,8 @@ def test_code_for_a_lambda_nothing_holds_names_it_fn_and_says_so() -> None:
     panel = Panel(lambda: 1, namespace={})
     magic, call = panel.code()
     comment = "# define fn first: nbddp.panel was given a function (<lambda>)"
-    assert call.startswith(comment) and call.endswith("\nnbddp.launch(fn, procs=2)")
-    assert magic.endswith("\nfn()") and comment in magic
+    assert call.startswith(comment) and call.endswith("\nresult = nbddp.launch(fn, procs=2)")
+    assert magic.endswith("\nresult = fn()") and comment in magic
     assert "Define the names the comments list" in panel.view.code.value
 
 
@@ -204,11 +204,11 @@ def test_the_code_shown_runs_as_pasted_and_returns_the_same_value() -> None:
     panel.view.kwargs.value = "lr=0.5, tag='pasted'"
     panel.view.timeout.value = "120"
     _, call = panel.code()
-    assert call == "nbddp.launch(echo, 3, w, lr=0.5, tag='pasted', procs=2, timeout=120.0)"
+    assert call == "result = nbddp.launch(echo, 3, w, lr=0.5, tag='pasted', procs=2, timeout=120)"
     panel.launch()
     panel.wait(60)
-    exec(f"pasted = {call}", notebook)  # a new cell of the same notebook
-    assert notebook["pasted"] == panel.value == "pasted: steps=3 weights=6 lr=0.5 world=2"
+    exec(call, notebook)  # a new cell of the same notebook
+    assert notebook["result"] == panel.value == "pasted: steps=3 weights=6 lr=0.5 world=2"
 
 
 def rows(n: int) -> dict[str, object]:

@@ -198,3 +198,54 @@ def test_a_rank_at_a_prompt_reads_as_waiting_in_a_colour_of_its_own() -> None:
     colour = re.search(r"color:(#[0-9a-f]{6})", waiting)
     assert colour is not None and "color:" not in running
     assert colour.group(1) not in {STATE_COLORS[s] for s in RankState if s.ended}
+
+
+def opened(bundle: dict[str, str]) -> bool:
+    """Whether a block's tail shows unfolded."""
+    match = re.search(r"<details [^>]*>", bundle["text/html"])
+    assert match is not None, bundle
+    return match.group(0).endswith(" open>")
+
+
+def test_live_output_shows_unfolded_and_a_long_finished_tail_folds() -> None:
+    display, pub, clock = make(tail=40)
+    for rank in (0, 1):
+        display.state(rank, "running")
+        display.output(rank, "stdout", "".join(f"line {i}\n" for i in range(100)))
+    clock.now += 1
+    display.refresh()
+    assert [opened(b) for b in pub.blocks] == [True, True]  # running: the tail is in view
+    assert pub.plain()[0].splitlines()[-1] == "line 99" and len(pub.plain()[0].splitlines()) <= 42
+    # In view, a running rank's last lines only: a page of them would push the rest away.
+    shown = re.search(r"<pre[^>]*>(.*)</pre>", pub.blocks[0]["text/html"], re.S)
+    assert shown is not None and shown.group(1).split("\n") == [f"line {i}" for i in range(90, 100)]
+    assert "last 10 of 100 lines; all in" in pub.blocks[0]["text/html"]
+    display.state(0, "done")
+    display.state(1, "failed")
+    display.close()
+    assert [opened(b) for b in pub.blocks] == [False, True]  # done folds; failed stays open
+    assert "last 40 of 100 lines" in pub.blocks[0]["text/html"]  # the whole tail, once ended
+
+
+def test_a_debugging_transcript_stays_open_after_the_rank_continues() -> None:
+    display, pub, _ = make()
+    display.state(1, "running")
+    display.state(1, "waiting for input")
+    display.output(1, "stdout", "".join(f"(Pdb) p {i}\n{i}\n" for i in range(10)))
+    display.refresh()
+    assert opened(pub.blocks[1])
+    display.state(1, "running")
+    display.output(1, "stdout", "done\n")
+    display.state(1, "done")
+    display.close()
+    assert opened(pub.blocks[1]) and pub.plain()[1].endswith("(Pdb) p 9\n9\ndone")
+
+
+def test_a_failed_ranks_block_names_its_log() -> None:
+    display, pub, _ = make()
+    display.output(1, "stdout", "about to fail\n")
+    display.state(0, "done")
+    display.state(1, "failed")
+    display.close()
+    assert "full output in /runs/x/rank1.log" in pub.blocks[1]["text/html"]
+    assert "rank0.log" not in pub.blocks[0]["text/html"]  # a rank that did not fail: no note

@@ -63,6 +63,20 @@ def test_a_rebuilt_exception_carries_the_ranks_traceback_and_a_note(tmp_path: Pa
     assert printed.index('File "<ddp cell [3]>"') < printed.index("raised on rank 1;")
 
 
+def test_under_a_jupyter_server_the_error_names_the_log_without_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # JupyterLab links a path in an error to its debugger ("Start debugger?") unless the
+    # file is under its root: there the path is shown under the rank's block instead.
+    monkeypatch.setenv("JPY_SESSION_NAME", "train.ipynb")
+    cause = Failure(1, "raised", info(ValueError("bad")))
+    outcomes = [outcome(0, RankState.STOPPED, -15), outcome(1, RankState.FAILED, 1, cause.error)]
+    exc = failures.run_error(cause, RunStatus.FAILED, outcomes, tmp_path, None)
+    shown = exc._render_traceback_()  # type: ignore[union-attr]
+    assert shown[-1] == "full output in rank1.log, its path under rank 1's block above"
+    assert not any(str(tmp_path) in line for line in shown)
+
+
 def test_launch_fails_in_ipython_as_the_ranks_traceback_keeping_its_type(tmp_path: Path) -> None:
     # nbddp.launch raises what run_error builds: IPython shows the rank's traceback
     # and where its log is, not the notebook frames (nbddp's) that re-raised it.
@@ -116,6 +130,10 @@ def test_a_rank_that_exited_or_died_names_how(tmp_path: Path, code: int | None, 
     assert str(exc).startswith(text)
     assert str(exc).endswith(f"its output is in {tmp_path / 'rank2.log'}")
     assert (exc.rank, exc.exit_code) == (2, code)
+    with pytest.MonkeyPatch.context() as patch:  # a kernel of a Jupyter server: no path
+        patch.setenv("JPY_SESSION_NAME", "train.ipynb")
+        shown = "\n".join(exc._render_traceback_())  # type: ignore[attr-defined]
+    assert "its output is in rank2.log, its path under rank 2's block above" in shown, shown
 
 
 def test_a_timeout_names_the_ranks_still_running(tmp_path: Path) -> None:

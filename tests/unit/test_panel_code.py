@@ -126,11 +126,14 @@ def test_the_code_names_what_the_notebook_holds_and_runs_as_pasted() -> None:
     assert source.complete
     settings = replace(CPU, procs="3", timeout="120")
     magic, launch = run_code(source, settings)
-    assert launch == "nbddp.launch(train, 3, data, lr=0.5, procs=3, timeout=120.0)"
-    assert magic == "%%ddp --no-init --procs 3 --timeout 120\ntrain(3, data, lr=0.5)"
+    assert launch == "result = nbddp.launch(train, 3, data, lr=0.5, procs=3, timeout=120)"
+    # The value comes back by name: pasted, the cell shows no big value as its result.
+    assert magic == (
+        "%%ddp --no-init --procs 3 --timeout 120 --out result\nresult = train(3, data, lr=0.5)"
+    )
     call = executed(launch, namespace)
     assert_same_call(call, train, args, kwargs)
-    assert call.options == {"procs": 3, "timeout": 120.0}
+    assert call.options == {"procs": 3, "timeout": 120}
     # A long literal the notebook holds is written by its name.
     source = call_source(train, (1,), {"lr": long}, namespace)
     assert source.call() == "train(1, lr=xs)"
@@ -138,7 +141,7 @@ def test_the_code_names_what_the_notebook_holds_and_runs_as_pasted() -> None:
 
 def test_only_non_default_options_are_written() -> None:
     source = call_source(train, (1,), {}, {"train": train})
-    assert run_code(source, CPU)[1] == "nbddp.launch(train, 1, procs=2)"
+    assert run_code(source, CPU)[1] == "result = nbddp.launch(train, 1, procs=2)"
 
 
 def test_a_keyword_named_like_a_launch_option_goes_through_a_partial() -> None:
@@ -147,7 +150,8 @@ def test_a_keyword_named_like_a_launch_option_goes_through_a_partial() -> None:
     _, launch = run_code(source, replace(CPU, timeout="60"))
     assert launch.splitlines() == [
         "import functools",
-        "nbddp.launch(functools.partial(train, timeout=5.0), 1, lr=0.2, procs=2, timeout=60.0)",
+        "result = nbddp.launch(functools.partial(train, timeout=5.0), 1, lr=0.2, procs=2, "
+        "timeout=60)",
     ]
     call = executed(launch, namespace)
     assert_same_call(call, train, (1,), {"timeout": 5.0, "lr": 0.2})
@@ -162,7 +166,7 @@ def test_what_cannot_be_written_is_said_in_a_comment_and_named_after_its_paramet
     _, launch = run_code(source, CPU)
     lines = launch.splitlines()
     # ``data`` is taken by another object: the placeholder must not pick it up silently.
-    assert lines[-1] == "nbddp.launch(train, 1, data_1, lr=lr, procs=2)"
+    assert lines[-1] == "result = nbddp.launch(train, 1, data_1, lr=lr, procs=2)"
     assert lines[0].startswith("# define data_1 first: nbddp.panel was given a lock")
     assert lines[1].startswith("# define lr first: nbddp.panel was given an object")
     with pytest.raises(NameError, match="data_1"):  # never runs with a wrong value
@@ -192,7 +196,7 @@ def test_a_lambda_nothing_holds_is_said_in_a_comment() -> None:
     assert launch.splitlines() == [
         "# define fn first: nbddp.panel was given a function (<lambda>) that no notebook "
         "name holds",
-        "nbddp.launch(fn, procs=2)",
+        "result = nbddp.launch(fn, procs=2)",
     ]
     # A lambda the notebook holds is written by that name.
     f = lambda: 1  # noqa: E731

@@ -124,11 +124,11 @@ def test_code_for_literal_arguments_is_exact() -> None:
     settings = replace(CPU, start_method="spawn", env="A=1")
     magic, launch = run_code(source, settings)
     assert magic == (
-        "%%ddp --no-init --procs 2 --start-method spawn --env A=1\n"
-        "train(3, 'x', [1.5, None], lr=0.1)"
+        "%%ddp --no-init --procs 2 --start-method spawn --env A=1 --out result\n"
+        "result = train(3, 'x', [1.5, None], lr=0.1)"
     )
     assert launch == (
-        "nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
+        "result = nbddp.launch(train, 3, 'x', [1.5, None], lr=0.1, procs=2, "
         "start_method='spawn', env={'A': '1'})"
     )
 
@@ -139,7 +139,9 @@ def test_code_for_literal_arguments_is_exact() -> None:
         # The form only parses the text; the config's own check says what is wrong.
         # It names the form's fields, as the panel shows them.
         ({"port": "70000"}, "port", "Master port must be a number from 1 to 65535"),
-        ({"timeout": "-1"}, "timeout", "Timeout (s) must be positive (seconds), got -1.0"),
+        # The value as typed: a whole number stays one.
+        ({"timeout": "-5"}, "timeout", "Timeout (s) must be positive (seconds), got -5;"),
+        ({"timeout": "-2.5"}, "timeout", "Timeout (s) must be positive (seconds), got -2.5;"),
         ({"start_method": "thread"}, "start_method", "unknown Start method 'thread'"),
         ({"mixed_precision": "fp64"}, "mixed_precision", "unknown Mixed precision 'fp64'"),
     ],

@@ -56,8 +56,10 @@ def run_code(source: CallSource, settings: PanelSettings) -> tuple[str, str]:
     with valid ``settings`` (the options that differ from the defaults)."""
     options = settings.options()
     setup = list(source.setup)
-    # --no-init: like launch(), the cell leaves the process group to the function.
-    magic = "\n".join([f"%%ddp --no-init {format_options(options)}", *setup, source.call()])
+    # --no-init: like launch(), the cell leaves the process group to the function. Both forms
+    # bind the value to a name, not the cell's result (a state_dict would print in full).
+    head = " ".join(filter(None, ["%%ddp --no-init", format_options(options), "--out result"]))
+    magic = "\n".join([head, *setup, f"result = {source.call()}"])
     # A keyword launch() would take as its own option reaches fn through a partial.
     bound = tuple((k, v) for k, v in source.kwargs if k in _LAUNCH_KEYWORDS)
     passed = tuple((k, v) for k, v in source.kwargs if k not in _LAUNCH_KEYWORDS)
@@ -66,7 +68,7 @@ def run_code(source: CallSource, settings: PanelSettings) -> tuple[str, str]:
         setup.insert(0, "import functools")
         fn = f"functools.partial({fn}, {_joined((), bound)})"
     given = tuple((k, repr(v)) for k, v in options.items())
-    launch = f"nbddp.launch({_joined((fn, *source.args), (*passed, *given))})"
+    launch = f"result = nbddp.launch({_joined((fn, *source.args), (*passed, *given))})"
     return magic, "\n".join([*setup, launch])
 
 

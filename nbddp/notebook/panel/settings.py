@@ -286,8 +286,8 @@ def _timeout(text: str) -> float | None:
     text = text.strip()
     if not text or text.lower() == "none":
         return None
-    try:
-        seconds = float(text)
+    try:  # a whole number stays one, so that a message quotes it as typed
+        seconds = int(text) if _WHOLE.match(text.lstrip("-")) else float(text)
     except ValueError:
         raise ValueError(f"seconds (e.g. 600), or empty for none; got {text!r}") from None
     if not math.isfinite(seconds):
