@@ -89,7 +89,8 @@ def test_the_user_extras_install_what_notebooks_use() -> None:
 def test_the_readme_opens_with_the_user_install_then_the_clone_commands() -> None:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    assert blocks[0].startswith('pip install "nbddp[notebook]"'), blocks[0]
+    assert len(blocks[0].splitlines()) == 1, blocks[0]
+    assert blocks[0].startswith('pip install -e ".[notebook,demo]"'), blocks[0]
     commands = [line for line in blocks[1].splitlines() if not line.startswith("#")]
     assert commands[0].endswith("python -m nbddp.demo")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
