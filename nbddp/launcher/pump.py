@@ -409,7 +409,10 @@ class Pump:
             log.warning("nbddp: some ranks of run %s did not stop in time", self.run.run_id)
         if not self.done and self.run.display is not None:
             # Not over, but what it shows must be true: the states as they are now.
-            self._quietly(self.run.display.close)
+            try:
+                self.run.display.close()
+            except Exception:
+                log.exception("nbddp: the display of run %s failed", self.run.run_id)
         self.run.display = display
 
     def _drain(self, deadline: float) -> None:
@@ -427,9 +430,3 @@ class Pump:
                     raise
                 log.exception("nbddp: the display of run %s failed while stopping", self.run.run_id)
                 self.run.display = None
-
-    def _quietly(self, call: Callable[[], object]) -> None:
-        try:
-            call()
-        except Exception:
-            log.exception("nbddp: the display of run %s failed", self.run.run_id)
