@@ -362,10 +362,7 @@ class Pump:
 
     def _refresh(self) -> None:
         display = self.run.display
-        if display is None:
-            self._refresh_at = None
-            return
-        delay = display.refresh()
+        delay = display.refresh() if display is not None else None
         self._refresh_at = None if delay is None else time.monotonic() + delay
 
     def interrupt(self) -> None:
