@@ -192,9 +192,7 @@ class Job:
         if unsent:
             self.core.route(Notice(f"rank {rank}: {', '.join(unsent)} was not sent whole"))
         record = self._ranks[rank]
-        said = (
-            record.value is not None or record.error is not None or record.exit_request is not None
-        )
+        said = any(x is not None for x in (record.value, record.error, record.exit_request))
         if not said and self.core.stop_reason is None:
             self.core.fail(Failure(rank, "died"))
 
