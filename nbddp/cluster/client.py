@@ -328,10 +328,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def _node_reason(statuses: list[RunStatus | None]) -> RunStatus | None:
     """How the nodes say the run ended when the notebook did not stop it."""
-    for reason in (RunStatus.TIMEOUT, RunStatus.INTERRUPTED, RunStatus.STOPPED, RunStatus.FAILED):
-        if reason in statuses:
-            return reason
-    return None
+    reasons = (RunStatus.TIMEOUT, RunStatus.INTERRUPTED, RunStatus.STOPPED, RunStatus.FAILED)
+    return next((reason for reason in reasons if reason in statuses), None)
 
 
 def _signalled(core: RunCore, ranks: list[int]) -> None:
