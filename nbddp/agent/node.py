@@ -260,16 +260,12 @@ class NodeAgent:
                 os._exit(1)
 
     def _lost_why(self) -> str | None:
-        lost = self.engine_lost()
-        if lost is not None:
+        if (lost := self.engine_lost()) is not None:
             return lost
-        now = time.monotonic()
-        last = self._last_poll
-        if last is None:
-            if now - self._born > FIRST_POLL_WAIT:
-                return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
-            return None
-        if now - last > QUIET:
+        waited = time.monotonic() - (self._last_poll or self._born)
+        if self._last_poll is None and waited > FIRST_POLL_WAIT:
+            return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
+        if self._last_poll is not None and waited > QUIET:
             return f"no poll from the notebook for {QUIET:g}s"
         return None
 
