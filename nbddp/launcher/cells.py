@@ -158,10 +158,10 @@ class Cells:
     def route(self, event: RunEvent) -> None:
         cell = self._cell
         if isinstance(event, Done):
-            # Every rank is gone: the session is over.
+            # Every rank is gone: the session is over, and with it the cell.
             if cell is not None:
-                self._session_over(cell)
-                cell.source.events.put(event)
+                cell.failures.extend(self.core.failures())
+                self._close_cell(cell, RunStatus.STOPPED)
         elif cell is not None:
             cell.source.events.put(event)
         elif not isinstance(event, StateChanged):
@@ -221,13 +221,13 @@ class Cells:
             else:
                 self._close_cell(cell)
 
-    def _close_cell(self, cell: CellState) -> None:
+    def _close_cell(self, cell: CellState, otherwise: RunStatus = RunStatus.DONE) -> None:
+        """``cell`` has ended: its reader learns how (asked to stop, a failure, else
+        ``otherwise``), and the next cell may begin."""
         self._cell = None
-        status = cell.reason
-        if status is None:
-            status = RunStatus.FAILED if cell.failures else RunStatus.DONE
         cell.ended_at = time.monotonic()
-        cell.source._finish(status, cell)
+        failed = RunStatus.FAILED if cell.failures else otherwise
+        cell.source._finish(cell.reason or failed, cell)
         cell.source.events.put(Done())
         if cell.number > 0:
             self._one_cell.release()
@@ -281,16 +281,6 @@ class Cells:
         if cell is not None and cell.source is source:
             asked = self.transport.ask_stacks(sorted(cell.busy))
             cell.stacks.update(dict.fromkeys(asked, "asked"))
-
-    def _session_over(self, cell: CellState) -> None:
-        """Every rank is gone while ``cell`` ran: it ends with the session."""
-        self._cell = None
-        cell.failures.extend(self.core.failures())
-        cell.ended_at = time.monotonic()
-        status = cell.reason or (RunStatus.FAILED if cell.failures else RunStatus.STOPPED)
-        cell.source._finish(status, cell)
-        if cell.number > 0:
-            self._one_cell.release()
 
     # -- freeing ranks blocked in a collective (loop thread) ------------------------
     # With gloo, whose peer failed: the ranks close their process group's connections,
