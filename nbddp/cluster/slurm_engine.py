@@ -32,7 +32,7 @@ import time
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
 from nbddp.cluster import agents as held
-from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
+from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, reuse
 from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, squeue
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
@@ -57,8 +57,7 @@ def place(config: LaunchConfig) -> Agents:
     srun = shutil.which("srun")
     if srun is None:
         raise ConfigError(f"cluster={cluster} needs Slurm's srun on PATH, and it is not there")
-    per = config.job.world_size // config.nodes
-    gpus = per if config.job.device == "cuda" else 0
+    gpus = config.job.world_size // config.nodes if config.job.device == "cuda" else 0
     job = os.environ.get("SLURM_JOB_ID")
     if not cluster.submits and not job:
         raise ConfigError(
@@ -68,10 +67,8 @@ def place(config: LaunchConfig) -> Agents:
         )
     where = str(cluster) if cluster.submits else f"Slurm job {job}"
     shape: Shape = (where, config.nodes, gpus, 1)
-    kept = reuse(shape)
-    if kept is not None:
+    if (kept := reuse(shape)) is not None:
         return kept
-    release_agents()  # what no run uses: its step's CPUs may be what this run needs
     if not cluster.submits:
         assert job is not None
         _check_fits(job, config.nodes)
