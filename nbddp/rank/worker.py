@@ -164,8 +164,7 @@ def run_rank(ctrl: socket.socket) -> int:
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
-        prctl.flush_output()
-        return 1
+        return 1  # run_forked flushes the output as the rank exits
     _leave_if_forked(owner, None)
     # The process group is not destroyed here: the rank exits right after
     # (os._exit, no destructors), which is what torchrun's workers do too,
@@ -215,7 +214,6 @@ def _report_exit(channel: Channel, code: object) -> int:
         sys.stderr.write(f"{code}\n")  # as Python's sys.exit(message) prints it
         code = 1
     channel.send("exit", code)
-    prctl.flush_output()
     return code
 
 
@@ -224,11 +222,10 @@ def _report_result(channel: Channel, value: object) -> int:
         packed = values.pack(value)
     except Exception as exc:
         channel.send("error", error_info(unsendable("the return value", value, exc)))
-        prctl.flush_output()
         return 1
     channel.send("result", packed)
     del packed  # the shared copies go once the notebook holds their descriptors
-    prctl.flush_output()
+    prctl.flush_output()  # before it waits for its peers
     return 0
 
 
