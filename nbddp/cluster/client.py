@@ -162,7 +162,6 @@ class ClusterJob:
     # -- the transport (loop thread) ---------------------------------------------
 
     def stop_ranks(self, reason: RunStatus) -> None:
-        """Stop every rank on every node."""
         self._tell_all("stop", self.run_id, reason)
 
     def answer(self, rank: int, number: int, text: Answer) -> None:

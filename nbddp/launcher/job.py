@@ -230,7 +230,6 @@ class Job:
         self._relay.close()
 
     def stop_ranks(self, reason: RunStatus) -> None:
-        """SIGTERM to every rank's processes, SIGKILL after ``kill_grace``."""
         if _signal_all(self._ranks, signal.SIGTERM):
             self.core.later(self.spec.kill_grace, _signal_all, self._ranks, signal.SIGKILL)
 
@@ -257,7 +256,6 @@ class Job:
         return ""
 
     def cell_order(self, number: int, payload: Payload, debug: bool) -> CellOrder:
-        """What carries a session's cell ``number`` to the ranks (any thread)."""
         return CellOrder(number, payload.ref(), debug)
 
     def send_cell(self, order: object, ranks: list[int]) -> None:
