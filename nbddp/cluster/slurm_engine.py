@@ -33,7 +33,7 @@ from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
 from nbddp.cluster import agents as held
 from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, reuse
-from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, squeue
+from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, slurm
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.clusters import SlurmCluster
@@ -84,8 +84,7 @@ def place(config: LaunchConfig) -> Agents:
 def _check_fits(job: str, count: int) -> None:
     names, state = _job_nodes(job)
     # An ended job may still list the node Slurm lost: what is left is what is not down.
-    sinfo = ["sinfo", "-h", "-N", "-t", "down", "-o", "%N"]
-    down = subprocess.run(sinfo, capture_output=True, text=True, timeout=30).stdout.split()
+    down = slurm("sinfo", "-h", "-N", "-t", "down", "-o", "%N").split()
     where = f"Slurm job {job}" + ("" if state in ("", "RUNNING") else f" ({state})")
     held.say_gone([n for n in names if n not in down], count, where)
     if count > len(names):
@@ -275,7 +274,7 @@ class SlurmEngine(held.Engine):
             self.allocation.end()
 
     def note(self) -> str:
-        left = squeue("-h", "-j", self.job, "-o", "%L").strip()
+        left = slurm("squeue", "-h", "-j", self.job, "-o", "%L").strip()
         return f"time left {left}" if left else ""
 
 
