@@ -71,7 +71,6 @@ class Job:
         self.core = RunCore(self.node.ranks, spec.failure_grace)
         self.core.transport = self
         self.log_dir, self.run_id = self.core.log_dir, self.core.run_id
-        self.port: int | None = None
         # A session's cell ends when its replies are read: they must not wait a tick.
         self._relay = Relay(self.log_dir, self, ctrl_rests=not session)
         self._ranks = self.core.records
@@ -86,7 +85,6 @@ class Job:
         if payload is None:
             raise RuntimeError("this job has already run; start a new one")
         port, notice, self._store = rendezvous(self.spec, self.node)
-        self.port = port
         if notice:
             self.core.call_soon(self.core.route, Notice(notice))
         call = payload.ref()  # one memory file for every rank, closed once they have it
