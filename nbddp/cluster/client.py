@@ -88,10 +88,8 @@ class ClusterJob:
 
     def start(self) -> None:
         """Take agents, host the store, start every node's ranks (caller thread)."""
-        payload = self._payload
-        if payload is None:
-            raise RuntimeError("this job has already run; start a new one")
-        shipped = ship_payload(payload)
+        assert self._payload is not None, "a job starts once, right after it is made"
+        shipped = ship_payload(self._payload)
         slurm = isinstance(self.config.cluster, SlurmCluster)
         agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes

@@ -81,13 +81,11 @@ class Job:
 
     def start(self) -> None:
         """Start every rank (caller thread). Raises if a worker cannot be started."""
-        payload = self.payload
-        if payload is None:
-            raise RuntimeError("this job has already run; start a new one")
+        assert self.payload is not None, "a job starts once, right after it is made"
         port, notice, self._store = rendezvous(self.spec, self.node)
         if notice:
             self.core.call_soon(self.core.route, Notice(notice))
-        call = payload.ref()  # one memory file for every rank, closed once they have it
+        call = self.payload.ref()  # one memory file for every rank, closed once they have it
         try:
             links = self._start_ranks(port, call)
             for state, (sock, order) in zip(self._ranks, links, strict=True):
