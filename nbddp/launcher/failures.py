@@ -85,13 +85,10 @@ def broken_link(error: ErrorInfo | None) -> str | None:
         return None
     text = error.message
     lowered = text.lower()
-    if "gloo" in lowered:
-        backend = "gloo"
-    elif "nccl" in lowered:
-        backend = "nccl"
-    elif error.type_name.startswith("torch."):
+    backend = next((name for name in _COLLECTIVES if name in lowered), None)
+    if backend is None and error.type_name.startswith("torch."):
         backend = "store" if "store" in lowered or "Store" in error.type_name else "torch"
-    else:
+    if backend is None:
         return None
     words = next((words for words, pattern in _BROKEN if pattern.search(text)), None)
     return f"{backend}: {words}" if words is not None else None
