@@ -87,8 +87,7 @@ def rendezvous(spec: JobSpec, node: NodeSlice) -> tuple[int, str | None, object 
         port, notice = choose_port(spec.master_addr, spec.port, fallback=spec.port_fallback)
         return port, notice, None
     sock, notice = listen(spec.master_addr, spec.port, fallback=spec.port_fallback)
-    port = int(sock.getsockname()[1])
-    return port, notice, host_store(spec.master_addr, sock)
+    return int(sock.getsockname()[1]), notice, host_store(spec.master_addr, sock)
 
 
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
