@@ -124,15 +124,9 @@ class ForkserverStarter:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with theirs:
+                boot = "import nbddp.forkserver.server as s; s.main()"
                 self._proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        "import nbddp.forkserver.server as s; s.main()",
-                        str(theirs.fileno()),
-                        str(size),
-                        str(idle),
-                    ],
+                    [sys.executable, "-c", boot, *map(str, (theirs.fileno(), size, idle))],
                     stdin=subprocess.DEVNULL,
                     pass_fds=(theirs.fileno(),),
                     env=env,
