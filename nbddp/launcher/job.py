@@ -89,11 +89,10 @@ class Job:
         try:
             links = self._start_ranks(port, call)
             for state, (sock, order) in zip(self._ranks, links, strict=True):
-                try:
-                    # Blocking send: the worker reads its order as soon as it runs.
+                # Blocking send: the worker reads its order as soon as it runs. An OSError:
+                # it already died, and the relay reports how.
+                with contextlib.suppress(OSError):
                     protocol.send_with_fds(sock, *protocol.encode_with_fds("run", order))
-                except OSError:
-                    pass  # it already died; the relay reports how
                 self._relay.attach(state.rank, self._pipes[state.rank])
         finally:
             call.fds.close()

@@ -87,13 +87,11 @@ class Channel:
             data = protocol.encode("metrics", rows[:count]) + data
             del rows[:count]  # rows appended meanwhile stay, for the next send
         self._next_send = time.monotonic() + BATCH_INTERVAL
-        try:
+        with contextlib.suppress(OSError):  # the notebook has gone: we are dying
             if fds:
                 protocol.send_with_fds(self.sock, data, fds)
             else:
                 self.sock.sendall(data)
-        except OSError:
-            pass
 
     def _flush_loop(self) -> None:
         idle = 0
