@@ -129,9 +129,11 @@ class NodeAgent:
         """The engine's id of this node."""
         return ""
 
+    engine = "the engine's process on this node"  # this agent's parent, named in engine_lost
+
     def engine_lost(self) -> str | None:
         """Why the engine's process on this node is gone, if it is."""
-        return "the engine's process on this node is gone" if os.getppid() != self._parent else None
+        return f"{self.engine} is gone" if os.getppid() != self._parent else None
 
     def host_store(self, run: str, port: int | None) -> int:
         """Host ``run``'s rendezvous store on this node's address; its port."""
