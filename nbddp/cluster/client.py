@@ -59,15 +59,6 @@ class _Node:
     status: RunStatus | None = None
 
 
-@dataclass(frozen=True)
-class _CellOrder:
-    """A session cell's call, shared once with every node."""
-
-    number: int
-    shared: object
-    debug: bool
-
-
 class ClusterJob:
     """One run across a cluster's nodes."""
 
@@ -196,15 +187,16 @@ class ClusterJob:
     def where(self, rank: int) -> str:
         return f" on {self.node_of(rank)}"
 
-    def cell_order(self, number: int, payload: Payload, debug: bool) -> _CellOrder:
-        """A session cell's call, shared once for every node (caller thread)."""
+    def cell_order(self, number: int, payload: Payload, debug: bool) -> tuple[object, ...]:
+        """A session cell's call, shared once for every node (caller thread): the
+        agents' ``send_cell`` arguments after the run id."""
         assert self._agents is not None
-        return _CellOrder(number, self._agents.engine.share(ship_payload(payload)), debug)
+        return number, self._agents.engine.share(ship_payload(payload)), debug
 
     def send_cell(self, order: object, ranks: list[int]) -> None:
-        assert isinstance(order, _CellOrder)
+        assert isinstance(order, tuple)
         if ranks:
-            self._tell_all("send_cell", self.run_id, order.number, order.shared, order.debug)
+            self._tell_all("send_cell", self.run_id, *order)
 
     def release(self) -> None:
         """The run has ended on every node: its logs, store and agents go."""
