@@ -25,7 +25,7 @@ from typing import Protocol
 from nbddp.errors import SessionError
 from nbddp.launcher.cellsource import CellSource, CellState
 from nbddp.launcher.config import JobSpec
-from nbddp.launcher.core import STACKS_WAIT, RunCore
+from nbddp.launcher.core import STACKS_WAIT, RunCore, Transport
 from nbddp.launcher.events import (
     Done,
     Failure,
@@ -51,8 +51,8 @@ BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
 _KEYBOARD_INTERRUPT = "builtins.KeyboardInterrupt"
 
 
-class CellTransport(Protocol):
-    """What the cells need of the transport that carries the session's ranks."""
+class CellTransport(Transport, Protocol):
+    """What the cells need of the session's transport beyond a run's (``core.Transport``)."""
 
     core: RunCore
     spec: JobSpec
@@ -63,7 +63,6 @@ class CellTransport(Protocol):
 
     def drain(self, rank: int) -> None: ...
     def log(self, rank: int, text: str) -> None: ...
-    def ask_stacks(self, ranks: list[int]) -> list[int]: ...
     def cell_order(self, number: int, payload: Payload, debug: bool) -> object:
         """What carries cell ``number``'s call to the ranks (caller thread)."""
 
@@ -206,7 +205,6 @@ class Cells:
             self.names = reply.names
         self.device_bytes[rank] = reply.device_bytes
         error = reply.error
-        failed = error is not None
         if error is not None and not (cell.reason and error.type_name == _KEYBOARD_INTERRUPT):
             when = local_time(error.raised_at) or time.monotonic()
             cell.failures.append(
@@ -214,7 +212,7 @@ class Cells:
             )
             if len(cell.failures) == 1 and cell.busy:
                 self.core.later(self.spec.failure_grace, self._not_returned, cell)
-        cell.source.events.put(StateChanged(rank, RankState.FAILED if failed else RankState.DONE))
+        cell.source.events.put(StateChanged(rank, RankState.FAILED if error else RankState.DONE))
         if not cell.busy:
             if cell.freeing:
                 self._regroup(cell)
