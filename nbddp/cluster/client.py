@@ -181,7 +181,6 @@ class ClusterJob:
         """Nothing to do: the agent read the rank's output before it sent its reply."""
 
     def log(self, rank: int, text: str) -> None:
-        """Append ``text`` to ``rank``'s log here."""
         self._logs.write(rank, text)
 
     def where(self, rank: int) -> str:

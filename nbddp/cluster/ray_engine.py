@@ -190,7 +190,6 @@ class RayEngine(Engine):
 
 
 def place(config: LaunchConfig) -> Agents:
-    """Agents for the run."""
     assert isinstance(config.cluster, RayCluster)
     ray = connect(config.cluster)
     gpus = config.job.world_size // config.nodes if config.job.device == "cuda" else 0

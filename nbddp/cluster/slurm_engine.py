@@ -51,7 +51,6 @@ GONE_WAIT = 3.0  # seconds a lost agent's step gets to end, so that Slurm says w
 
 
 def place(config: LaunchConfig) -> Agents:
-    """Agents for the run (module contract)."""
     cluster = config.cluster
     assert isinstance(cluster, SlurmCluster)
     srun = shutil.which("srun")

@@ -137,7 +137,6 @@ class Job:
     # -- relay callbacks (loop thread) -------------------------------------
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
-        """Forward output to the run's reader."""
         self.core.route(Text(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Body) -> None:
