@@ -61,7 +61,9 @@ class NodeRun:
     # -- the core's listener (loop thread) ------------------------------------------
 
     def route(self, event: RunEvent) -> None:
-        self.inbox.put((self.cluster_run, _global(event, self.first)))
+        if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
+            event = replace(event, rank=event.rank + self.first)  # made global
+        self.inbox.put((self.cluster_run, event))
 
     def message(self, rank: int, kind: str, body: Body) -> None:
         if not self.session or kind not in ("cell_done", "regrouped", "stacks"):
@@ -86,10 +88,3 @@ class NodeRun:
 
     def answer(self, rank: int, number: int, text: Answer) -> None:
         self.core.answer(rank - self.first, number, text)
-
-
-def _global(event: RunEvent, first: int) -> RunEvent:
-    """``event`` with its rank made global."""
-    if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
-        return replace(event, rank=event.rank + first)
-    return event
