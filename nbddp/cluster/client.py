@@ -108,7 +108,7 @@ class ClusterJob:
             ]
             pids = [call.result(START_TIMEOUT) for call in calls]
         except BaseException:
-            self._abandon_start()
+            self._abandon_start(agents)
             raise
         for node_pids in pids:
             assert isinstance(node_pids, dict)
@@ -121,11 +121,9 @@ class ClusterJob:
             notice = Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)")
             self.core.call_soon(self.core.route, notice)
 
-    def _abandon_start(self) -> None:
-        """Starting failed part-way: what started goes (its job, or the agents when no
+    def _abandon_start(self, agents: Agents) -> None:
+        """Starting failed part-way: what started goes (its job, or the ``agents`` when no
         other run uses them), and the run ends."""
-        agents = self._agents
-        assert agents is not None
         agents.detach(self.run_id)
         if not agents.in_use():
             agents.broken = True  # whatever started is ended with its agents
@@ -202,11 +200,11 @@ class ClusterJob:
         self._logs.close()
         self._payload = None
         agents = self._agents
-        if agents is not None:
-            # Every node has ended by now, so not ``_tell``: agent 0 still holds the store.
-            with contextlib.suppress(Exception):  # a lost node 0 took its store with it
-                agents.channels[0].call("close_store", self.run_id)
-            agents.detach(self.run_id)
+        assert agents is not None, "a run ends once its agents were placed"
+        # Every node has ended by now, so not ``_tell``: agent 0 still holds the store.
+        with contextlib.suppress(Exception):  # a lost node 0 took its store with it
+            agents.channels[0].call("close_store", self.run_id)
+        agents.detach(self.run_id)
 
     # -- internals (loop thread) ---------------------------------------------------
 
