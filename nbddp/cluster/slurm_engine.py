@@ -115,8 +115,7 @@ def _job_nodes(job: str) -> tuple[list[str], str]:
 def _notebook_address(first_node: str) -> str:
     """Where the agents reach this process: ``NBDDP_SLURM_ADDRESS``, else the address
     this host sends from towards the job's first node."""
-    configured = settings.read().slurm_address
-    if configured:
+    if configured := settings.read().slurm_address:
         return configured
     fields = _scontrol("show", "node", "-o", first_node).split()
     node = next((f[9:] for f in fields if f.startswith("NodeAddr=")), first_node)
