@@ -256,10 +256,8 @@ def presentable(
     lines = info.traceback.rstrip("\n").split("\n")
     if isinstance(exc, RankExitedError):  # a session cell's sys.exit (``rank_error``)
         lines.append(f"{type(exc).__name__}: {exc}")
-    lines.append(f"raised on rank {rank} of {len(outcomes)}{cause.where}")
-    lines.extend(other_failures(outcomes, cause))
-    lines.append(f"full output in {log}")
-    lines.extend(after)
+    lines += [f"raised on rank {rank} of {len(outcomes)}{cause.where}"]
+    lines += [*other_failures(outcomes, cause), f"full output in {log}", *after]
     if isinstance(exc, NOT_RENDERED):
         exc = remote_error(rank, info, str(log))
     return rendered(exc, lines)
