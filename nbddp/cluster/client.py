@@ -84,9 +84,9 @@ class ClusterJob:
         slurm = isinstance(self.config.cluster, SlurmCluster)
         agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes
-        per = spec.world_size // count
+        per, master = spec.world_size // count, agents.infos[0].address
         for i, (channel, info) in enumerate(zip(agents.channels, agents.infos, strict=True)):
-            place = NodeSlice(i, count, i * per, per, info.address, None, address=info.address)
+            place = NodeSlice(i, count, i * per, per, master, None, address=info.address)
             self._nodes.append(_Node(place, channel))
         fresh = agents.attach(self.run_id, self, session=self.session)
         try:
@@ -94,15 +94,9 @@ class ClusterJob:
             port = hosted.result(START_TIMEOUT)
             assert isinstance(port, int)
             shared = agents.engine.share(shipped)
-            master = agents.infos[0].address
             calls = [
                 node.channel.call(
-                    "start",
-                    self.run_id,
-                    spec,
-                    replace(node.place, master_addr=master, port=port),
-                    shared,
-                    self.session,
+                    "start", self.run_id, spec, replace(node.place, port=port), shared, self.session
                 )
                 for node in self._nodes
             ]
