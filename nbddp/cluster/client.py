@@ -262,16 +262,15 @@ class ClusterJob:
         # The channel's own words where it has them (Slurm: the step's end, a time limit).
         said = f" ({exc})" if isinstance(exc, ConnectionError) and str(exc) else ""
         why = f"the loss of {node.place}, which ran {names}{said},"
-        for rank in ranks:
-            record = core.records[rank]
-            record.state, record.exited = RankState.FAILED, True
-            core.fail(Failure(rank, "died", cause=why))
         if ranks:
             core.route(
                 Notice(f"{node.place} was lost{said or f' ({type(exc).__name__})'}: {names} ended")
             )
-            for rank in ranks:
-                core.route(StateChanged(rank, RankState.FAILED))
+        for rank in ranks:
+            record = core.records[rank]
+            record.state, record.exited = RankState.FAILED, True
+            core.fail(Failure(rank, "died", cause=why))
+            core.route(StateChanged(rank, RankState.FAILED))
         core.halt(RunStatus.FAILED)
         self._close_node(node, None)
 
