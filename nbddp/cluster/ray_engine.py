@@ -263,8 +263,7 @@ def _new_agents(ray: Ray, shape: Shape) -> Agents:
         infos: list[NodeInfo] = ray.get([h.describe.remote() for h in handles])
         ours = local_versions()
         for info in infos:
-            problem = mismatch(ours, info.versions, f"{info.address} ({info.hostname})")
-            if problem:
+            if problem := mismatch(ours, info.versions, f"{info.address} ({info.hostname})"):
                 raise ConfigError(problem)
     except BaseException:
         remove_placement_group(group)

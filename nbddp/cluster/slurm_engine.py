@@ -151,8 +151,7 @@ def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None
         for caller, info in zip(callers, infos, strict=True):
             assert isinstance(info, NodeInfo)
             caller.name = f"{info.hostname} ({info.address})"
-            problem = mismatch(ours, info.versions, caller.name, ray=False)
-            if problem:
+            if problem := mismatch(ours, info.versions, caller.name, ray=False):
                 raise ConfigError(problem)
             if len(info.gpu_ids) < gpus:
                 raise ConfigError(
