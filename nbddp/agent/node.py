@@ -126,9 +126,11 @@ class NodeAgent:
         """The engine's id of this node."""
         return ""
 
+    engine = "the engine's process on this node"  # this agent's parent, named in engine_lost
+
     def engine_lost(self) -> str | None:
         """Why the engine's process on this node is gone, if it is."""
-        return "the engine's process on this node is gone" if os.getppid() != self._parent else None
+        return f"{self.engine} is gone" if os.getppid() != self._parent else None
 
     def host_store(self, run: str, port: int | None) -> int:
         """Host ``run``'s rendezvous store on this node's address; its port."""
@@ -257,16 +259,12 @@ class NodeAgent:
                 os._exit(1)
 
     def _lost_why(self) -> str | None:
-        lost = self.engine_lost()
-        if lost is not None:
+        if (lost := self.engine_lost()) is not None:
             return lost
-        now = time.monotonic()
-        last = self._last_poll
-        if last is None:
-            if now - self._born > FIRST_POLL_WAIT:
-                return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
-            return None
-        if now - last > QUIET:
+        waited = time.monotonic() - (self._last_poll or self._born)
+        if self._last_poll is None and waited > FIRST_POLL_WAIT:
+            return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
+        if self._last_poll is not None and waited > QUIET:
             return f"no poll from the notebook for {QUIET:g}s"
         return None
 

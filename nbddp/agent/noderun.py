@@ -61,7 +61,9 @@ class NodeRun:
     # -- the core's listener (loop thread) ------------------------------------------
 
     def route(self, event: RunEvent) -> None:
-        self.inbox.put((self.cluster_run, _global(event, self.first)))
+        if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
+            event = replace(event, rank=event.rank + self.first)  # made global
+        self.inbox.put((self.cluster_run, event))
 
     def message(self, rank: int, kind: str, body: Body) -> None:
         if not self.session or kind not in ("cell_done", "regrouped", "stacks"):
@@ -72,28 +74,17 @@ class NodeRun:
     def ending(self) -> None:
         """Nothing to do: ``Done`` reaches the inbox as every event does."""
 
-    # -- the notebook's requests (any thread) --------------------------------------------
+    # -- the agent's requests of the same names, ranks global (any thread) ----------------
 
     def send(self, rank: int, kind: str, body: object) -> None:
-        """Send a request to global ``rank`` of this node."""
         self.core.call_soon(self.job.send, rank - self.first, kind, body)
 
     def send_cell(self, number: int, payload: Payload, debug: bool = False) -> None:
-        """Send cell ``number`` to every rank of this node."""
         order = self.job.cell_order(number, payload, debug)
         self.core.call_soon(self.job.send_cell, order, list(range(self.job.node.ranks)))
 
     def ask_stacks(self, ranks: list[int]) -> None:
-        """Ask global ``ranks`` of this node for their stacks."""
         self.core.call_soon(self.job.ask_stacks, [r - self.first for r in ranks])
 
     def answer(self, rank: int, number: int, text: Answer) -> None:
-        """The user's line for global ``rank``'s prompt ``number``."""
         self.core.answer(rank - self.first, number, text)
-
-
-def _global(event: RunEvent, first: int) -> RunEvent:
-    """``event`` with its rank made global."""
-    if isinstance(event, Text | StateChanged | MetricRows | InputAsked):
-        return replace(event, rank=event.rank + first)
-    return event

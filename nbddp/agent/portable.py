@@ -23,19 +23,16 @@ from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.payload import Payload
 
 
-def read_fd(fd: int) -> bytes:
-    """The whole content of a shared-memory descriptor (a memfd: a regular file)."""
-    read_fd_check(fd)
-    return read_all(fd, os.fstat(fd).st_size)
-
-
-def read_fd_check(fd: int) -> None:
-    """``PayloadError`` unless ``fd`` is shared memory (a memfd: a regular file)."""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+def _shared_size(fd: int) -> int:
+    """The size of ``fd``'s memory; ``PayloadError`` unless it is shared memory (a memfd:
+    a regular file)."""
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
         raise PayloadError(
             "a multiprocessing object (queue, pipe, lock, event) cannot be sent to ranks "
             "on other machines; create it inside the function, or use torch.distributed"
         )
+    return status.st_size
 
 
 Shipped = tuple[bytes, tuple[bytes, ...]]
@@ -52,7 +49,7 @@ class _Shipper(pickle.Pickler):
     def persistent_id(self, obj: object) -> tuple[int, int] | None:
         if type(obj) is not Descriptors:
             return None
-        self.memory.extend(read_fd(fd) for fd in obj.fds)
+        self.memory.extend(read_all(fd, _shared_size(fd)) for fd in obj.fds)
         return len(self.memory) - len(obj.fds), len(obj.fds)
 
 
@@ -96,8 +93,7 @@ def ship_payload(payload: Payload) -> ShippedPayload:
 
 
 def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
-    read_fd_check(fd)
-    size = os.fstat(fd).st_size
+    size = _shared_size(fd)
     return pickle.PickleBuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else b""
 
 

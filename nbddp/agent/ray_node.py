@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from nbddp.agent.node import NodeAgent
@@ -10,6 +9,8 @@ from nbddp.agent.node import NodeAgent
 
 class RayNodeAgent(NodeAgent):
     """A ``NodeAgent`` placed by Ray (``cluster.ray_engine``)."""
+
+    engine = "this node's raylet"  # Ray's worker process outlives a raylet killed under it
 
     def node_address(self) -> str:
         from ray.util import get_node_ip_address
@@ -26,7 +27,3 @@ class RayNodeAgent(NodeAgent):
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
-
-    def engine_lost(self) -> str | None:
-        # Ray's worker process outlives a raylet killed under it.
-        return "this node's raylet is gone" if os.getppid() != self._parent else None

@@ -188,14 +188,16 @@ _lost_nodes: dict[str, str] = {}  # node id -> name: agents lost since the last 
 
 
 def reuse(shape: Shape) -> Agents | None:
-    """A kept set of ``shape`` whose agents all answer, if any; sets that do not answer
-    are marked broken."""
+    """A kept set of ``shape`` whose agents all answer (sets that do not answer are marked
+    broken); else None, once the sets no run uses are handed back: what they hold may be
+    what new agents need."""
     with _sets_lock:
         candidates = [s for s in reversed(_sets) if s.shape == shape and not s.broken]
     for agents in candidates:
         if _answers(agents):
             return agents
         agents.broken = True
+    release_agents()
     return None
 
 

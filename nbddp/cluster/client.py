@@ -56,15 +56,6 @@ class _Node:
     status: RunStatus | None = None
 
 
-@dataclass(frozen=True)
-class _CellOrder:
-    """A session cell's call, shared once with every node."""
-
-    number: int
-    shared: object
-    debug: bool
-
-
 class ClusterJob:
     """One run across a cluster's nodes."""
 
@@ -85,16 +76,14 @@ class ClusterJob:
 
     def start(self) -> None:
         """Take agents, host the store, start every node's ranks (caller thread)."""
-        payload = self._payload
-        if payload is None:
-            raise RuntimeError("this job has already run; start a new one")
-        shipped = ship_payload(payload)
+        assert self._payload is not None, "a job starts once, right after it is made"
+        shipped = ship_payload(self._payload)
         slurm = isinstance(self.config.cluster, SlurmCluster)
         agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes
-        per = spec.world_size // count
+        per, master = spec.world_size // count, agents.infos[0].address
         for i, (channel, info) in enumerate(zip(agents.channels, agents.infos, strict=True)):
-            place = NodeSlice(i, count, i * per, per, info.address, None, address=info.address)
+            place = NodeSlice(i, count, i * per, per, master, None, address=info.address)
             self._nodes.append(_Node(place, channel))
         fresh = agents.attach(self.run_id, self, session=self.session)
         try:
@@ -102,21 +91,15 @@ class ClusterJob:
             port = hosted.result(START_TIMEOUT)
             assert isinstance(port, int)
             shared = agents.engine.share(shipped)
-            master = agents.infos[0].address
             calls = [
                 node.channel.call(
-                    "start",
-                    self.run_id,
-                    spec,
-                    replace(node.place, master_addr=master, port=port),
-                    shared,
-                    self.session,
+                    "start", self.run_id, spec, replace(node.place, port=port), shared, self.session
                 )
                 for node in self._nodes
             ]
             pids = [call.result(START_TIMEOUT) for call in calls]
         except BaseException:
-            self._abandon_start()
+            self._abandon_start(agents)
             raise
         for node_pids in pids:
             assert isinstance(node_pids, dict)
@@ -129,11 +112,9 @@ class ClusterJob:
             notice = Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)")
             self.core.call_soon(self.core.route, notice)
 
-    def _abandon_start(self) -> None:
-        """Starting failed part-way: what started goes (its job, or the agents when no
+    def _abandon_start(self, agents: Agents) -> None:
+        """Starting failed part-way: what started goes (its job, or the ``agents`` when no
         other run uses them), and the run ends."""
-        agents = self._agents
-        assert agents is not None
         agents.detach(self.run_id)
         if not agents.in_use():
             agents.broken = True  # whatever started is ended with its agents
@@ -159,7 +140,6 @@ class ClusterJob:
     # -- the transport (loop thread) ---------------------------------------------
 
     def stop_ranks(self, reason: RunStatus) -> None:
-        """Stop every rank on every node."""
         self._tell_all("stop", self.run_id, reason)
 
     def answer(self, rank: int, number: int, text: Answer) -> None:
@@ -190,32 +170,32 @@ class ClusterJob:
         """Nothing to do: the agent read the rank's output before it sent its reply."""
 
     def log(self, rank: int, text: str) -> None:
-        """Append ``text`` to ``rank``'s log here."""
         self._logs.write(rank, text)
 
     def where(self, rank: int) -> str:
         return f" on {self.node_of(rank)}"
 
-    def cell_order(self, number: int, payload: Payload, debug: bool) -> _CellOrder:
-        """A session cell's call, shared once for every node (caller thread)."""
+    def cell_order(self, number: int, payload: Payload, debug: bool) -> tuple[object, ...]:
+        """A session cell's call, shared once for every node (caller thread): the
+        agents' ``send_cell`` arguments after the run id."""
         assert self._agents is not None
-        return _CellOrder(number, self._agents.engine.share(ship_payload(payload)), debug)
+        return number, self._agents.engine.share(ship_payload(payload)), debug
 
     def send_cell(self, order: object, ranks: list[int]) -> None:
-        assert isinstance(order, _CellOrder)
+        assert isinstance(order, tuple)
         if ranks:
-            self._tell_all("send_cell", self.run_id, order.number, order.shared, order.debug)
+            self._tell_all("send_cell", self.run_id, *order)
 
     def release(self) -> None:
         """The run has ended on every node: its logs, store and agents go."""
         self._logs.close()
         self._payload = None
         agents = self._agents
-        if agents is not None:
-            # Every node has ended by now, so not ``_tell``: agent 0 still holds the store.
-            with contextlib.suppress(Exception):  # a lost node 0 took its store with it
-                agents.channels[0].call("close_store", self.run_id)
-            agents.detach(self.run_id)
+        assert agents is not None, "a run ends once its agents were placed"
+        # Every node has ended by now, so not ``_tell``: agent 0 still holds the store.
+        with contextlib.suppress(Exception):  # a lost node 0 took its store with it
+            agents.channels[0].call("close_store", self.run_id)
+        agents.detach(self.run_id)
 
     # -- internals (loop thread) ---------------------------------------------------
 
@@ -279,16 +259,15 @@ class ClusterJob:
         # The channel's own words where it has them (Slurm: the step's end, a time limit).
         said = f" ({exc})" if isinstance(exc, ConnectionError) and str(exc) else ""
         why = f"the loss of {node.place}, which ran {names}{said},"
-        for rank in ranks:
-            record = core.records[rank]
-            record.state, record.exited = RankState.FAILED, True
-            core.fail(Failure(rank, "died", cause=why))
         if ranks:
             core.route(
                 Notice(f"{node.place} was lost{said or f' ({type(exc).__name__})'}: {names} ended")
             )
-            for rank in ranks:
-                core.route(StateChanged(rank, RankState.FAILED))
+        for rank in ranks:
+            record = core.records[rank]
+            record.state, record.exited = RankState.FAILED, True
+            core.fail(Failure(rank, "died", cause=why))
+            core.route(StateChanged(rank, RankState.FAILED))
         core.halt(RunStatus.FAILED)
         self._close_node(node, None)
 
@@ -325,10 +304,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def _node_reason(statuses: list[RunStatus | None]) -> RunStatus | None:
     """How the nodes say the run ended when the notebook did not stop it."""
-    for reason in (RunStatus.TIMEOUT, RunStatus.INTERRUPTED, RunStatus.STOPPED, RunStatus.FAILED):
-        if reason in statuses:
-            return reason
-    return None
+    reasons = (RunStatus.TIMEOUT, RunStatus.INTERRUPTED, RunStatus.STOPPED, RunStatus.FAILED)
+    return next((reason for reason in reasons if reason in statuses), None)
 
 
 def _signalled(core: RunCore, ranks: list[int]) -> None:

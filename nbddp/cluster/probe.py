@@ -29,8 +29,7 @@ def probe(address: str) -> str | None:
     except ValueError:
         return f"{port_text!r} is not a port number"
     try:
-        with socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT):
-            pass
+        socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
         why = exc.strerror or str(exc) or type(exc).__name__
         return f"nothing answers there ({why})"

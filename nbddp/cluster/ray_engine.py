@@ -190,16 +190,12 @@ class RayEngine(Engine):
 
 
 def place(config: LaunchConfig) -> Agents:
-    """Agents for the run."""
     assert isinstance(config.cluster, RayCluster)
     ray = connect(config.cluster)
-    per = config.job.world_size // config.nodes
-    gpus = per if config.job.device == "cuda" else 0
+    gpus = config.job.world_size // config.nodes if config.job.device == "cuda" else 0
     shape: Shape = (config.cluster.address, config.nodes, gpus, 1)
-    kept = reuse(shape)
-    if kept is not None:
+    if (kept := reuse(shape)) is not None:
         return kept
-    release_agents()  # what no run uses: its resources may be what this run needs
     _check_fits(ray, config, gpus)
     return keep(_new_agents(ray, shape))
 
@@ -267,8 +263,7 @@ def _new_agents(ray: Ray, shape: Shape) -> Agents:
         infos: list[NodeInfo] = ray.get([h.describe.remote() for h in handles])
         ours = local_versions()
         for info in infos:
-            problem = mismatch(ours, info.versions, f"{info.address} ({info.hostname})")
-            if problem:
+            if problem := mismatch(ours, info.versions, f"{info.address} ({info.hostname})"):
                 raise ConfigError(problem)
     except BaseException:
         remove_placement_group(group)

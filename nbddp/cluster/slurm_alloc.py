@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +43,7 @@ class Allocation:
         """Give the allocation back to Slurm, unless it is kept."""
         if self.keep:
             return
-        _scancel(self.job)
+        slurm("scancel", self.job)
         if self.salloc is not None:
             with contextlib.suppress(OSError):
                 if self.salloc.stdin is not None:
@@ -60,7 +59,7 @@ def allocate(cluster: SlurmCluster, nodes: int, gpus: int) -> Allocation:
     """An allocation of ``nodes`` nodes with ``gpus`` GPUs each (module contract)."""
     name = f"nbddp-{cluster.name}" if cluster.keep else "nbddp"
     if cluster.keep:
-        found = squeue("-h", f"--name={name}", "-o", "%i").split()
+        found = slurm("squeue", "-h", f"--name={name}", "-o", "%i").split()
         if found:
             _kept.add(found[0])
             _wait(found[0], None)
@@ -88,7 +87,7 @@ def allocate(cluster: SlurmCluster, nodes: int, gpus: int) -> Allocation:
         _wait(job, None if cluster.keep else proc)  # salloc --no-shell ends once granted
     except BaseException:
         if job is not None:
-            _scancel(job)
+            slurm("scancel", job)
         proc.kill()
         proc.wait()
         raise
@@ -99,7 +98,7 @@ def cancel_kept(busy: set[str]) -> None:
     """End the kept allocations this process used, but those of jobs ``busy``."""
     for job in _kept - busy:
         _kept.discard(job)
-        _scancel(job)
+        slurm("scancel", job)
 
 
 def _job_of(proc: subprocess.Popen[str]) -> str:
@@ -129,7 +128,7 @@ def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:
     started = time.monotonic()
     shown = False
     while True:
-        state, _, reason = squeue("-h", "-j", job, "-o", "%T|%r").strip().partition("|")
+        state, _, reason = slurm("squeue", "-h", "-j", job, "-o", "%T|%r").strip().partition("|")
         if state == "RUNNING":
             break
         if state != "PENDING" or (proc is not None and proc.poll() is not None):
@@ -144,11 +143,6 @@ def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:
         sys.stderr.write(f"\rnbddp: Slurm job {job} started{' ' * 30}\n")
 
 
-def squeue(*args: str) -> str:
-    """What Slurm's ``squeue`` says with ``args``."""
-    done = subprocess.run(["squeue", *args], capture_output=True, text=True, timeout=30)
-    return done.stdout
-
-
-def _scancel(job: str) -> None:
-    subprocess.run(["scancel", job], capture_output=True, timeout=30, env=os.environ)
+def slurm(*command: str) -> str:
+    """What a Slurm command (``squeue -h ...``) writes to its stdout."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout

@@ -32,8 +32,8 @@ import time
 from nbddp.agent.node import NodeInfo
 from nbddp.agent.slurm_node import SECRET
 from nbddp.cluster import agents as held
-from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, release_agents, reuse
-from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, squeue
+from nbddp.cluster.agents import Agents, Channel, Shape, keep, kept, reuse
+from nbddp.cluster.slurm_alloc import Allocation, allocate, cancel_kept, slurm
 from nbddp.errors import ConfigError
 from nbddp.launcher import settings
 from nbddp.launcher.clusters import SlurmCluster
@@ -51,14 +51,12 @@ GONE_WAIT = 3.0  # seconds a lost agent's step gets to end, so that Slurm says w
 
 
 def place(config: LaunchConfig) -> Agents:
-    """Agents for the run (module contract)."""
     cluster = config.cluster
     assert isinstance(cluster, SlurmCluster)
     srun = shutil.which("srun")
     if srun is None:
         raise ConfigError(f"cluster={cluster} needs Slurm's srun on PATH, and it is not there")
-    per = config.job.world_size // config.nodes
-    gpus = per if config.job.device == "cuda" else 0
+    gpus = config.job.world_size // config.nodes if config.job.device == "cuda" else 0
     job = os.environ.get("SLURM_JOB_ID")
     if not cluster.submits and not job:
         raise ConfigError(
@@ -68,10 +66,8 @@ def place(config: LaunchConfig) -> Agents:
         )
     where = str(cluster) if cluster.submits else f"Slurm job {job}"
     shape: Shape = (where, config.nodes, gpus, 1)
-    kept = reuse(shape)
-    if kept is not None:
+    if (kept := reuse(shape)) is not None:
         return kept
-    release_agents()  # what no run uses: its step's CPUs may be what this run needs
     if not cluster.submits:
         assert job is not None
         _check_fits(job, config.nodes)
@@ -87,8 +83,7 @@ def place(config: LaunchConfig) -> Agents:
 def _check_fits(job: str, count: int) -> None:
     names, state = _job_nodes(job)
     # An ended job may still list the node Slurm lost: what is left is what is not down.
-    sinfo = ["sinfo", "-h", "-N", "-t", "down", "-o", "%N"]
-    down = subprocess.run(sinfo, capture_output=True, text=True, timeout=30).stdout.split()
+    down = slurm("sinfo", "-h", "-N", "-t", "down", "-o", "%N").split()
     where = f"Slurm job {job}" + ("" if state in ("", "RUNNING") else f" ({state})")
     held.say_gone([n for n in names if n not in down], count, where)
     if count > len(names):
@@ -120,8 +115,7 @@ def _job_nodes(job: str) -> tuple[list[str], str]:
 def _notebook_address(first_node: str) -> str:
     """Where the agents reach this process: ``NBDDP_SLURM_ADDRESS``, else the address
     this host sends from towards the job's first node."""
-    configured = settings.read().slurm_address
-    if configured:
+    if configured := settings.read().slurm_address:
         return configured
     fields = _scontrol("show", "node", "-o", first_node).split()
     node = next((f[9:] for f in fields if f.startswith("NodeAddr=")), first_node)
@@ -157,8 +151,7 @@ def _new_agents(srun: str, job: str, shape: Shape, allocation: Allocation | None
         for caller, info in zip(callers, infos, strict=True):
             assert isinstance(info, NodeInfo)
             caller.name = f"{info.hostname} ({info.address})"
-            problem = mismatch(ours, info.versions, caller.name, ray=False)
-            if problem:
+            if problem := mismatch(ours, info.versions, caller.name, ray=False):
                 raise ConfigError(problem)
             if len(info.gpu_ids) < gpus:
                 raise ConfigError(
@@ -278,7 +271,7 @@ class SlurmEngine(held.Engine):
             self.allocation.end()
 
     def note(self) -> str:
-        left = squeue("-h", "-j", self.job, "-o", "%L").strip()
+        left = slurm("squeue", "-h", "-j", self.job, "-o", "%L").strip()
         return f"time left {left}" if left else ""
 
 

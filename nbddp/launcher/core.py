@@ -195,7 +195,6 @@ class RunCore:
     # -- what the transport says (loop thread) -----------------------------------
 
     def route(self, event: RunEvent) -> None:
-        """Hand ``event`` to the listener, or to ``events``."""
         if self.listener is not None:
             self.listener.route(event)
         else:

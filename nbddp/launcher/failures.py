@@ -83,13 +83,10 @@ def broken_link(error: ErrorInfo | None) -> str | None:
         return None
     text = error.message
     lowered = text.lower()
-    if "gloo" in lowered:
-        backend = "gloo"
-    elif "nccl" in lowered:
-        backend = "nccl"
-    elif error.type_name.startswith("torch."):
+    backend = next((name for name in _COLLECTIVES if name in lowered), None)
+    if backend is None and error.type_name.startswith("torch."):
         backend = "store" if "store" in lowered or "Store" in error.type_name else "torch"
-    else:
+    if backend is None:
         return None
     words = next((words for words, pattern in _BROKEN if pattern.search(text)), None)
     return f"{backend}: {words}" if words is not None else None
@@ -257,10 +254,8 @@ def presentable(
     lines = info.traceback.rstrip("\n").split("\n")
     if isinstance(exc, RankExitedError):  # a session cell's sys.exit (``rank_error``)
         lines.append(f"{type(exc).__name__}: {exc}")
-    lines.append(f"raised on rank {rank} of {len(outcomes)}{cause.where}")
-    lines.extend(other_failures(outcomes, cause))
-    lines.append(f"full output in {log}")
-    lines.extend(after)
+    lines += [f"raised on rank {rank} of {len(outcomes)}{cause.where}"]
+    lines += [*other_failures(outcomes, cause), f"full output in {log}", *after]
     if isinstance(exc, NOT_RENDERED):
         exc = remote_error(rank, info, str(log))
     return rendered(exc, lines)

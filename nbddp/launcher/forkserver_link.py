@@ -147,24 +147,23 @@ class ForkserverStarter:
 
     def fork(self, fds: ChildFds, pool: PoolRequest) -> ForkserverStarting:
         """Ask for one worker, then keep ``pool``; returns once sent (the pid comes later)."""
+        request = REQUEST.pack(b"F", pool.size, pool.idle)
         with self._lock:
             for attempt in (1, 2):
-                request = REQUEST.pack(b"F", pool.size, pool.idle)
                 sock = self._ensure_running()
                 status_r, status_w = os.pipe()
                 try:
                     socket.send_fds(sock, [request], [status_w, fds.ctrl, fds.out, fds.err])
+                    break
                 except OSError:
                     os.close(status_r)
                     os.close(status_w)
                     self._close_locked()  # the forkserver died: start a new one once
                     if attempt == 2:
                         raise
-                    continue
-                os.close(status_w)
-                NOTEBOOK_FDS.keep(status_r)
-                return ForkserverStarting(self, status_r)
-        raise AssertionError("unreachable")
+            os.close(status_w)
+            NOTEBOOK_FDS.keep(status_r)
+            return ForkserverStarting(self, status_r)
 
     def read_pid(self, status_r: int) -> int:
         """The pid of the worker asked for with ``status_r``; if none comes, closes both, raises."""

@@ -70,7 +70,6 @@ class Job:
         self.core = RunCore(self.node.ranks, spec.failure_grace)
         self.core.transport = self
         self.log_dir, self.run_id = self.core.log_dir, self.core.run_id
-        self.port: int | None = None
         # A session's cell ends when its replies are read: they must not wait a tick.
         self._relay = Relay(self.log_dir, self, ctrl_rests=not session)
         self._ranks = self.core.records
@@ -81,22 +80,18 @@ class Job:
 
     def start(self) -> None:
         """Start every rank (caller thread). Raises if a worker cannot be started."""
-        payload = self.payload
-        if payload is None:
-            raise RuntimeError("this job has already run; start a new one")
+        assert self.payload is not None, "a job starts once, right after it is made"
         port, notice, self._store = rendezvous(self.spec, self.node)
-        self.port = port
         if notice:
             self.core.call_soon(self.core.route, Notice(notice))
-        call = payload.ref()  # one memory file for every rank, closed once they have it
+        call = self.payload.ref()  # one memory file for every rank, closed once they have it
         try:
             links = self._start_ranks(port, call)
             for state, (sock, order) in zip(self._ranks, links, strict=True):
-                try:
-                    # Blocking send: the worker reads its order as soon as it runs.
+                # Blocking send: the worker reads its order as soon as it runs. An OSError:
+                # it already died, and the relay reports how.
+                with contextlib.suppress(OSError):
                     protocol.send_with_fds(sock, *protocol.encode_with_fds("run", order))
-                except OSError:
-                    pass  # it already died; the relay reports how
                 self._relay.attach(state.rank, self._pipes[state.rank])
         finally:
             call.fds.close()
@@ -141,7 +136,6 @@ class Job:
     # -- relay callbacks (loop thread) -------------------------------------
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
-        """Forward output to the run's reader."""
         self.core.route(Text(rank, stream, text))
 
     def on_message(self, rank: int, kind: str, body: Body) -> None:
@@ -190,9 +184,7 @@ class Job:
         if unsent:
             self.core.route(Notice(f"rank {rank}: {', '.join(unsent)} was not sent whole"))
         record = self._ranks[rank]
-        said = (
-            record.value is not None or record.error is not None or record.exit_request is not None
-        )
+        said = any(x is not None for x in (record.value, record.error, record.exit_request))
         if not said and self.core.stop_reason is None:
             self.core.fail(Failure(rank, "died"))
 
@@ -230,7 +222,6 @@ class Job:
         self._relay.close()
 
     def stop_ranks(self, reason: RunStatus) -> None:
-        """SIGTERM to every rank's processes, SIGKILL after ``kill_grace``."""
         if _signal_all(self._ranks, signal.SIGTERM):
             self.core.later(self.spec.kill_grace, _signal_all, self._ranks, signal.SIGKILL)
 
@@ -257,7 +248,6 @@ class Job:
         return ""
 
     def cell_order(self, number: int, payload: Payload, debug: bool) -> CellOrder:
-        """What carries a session's cell ``number`` to the ranks (any thread)."""
         return CellOrder(number, payload.ref(), debug)
 
     def send_cell(self, order: object, ranks: list[int]) -> None:

@@ -249,11 +249,8 @@ def magic_options() -> list[Option]:
 
 def merge_options(defaults: LaunchOptions, given: LaunchOptions) -> LaunchOptions:
     """``given`` over ``defaults``: a group is replaced whole, a merging option merges."""
-    merged: dict[str, object] = dict(defaults)
     groups = {OPTIONS[key].group for key in given} - {None}
-    for key in list(merged):
-        if OPTIONS[key].group in groups:
-            del merged[key]
+    merged = {key: value for key, value in defaults.items() if OPTIONS[key].group not in groups}
     for key, value in given.items():
         if OPTIONS[key].merges and isinstance(value, Mapping):
             base = merged.get(key)

@@ -43,10 +43,15 @@ def _bound(
         except OSError as exc:
             if port is None or exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
+            busy = f"port {port} on {addr} is in use"
             if not fallback:
-                raise _busy(addr, port) from None
+                raise OptionError(
+                    "port",
+                    port,
+                    lambda s: f"{busy}; {s.unset('port')} to let nbddp pick a free one",
+                ) from None
             sock.bind((addr, 0))
-            notice = f"port {port} on {addr} is in use; using port {sock.getsockname()[1]} instead"
+            notice = f"{busy}; using port {sock.getsockname()[1]} instead"
         if backlog is not None:
             sock.listen(backlog)
     except BaseException as exc:
@@ -55,16 +60,6 @@ def _bound(
             raise _unusable(addr, what, exc) from exc
         raise
     return sock, notice
-
-
-def _busy(addr: str, port: int) -> OptionError:
-    return OptionError(
-        "port",
-        port,
-        lambda s: (
-            f"port {port} on {addr} is in use; {s.unset('port')} to let nbddp pick a free one"
-        ),
-    )
 
 
 def _unusable(addr: str, what: str, exc: OSError) -> OptionError:
@@ -87,8 +82,7 @@ def rendezvous(spec: JobSpec, node: NodeSlice) -> tuple[int, str | None, object 
         port, notice = choose_port(spec.master_addr, spec.port, fallback=spec.port_fallback)
         return port, notice, None
     sock, notice = listen(spec.master_addr, spec.port, fallback=spec.port_fallback)
-    port = int(sock.getsockname()[1])
-    return port, notice, host_store(spec.master_addr, sock)
+    return int(sock.getsockname()[1]), notice, host_store(spec.master_addr, sock)
 
 
 STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default

@@ -172,23 +172,19 @@ class Pump:
             except BaseException:  # nothing is left to raise it to; wait() drains again
                 log.exception("nbddp: stopping the ranks of run %s failed", self.run.run_id)
 
-    def watching(self, watcher: threading.Thread | None) -> bool:
-        """True if ``watcher`` is another thread, started and not ended: it pumps, this
+    def watching(self) -> threading.Thread | None:
+        """The watcher when it is another thread, started and not ended: it pumps, this
         one must not."""
-        return (
-            watcher is not None
-            and watcher is not threading.current_thread()
-            and watcher.ident is not None
-            and watcher.is_alive()
-        )
+        watcher = self.watcher
+        if watcher is None or watcher is threading.current_thread() or watcher.ident is None:
+            return None
+        return watcher if watcher.is_alive() else None
 
     def follow(self, deadline: float | None) -> None:
         """Until the run is done: join the watcher when there is one, asking its prompts,
         else pump here (until a prompt hands the pumping to a watcher)."""
         while True:
-            watcher = self.watcher
-            if self.watching(watcher):
-                assert watcher is not None
+            if (watcher := self.watching()) is not None:
                 while watcher.is_alive():
                     if self._asked:
                         self._serve_prompts()
@@ -367,10 +363,7 @@ class Pump:
     def _refresh(self) -> None:
         self._quietly(self.run.redraw)
         display = self.run.display
-        if display is None:
-            self._refresh_at = None
-            return
-        delay = display.refresh()
+        delay = display.refresh() if display is not None else None
         self._refresh_at = None if delay is None else time.monotonic() + delay
 
     def interrupt(self) -> None:
@@ -402,9 +395,7 @@ class Pump:
     def _finish_stopping(self, grace: float) -> None:
         """Take the job's events (or let the watcher take them) for up to ``grace``
         seconds, then draw what is true now, over or not."""
-        watcher = self.watcher
-        if self.watching(watcher):
-            assert watcher is not None
+        if (watcher := self.watching()) is not None:
             watcher.join(grace)  # it takes the events, and draws the end
             if watcher.is_alive():
                 log.warning("nbddp: run %s did not end in %gs", self.run.run_id, grace)

@@ -91,9 +91,7 @@ class Run:
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.job.wait(timeout):
             return False
-        watcher = self.pump.watcher
-        if self.pump.watching(watcher):
-            assert watcher is not None
+        if (watcher := self.pump.watching()) is not None:
             # Its final frame is part of the run: drawn after this, it would land in
             # whichever cell runs then.
             watcher.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -87,7 +87,7 @@ class Channel:
             data = protocol.encode("metrics", rows[:count]) + data
             del rows[:count]  # rows appended meanwhile stay, for the next send
         self._next_send = time.monotonic() + BATCH_INTERVAL
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the notebook has gone: we are dying
             if fds:
                 protocol.send_with_fds(self.sock, data, fds)
             else:

@@ -16,8 +16,10 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,22 @@ def regroup(number: int, backend: str, rank: int, world_size: int) -> None:
     dist.init_process_group(
         backend=backend, store=prefix, rank=rank, world_size=world_size, timeout=timeout
     )
-    # As at the start: no rank goes on until every rank's group is complete.
-    if prefix.add("joined", 1) >= world_size:
-        prefix.set("all_joined", "1")
+    all_arrive(prefix, "joined", world_size)  # as at the start: every rank's group is complete
+
+
+def all_arrive(store: Any, name: str, world_size: int, timeout: float | None = None) -> None:
+    """Count this rank in at ``nbddp/{name}`` of ``store``; return once all ``world_size``
+    have, or after ``timeout`` seconds whether they have or not."""
+    if store.add(f"nbddp/{name}", 1) >= world_size:
+        store.set(f"nbddp/all_{name}", b"1")
+    elif timeout is None:
+        store.wait([f"nbddp/all_{name}"])
     else:
-        prefix.wait(["all_joined"])
+        # Polled, not a ``wait`` with a timeout: one that times out (a peer at a prompt,
+        # say) has torch write two warnings into the rank's output.
+        until = time.monotonic() + timeout
+        while not store.check([f"nbddp/all_{name}"]) and time.monotonic() < until:
+            time.sleep(0.01)
 
 
 def fresh_rendezvous() -> None:

@@ -85,13 +85,6 @@ def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
 _BACKEND: str | None = None  # the session's backend, read once its group exists
 
 
-def _backend() -> str | None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return str(dist.get_backend())
-
-
 def serve_session_rank() -> None:
     """Answer cells until told to end; the function of a session's run."""
     global _STATE, _MAIN, _BACKEND
@@ -103,8 +96,9 @@ def serve_session_rank() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     channel = installed()
     assert channel is not None, "runs in a rank, after the worker installed its channel"
-    _BACKEND = _backend()
-    if _BACKEND is not None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        _BACKEND = str(dist.get_backend())
         # A cell may destroy the group and init another: each later rendezvous gets a
         # prefix of its own, so no rank reads a key the previous group left in the store.
         regroup.fresh_rendezvous()

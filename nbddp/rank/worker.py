@@ -18,10 +18,9 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from nbddp import prctl
 from nbddp.rank import prompt, session_loop
@@ -29,6 +28,7 @@ from nbddp.rank.channel import Channel
 from nbddp.rank.channel import install as install_channel
 from nbddp.rank.context import install as install_context
 from nbddp.rank.errors import error_info, format_stacks, unsendable
+from nbddp.rank.regroup import all_arrive
 from nbddp.wire import mpobjects, protocol, values
 from nbddp.wire.payload import load_call
 from nbddp.wire.protocol import Message, RunOrder
@@ -111,22 +111,7 @@ def _prepare_torch(order: RunOrder) -> None:
         # other's init ("Connection closed by peer") instead of letting it raise the cell's
         # own error. Unbounded: a rank that fails its init fails the run, and the notebook
         # stops the others.
-        _all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
-
-
-def _all_arrive(store: Any, name: str, world_size: int, timeout: float | None = None) -> None:
-    """Count this rank in at ``nbddp/{name}`` of ``store``; return once all ``world_size``
-    have, or after ``timeout`` seconds whether they have or not."""
-    if store.add(f"nbddp/{name}", 1) >= world_size:
-        store.set(f"nbddp/all_{name}", b"1")
-    elif timeout is None:
-        store.wait([f"nbddp/all_{name}"])
-    else:
-        # Polled, not a ``wait`` with a timeout: one that times out (a peer at a prompt,
-        # say) has torch write two warnings into the rank's output.
-        until = time.monotonic() + timeout
-        while not store.check([f"nbddp/all_{name}"]) and time.monotonic() < until:
-            time.sleep(0.01)
+        all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
 
 
 def _call(order: RunOrder) -> object:
@@ -179,8 +164,7 @@ def run_rank(ctrl: socket.socket) -> int:
         # and adds it to the rank's log (printing it too would show it once
         # per failing rank in the cell's output).
         channel.send("error", error_info(exc))
-        prctl.flush_output()
-        return 1
+        return 1  # run_forked flushes the output as the rank exits
     _leave_if_forked(owner, None)
     # The process group is not destroyed here: the rank exits right after
     # (os._exit, no destructors), which is what torchrun's workers do too,
@@ -206,7 +190,7 @@ def _wait_for_peers() -> None:
     # A store hosted by a rank that already left (say) raises: nothing to wait for.
     with contextlib.suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
-        _all_arrive(store, "returned", dist.get_world_size(), PEER_WAIT)
+        all_arrive(store, "returned", dist.get_world_size(), PEER_WAIT)
 
 
 def _leave_if_forked(owner: int, exc: BaseException | None) -> None:
@@ -230,7 +214,6 @@ def _report_exit(channel: Channel, code: object) -> int:
         sys.stderr.write(f"{code}\n")  # as Python's sys.exit(message) prints it
         code = 1
     channel.send("exit", code)
-    prctl.flush_output()
     return code
 
 
@@ -239,11 +222,10 @@ def _report_result(channel: Channel, value: object) -> int:
         packed = values.pack(value)
     except Exception as exc:
         channel.send("error", error_info(unsendable("the return value", value, exc)))
-        prctl.flush_output()
         return 1
     channel.send("result", packed)
     del packed  # the shared copies go once the notebook holds their descriptors
-    prctl.flush_output()
+    prctl.flush_output()  # before it waits for its peers
     return 0
 
 

@@ -112,7 +112,6 @@ class ErrorInfo:
 
     @property
     def logged(self) -> str:
-        """The traceback the rank's log keeps."""
         return self.full_traceback or self.traceback
 
 

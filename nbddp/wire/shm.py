@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeGuard
 
 from nbddp.wire.cloud import CloudPickler
-from nbddp.wire.descriptors import Descriptors, OwnedFd
+from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with
 
 if TYPE_CHECKING:
     from _pickle import _ReducedType
@@ -74,13 +74,9 @@ class SharingPickler(CloudPickler):
         # would copy them once per rank, and again when unpickling).
         key = id(array)
         if key not in self._arrays:
-            fd = os.memfd_create("nbddp-array", os.MFD_CLOEXEC)
-            self.owned.append(OwnedFd(fd))
             flat = array.reshape(-1, order=_order(array)).view(sys.modules["numpy"].uint8)
-            data = memoryview(flat)
-            written = 0
-            while written < len(data):
-                written += os.write(fd, data[written : written + (64 << 20)])
+            fd = memfd_with(memoryview(flat), "nbddp-array")
+            self.owned.append(OwnedFd(fd))
             self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
             self.fds.append(fd)
         index = self._arrays[key][0]
