@@ -76,7 +76,7 @@ def task_in_group() -> float:
 def launchers(procs: int) -> dict[str, Callable[[], object]]:
     """Name -> a call that runs the task once on ``procs`` ranks and returns when done."""
     import nbddp
-    from nbddp.launcher.ports import free_port
+    from nbddp.launcher.ports import choose_port
 
     def forkserver(pool: str | None) -> Callable[[], object]:
         def call() -> object:
@@ -108,7 +108,10 @@ def launchers(procs: int) -> dict[str, Callable[[], object]]:
     from torch.multiprocessing import start_processes
 
     out["torch.multiprocessing (spawn)"] = lambda: start_processes(
-        task_with_rank, args=(procs, free_port("127.0.0.1")), nprocs=procs, start_method="spawn"
+        task_with_rank,
+        args=(procs, choose_port("127.0.0.1", None, fallback=True)[0]),
+        nprocs=procs,
+        start_method="spawn",
     )
     import logging
 
