@@ -370,6 +370,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--lines", type=int, default=80)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures to this file (benchjson)")
     args = parser.parse_args()
     import torch
 
@@ -434,6 +435,33 @@ def main() -> None:
     print(f"  Ray log_to_driver (dedup off) {stats(theirs)}")
     ratio = sorted(theirs)[int(0.95 * len(theirs))] / sorted(ours)[int(0.95 * len(ours))]
     print(f"  p95 ratio Ray / nbddp: {ratio:.1f}x")
+    if args.json:
+        import benchjson
+
+        columns = ("variant", "median (s)", "min (s)", "max (s)", "n", "/ plain Ray")
+        launches = [("nbddp cold (new agents)", cold_ours), ("plain Ray", cold_ray)]
+        launches += [("Ray Train TorchTrainer", cold_train)] if cold_train else []
+        launches += [("nbddp warm (kept agents)", warm)]
+        base = median(cold_ray)
+        tables = [
+            benchjson.table(
+                "cold",
+                "launch, 1 rank per node on 2 Ray nodes (call to rank 0's value)",
+                columns,
+                [(n, median(t), min(t), max(t), len(t), median(t) / base) for n, t in launches],
+            ),
+            benchjson.table(
+                "argument",
+                "200 MB float32 tensor to one rank on each of 2 nodes",
+                ("variant", "median (s)", "min (s)", "max (s)", "n"),
+                [
+                    (n, median(t), min(t), max(t), len(t))
+                    for n, t in (("nbddp argument", big_ours), ("ray.put + ray.get", big_ray))
+                ],
+            ),
+        ]
+        notes = [f"first launch of the process (connect, agents, forkservers): {cold:.2f} s"]
+        benchjson.write(args.json, "cluster", tables, notes)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warm", type=int, default=10)
+    parser.add_argument("--json", help="also write the figures to this file (benchjson)")
     args = parser.parse_args()
     os.environ["SLURM_CONF"] = CONF
     subprocess.run(["bash", str(SCRIPT), "start"], check=True)
@@ -80,12 +81,12 @@ def main() -> None:
         )
         job = out.stderr.split("Granted job allocation ")[1].split()[0]
         os.environ["SLURM_JOB_ID"] = job
-        run(job, args.repeat, args.warm)
+        run(job, args.repeat, args.warm, args.json)
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop"], check=True)
 
 
-def run(job: str, repeat: int, warm_count: int) -> None:
+def run(job: str, repeat: int, warm_count: int, json_path: str | None = None) -> None:
     import nbddp
     import nbddp.cluster
 
@@ -120,6 +121,16 @@ def run(job: str, repeat: int, warm_count: int) -> None:
             f"  {name:26s} median {median:6.3f} s  (min {min(times):.3f}, max {max(times):.3f}, "
             f"n={len(times)})  {median / base:5.2f}x srun + torchrun"
         )
+    if json_path:
+        import benchjson
+
+        columns = ("launcher", "median (s)", "min (s)", "max (s)", "n", "/ srun + torchrun")
+        table = [
+            (name, statistics.median(t), min(t), max(t), len(t), statistics.median(t) / base)
+            for name, t in rows
+        ]
+        title = "launch inside a Slurm allocation of 2 nodes, 1 rank per node"
+        benchjson.write(json_path, "slurm", [benchjson.table("launch", title, columns, table)], [])
 
 
 if __name__ == "__main__":
