@@ -57,7 +57,7 @@ def nul_env() -> None:
 def slurm_ended_before_it_started(mp: pytest.MonkeyPatch) -> None:
     from nbddp.cluster import slurm_alloc
 
-    mp.setattr(slurm_alloc, "squeue", lambda *args: "CANCELLED|None")
+    mp.setattr(slurm_alloc, "slurm", lambda *args: "CANCELLED|None")
     slurm_alloc._wait("42", None)
 
 
