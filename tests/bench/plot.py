@@ -208,10 +208,13 @@ def plot_relay(data: dict[str, Any], plt: Any) -> Any:
 
 
 def plot_other(data: dict[str, Any], plt: Any) -> Any:
-    """Any bench: for each table, its numeric columns per row (first column: labels)."""
+    """Any bench: for each table, its numeric columns per row (first column: labels); a
+    median's spread (min, max) and count stay in the folded table."""
     shown = []
     for t in data.get("tables", []):
         for c in t["columns"][1:]:
+            if c in ("n", "min (s)", "max (s)"):
+                continue
             values = column(t, c)
             if values and all(isinstance(v, int | float) or v is None for v in values):
                 shown.append((t, c))
@@ -222,7 +225,7 @@ def plot_other(data: dict[str, Any], plt: Any) -> Any:
         labels = [str(x) for x in column(t, t["columns"][0])]
         values = [v if v is not None else 0.0 for v in column(t, c)]
         bars = ax.barh(range(len(labels)), values, color=[colour(x) for x in labels])
-        ax.bar_label(bars, labels=[f"{v:g}" for v in values], padding=3, fontsize=8)
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=3, fontsize=8)
         ax.set_yticks(range(len(labels)), labels)
         ax.invert_yaxis()
         ax.set_xlabel(f"{t.get('title', t['name'])}: {c}", fontsize=9)
