@@ -80,6 +80,10 @@ class RankRecord:
             alive = True
         if self.exited:
             return alive
+        if not alive:  # just forked: it has not made its own group yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+                alive = True
         # Descendants that left the group (setsid) are still found through the tree.
         with contextlib.suppress(psutil.Error):
             for proc in psutil.Process(self.pid).children(recursive=True):
