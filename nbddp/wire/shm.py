@@ -10,16 +10,19 @@ quantized tensors, non-contiguous or object arrays, numpy subclasses (all pickle
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
 import mmap
 import os
 import pickle
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeGuard
 
+from nbddp.wire import inplace
 from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with
 
@@ -43,8 +46,8 @@ class SharingPickler(CloudPickler):
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self.keep: list[object] = []  # what other descriptors in ``fds`` belong to
-        self._index: dict[int, int] = {}  # storage address -> position in fds
-        self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
+        self._index: dict[int, tuple[int, int]] = {}  # storage address -> (position, offset)
+        self._arrays: dict[int, tuple[int, int, np.ndarray]] = {}  # id -> (position, offset, it)
 
     def reducer_override(self, obj: object) -> _ReducedType:
         reduced = self._extra(obj) if self._extra is not None else None
@@ -61,35 +64,66 @@ class SharingPickler(CloudPickler):
             return _rebuild_descriptors, (start, len(obj.fds))
         return super().reducer_override(obj)
 
-    def _share(self, storage: torch.UntypedStorage) -> int:
-        """A descriptor of shared memory holding ``storage``'s bytes (here: moved there, a
-        no-op when already shared; the results' pickler copies instead)."""
-        storage.share_memory_()
-        fd, _ = storage._share_fd_cpu_()  # as torch's own multiprocessing reductions get it
-        return int(fd)
+    def _share(self, storage: torch.UntypedStorage) -> tuple[int, int]:
+        """A descriptor of shared memory holding ``storage``'s bytes, and their offset in it:
+        its own if already shared, else shared in place (``inplace``) or copied."""
+        fd = self._shared_fd(storage)
+        if fd is not None:
+            return fd, 0
+        # Only memory torch allocated itself (resizable): freeing the storage frees it.
+        if storage.resizable() and not _pinned(storage):
+            found = inplace.share(storage.data_ptr(), storage.nbytes(), _weak(storage))
+            if found is not None:
+                self.owned.append(found[0])
+                return found[0].fd, found[1]
+        return self._copy(storage.data_ptr(), storage.nbytes()), 0
+
+    def _shared_fd(self, storage: torch.UntypedStorage) -> int | None:
+        """The descriptor of a storage already in torch's shared memory, kept while sent."""
+        if storage.is_shared():
+            fd, _ = storage._share_fd_cpu_()  # as torch's own multiprocessing reductions get it
+            if int(fd) >= 0:  # a storage mapped from a file has none
+                self.keep.append(storage)
+                return int(fd)
+        return None
+
+    def _copy(self, address: int, nbytes: int) -> int:
+        """A new memfd holding a copy of the bytes at ``address``."""
+        view = memoryview((ctypes.c_char * nbytes).from_address(address))
+        owned = OwnedFd(memfd_with(view, "nbddp-copy"))
+        self.owned.append(owned)
+        return owned.fd
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
-        # A numpy array's memory cannot be swapped for shared memory in place,
-        # so its bytes are copied once into a memfd for all ranks (pickling
-        # would copy them once per rank, and again when unpickling).
+        # Shared in place when it owns its memory, else copied once for all ranks
+        # (pickling would copy it once per rank, and again when unpickling).
         key = id(array)
         if key not in self._arrays:
-            flat = array.reshape(-1, order=_order(array)).view(sys.modules["numpy"].uint8)
-            fd = memfd_with(memoryview(flat), "nbddp-array")
-            self.owned.append(OwnedFd(fd))
-            self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
+            address = array.ctypes.data
+            found = (
+                inplace.share(address, array.nbytes, weakref.ref(array))
+                if array.flags.owndata
+                else None
+            )
+            if found is not None:
+                self.owned.append(found[0])
+            fd, start = (found[0].fd, found[1]) if found else (self._copy(address, array.nbytes), 0)
+            self._arrays[key] = (len(self.fds), start, array)  # the array kept: ids stay unique
             self.fds.append(fd)
-        index = self._arrays[key][0]
-        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, _order(array))
+        index, start, _ = self._arrays[key]
+        meta = (index, start, array.nbytes, array.dtype, array.shape, _order(array))
+        return _rebuild_array, meta
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self._index:
-            fd = self._share(storage)  # may move it, changing its address
-            self._index[storage.data_ptr()] = len(self.fds)
+            fd, start = self._share(storage)
+            self._index[storage.data_ptr()] = (len(self.fds), start)
             self.fds.append(fd)
+        index, start = self._index[storage.data_ptr()]
         meta = (
-            self._index[storage.data_ptr()],
+            index,
+            start,
             storage.nbytes(),
             tensor.dtype,
             tensor.storage_offset(),
@@ -120,6 +154,20 @@ def _array_shareable(array: np.ndarray) -> bool:
         and not array.dtype.hasobject
         and (array.flags.c_contiguous or array.flags.f_contiguous)
     )
+
+
+def _weak(storage: torch.UntypedStorage) -> Callable[[], object]:
+    """A weak reference to ``storage``: it calls to None once the storage is freed."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref = StorageWeakRef(storage)  # type: ignore[no-untyped-call]
+    return lambda: None if ref.expired() else ref  # type: ignore[no-untyped-call]
+
+
+def _pinned(storage: torch.UntypedStorage) -> bool:
+    # Pinned memory needs CUDA started; asking before could start it in the notebook.
+    cuda = sys.modules.get("torch.cuda")
+    return bool(cuda is not None and cuda.is_initialized() and storage.is_pinned())
 
 
 def _shareable(tensor: torch.Tensor) -> bool:
@@ -189,6 +237,7 @@ class _Received:
 def _rebuild_tensor(
     got: _Received,
     index: int,
+    start: int,
     nbytes: int,
     dtype: torch.dtype,
     offset: int,
@@ -204,7 +253,9 @@ def _rebuild_tensor(
         new_shared = torch.UntypedStorage._new_shared_fd_cpu  # type: ignore[attr-defined]
         storage = new_shared(got.fds[index], nbytes)  # (missing from torch's stubs)
     else:
-        storage = torch.frombuffer(got.region(index, nbytes), dtype=torch.uint8).untyped_storage()
+        region = got.region(index, start + nbytes)
+        storage = torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=start)
+        storage = storage.untyped_storage()
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     return tensor.requires_grad_(requires_grad)
 
@@ -212,6 +263,7 @@ def _rebuild_tensor(
 def _rebuild_array(
     got: _Received,
     index: int,
+    start: int,
     nbytes: int,
     dtype: np.dtype[np.generic],
     shape: tuple[int, ...],
@@ -219,7 +271,8 @@ def _rebuild_array(
 ) -> np.ndarray:
     import numpy as np
 
-    return np.frombuffer(got.region(index, nbytes), dtype=dtype).reshape(shape, order=order)
+    region = got.region(index, start + nbytes)
+    return np.frombuffer(region, dtype=dtype, offset=start).reshape(shape, order=order)
 
 
 def _rebuild_descriptors(got: _Received, start: int, count: int) -> Descriptors:
