@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 SHARE_BYTES = 1 << 20
 
+Mark = tuple[int, int, int]
+"""What a lasting descriptor holds: its file (device, inode) and the tensor's ``_version``, which
+every in-place write to it (through the tensor or its views) increments."""
 _Reduced = tuple[Callable[..., object], tuple[object, ...]]  # a rebuild function and its arguments
 
 
@@ -47,6 +50,9 @@ class SharingPickler(CloudPickler):
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self.keep: list[object] = []  # what other descriptors in ``fds`` belong to
         self._index: dict[int, tuple[int, int]] = {}  # storage address -> (position, offset)
+        self.marks: dict[int, Mark] = {}
+        """Position in ``fds`` -> what a lasting one holds (``Mark``): a tensor's memory."""
+        self._copies: set[int] = set()  # fds of copies made for this pickle alone
         self._arrays: dict[int, tuple[int, int, np.ndarray]] = {}  # id -> (position, offset, it)
 
     def reducer_override(self, obj: object) -> _ReducedType:
@@ -92,6 +98,7 @@ class SharingPickler(CloudPickler):
         view = memoryview((ctypes.c_char * nbytes).from_address(address))
         owned = OwnedFd(memfd_with(view, "nbddp-copy"))
         self.owned.append(owned)
+        self._copies.add(owned.fd)
         return owned.fd
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
@@ -119,6 +126,9 @@ class SharingPickler(CloudPickler):
         if storage.data_ptr() not in self._index:
             fd, start = self._share(storage)
             self._index[storage.data_ptr()] = (len(self.fds), start)
+            if fd not in self._copies:
+                status = os.fstat(fd)
+                self.marks[len(self.fds)] = (status.st_dev, status.st_ino, tensor._version)
             self.fds.append(fd)
         index, start = self._index[storage.data_ptr()]
         meta = (
