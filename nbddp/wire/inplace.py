@@ -21,6 +21,7 @@ import logging
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class _Shared:
 
 
 _HELD: dict[int, _Shared] = {}  # buffer address -> its memfd
+_SWAPPING = threading.Lock()
 
 
 def share(address: int, nbytes: int, owner: Callable[[], object]) -> tuple[OwnedFd, int] | None:
@@ -145,18 +147,19 @@ def _swap(held: _Shared, address: int) -> None:
     """Swap the buffer's whole pages not yet swapped for the memfd's, a chunk at a time."""
     inner_hi = held.inner(address)[1]
     rw, fixed = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e6)  # no other Python thread runs until every chunk is swapped
-    try:
-        while held.done < inner_hi:
-            lo, size = held.done, min(CHUNK, inner_hi - held.done)
-            # pwrite, not a copy into a mapping: no page fault (and zeroing) per page.
-            _write(held.fd.fd, lo, size, lo - held.base)
-            if _libc.mmap(lo, size, rw, fixed, held.fd.fd, lo - held.base) == _FAILED:
-                raise OSError(ctypes.get_errno(), "mmap of shared memory over the buffer failed")
-            held.done = lo + size
-    finally:
-        sys.setswitchinterval(interval)
+    with _SWAPPING:  # (two threads would each restore the other's switch interval)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e6)  # no other Python thread runs until every chunk is swapped
+        try:
+            while held.done < inner_hi:
+                lo, size = held.done, min(CHUNK, inner_hi - held.done)
+                # pwrite, not a copy into a mapping: no page fault (and zeroing) per page.
+                _write(held.fd.fd, lo, size, lo - held.base)
+                if _libc.mmap(lo, size, rw, fixed, held.fd.fd, lo - held.base) == _FAILED:
+                    raise OSError(ctypes.get_errno(), "mmap of shared memory over it failed")
+                held.done = lo + size
+        finally:
+            sys.setswitchinterval(interval)
 
 
 def _write(fd: int, address: int, size: int, offset: int) -> None:
@@ -168,7 +171,10 @@ def _write(fd: int, address: int, size: int, offset: int) -> None:
 
 
 def _private_in_child() -> None:
-    """In a forked child: the shared pages become copy-on-write, as fork makes private memory."""
+    """In a forked child: the shared pages become copy-on-write, as fork makes private memory
+    (and the lock is new: a thread of the parent's may have held it)."""
+    global _SWAPPING
+    _SWAPPING = threading.Lock()
     rw, private = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED
     for address, held in list(_HELD.items()):
         if held.owner() is None:

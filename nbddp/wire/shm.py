@@ -167,11 +167,31 @@ def _array_shareable(array: np.ndarray) -> bool:
 
 
 def _weak(storage: torch.UntypedStorage) -> Callable[[], object]:
-    """A weak reference to ``storage``: it calls to None once the storage is freed."""
+    """A weak reference to ``storage`` at its address now: None once it is freed or its
+    memory has moved (``resize_``)."""
+    import torch
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    ref = StorageWeakRef(storage)  # type: ignore[no-untyped-call]
-    return lambda: None if ref.expired() else ref  # type: ignore[no-untyped-call]
+    ref, address = StorageWeakRef(storage), storage.data_ptr()  # type: ignore[no-untyped-call]
+
+    def owner() -> object:
+        if ref.expired():  # type: ignore[no-untyped-call]
+            return None
+        alive = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        return alive if alive.data_ptr() == address else None
+
+    return owner
+
+
+def _weak_array(array: np.ndarray) -> Callable[[], object]:
+    """As ``_weak``, for an array owning its memory (``resize`` moves it)."""
+    ref, address = weakref.ref(array), array.ctypes.data
+
+    def owner() -> object:
+        alive = ref()
+        return alive if alive is not None and alive.ctypes.data == address else None
+
+    return owner
 
 
 def _pinned(storage: torch.UntypedStorage) -> bool:

@@ -145,3 +145,19 @@ def test_the_registry_forgets_what_is_gone() -> None:
     del t
     gc.collect()
     assert address not in inplace.held()
+
+
+def test_a_storage_resized_since_is_shared_afresh_and_a_child_keeps_its_memory() -> None:
+    t = torch.ones(BIG // 4)
+    old = t.data_ptr()
+    shm.dumps(t)
+    t.resize_(BIG // 2)  # a new block: the old one is freed
+    t.fill_(3.0)
+    assert old not in inplace.held()
+    data, fds, _ = shm.dumps(t)
+    assert float(shm.loads(data, [os.dup(fds[0])]).sum()) == 3.0 * (BIG // 2)
+    pid = os.fork()  # nothing is mapped over what the old block's addresses hold now
+    if pid == 0:
+        os._exit(0 if t.numpy()[-1] == 3.0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
