@@ -1,11 +1,12 @@
 """Large tensors in the payload travel through shared memory, not pickled bytes.
 
-``dumps(obj)`` pickles like cloudpickle, but moves each plain CPU tensor of at least
-``SHARE_BYTES`` to shared memory (``share_memory_()``: views stay valid) and copies such numpy
-arrays into a memfd, returning the bytes and those fds. ``loads(data, fds)`` maps them
-copy-on-write, so a rank's writes stay its own; the results' pickler (``values``) copies instead
-of moving, and the notebook maps them shared (``shared=True``). Non-goals: CUDA, sparse or
-quantized tensors, non-contiguous or object arrays, numpy subclasses (all pickled as usual).
+``dumps(obj)`` pickles like cloudpickle, but puts the memory of each plain CPU tensor's storage
+and contiguous numpy array of at least ``SHARE_BYTES`` in shared memory: its own if torch shared
+it already, else shared where it lies (``inplace``), else a copy; never moved, so every view
+stays valid. It returns the bytes and those fds. ``loads(data, fds)`` maps them copy-on-write,
+so a rank's writes stay its own; the results' pickler (``values``) copies, and the notebook maps
+them shared (``shared=True``). Non-goals: CUDA, sparse or quantized tensors, non-contiguous or
+object arrays, numpy subclasses (all pickled as usual).
 """
 
 from __future__ import annotations
