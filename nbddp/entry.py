@@ -87,17 +87,13 @@ def in_kernel() -> bool:
     return kernel_shell() is not None
 
 
-def make_display(view: ViewSpec) -> Display:
-    """The display for ``view.output``: every rank, rank 0 only, or nothing but status.
-
-    In a kernel: a block per rank updated in place showing its last ``view.tail``
-    lines, and a metrics chart (``KernelDisplay``); elsewhere rank-prefixed lines
-    (``TextDisplay``). Ranks not shown are still logged in full.
-    """
+def make_display(view: ViewSpec) -> Guarded:
+    """The display of the ranks ``view.output`` shows (all are logged in full): in a kernel a
+    block per rank with its last ``view.tail`` lines and a metrics chart, elsewhere text."""
     ranks = view.shown_ranks
     if in_kernel():
-        return guarded(KernelDisplay(live=ranks, tail=view.tail), view)
-    return guarded(TextDisplay(ranks=ranks), view)
+        return Guarded(KernelDisplay(live=ranks, tail=view.tail), ranks)
+    return Guarded(TextDisplay(ranks=ranks), ranks)
 
 
 def guarded(display: Display, view: ViewSpec) -> Guarded:
