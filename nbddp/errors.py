@@ -57,11 +57,8 @@ class NbddpError(Exception):
 
     @property
     def _render_traceback_(self) -> Callable[[], list[str]]:
-        """IPython's hook, present only after ``show_as``.
-
-        Why a property: IPython and the magics test for the hook with
-        ``hasattr``, so an error without lines must not have it.
-        """
+        """IPython's hook, present only after ``show_as`` (a property: IPython and the magics
+        test for it with ``hasattr``)."""
         if self._shown is None or self._shown.spent:
             raise AttributeError("_render_traceback_")
         return self._shown
@@ -94,11 +91,8 @@ class RankError(NbddpError, RuntimeError):
 
 
 class RemoteError(RankError):
-    """A rank raised an exception that cannot be rebuilt here as itself.
-
-    ``remote_type`` is the qualified name of the original type and
-    ``remote_traceback`` the traceback text as the rank printed it.
-    """
+    """A rank raised an exception that cannot be rebuilt here as itself: ``remote_type`` is
+    its type's qualified name, ``remote_traceback`` the traceback as the rank printed it."""
 
     def __init__(
         self,
@@ -129,11 +123,8 @@ class RankExitedError(RankError):
 
 
 class ResultError(RankError):
-    """A rank returned a value that cannot be rebuilt in the notebook.
-
-    ``type_name`` is the value's type in the rank; the error raised while
-    rebuilding it is the ``__cause__``.
-    """
+    """A rank returned a value that cannot be rebuilt in the notebook: ``type_name`` is its
+    type in the rank, the error raised while rebuilding it the ``__cause__``."""
 
     def __init__(
         self, message: str, *, rank: int, type_name: str, log_path: str | None = None
@@ -147,12 +138,8 @@ class LaunchTimeout(NbddpError, TimeoutError):
 
 
 class RemoteTraceback(Exception):
-    """Carries a rank's traceback text as the ``__cause__`` of the re-raised exception.
-
-    Python prints a cause before the exception itself, so the notebook shows
-    the rank's own traceback (where the error really happened) and then the
-    local line that re-raised it.
-    """
+    """A rank's traceback text, as the ``__cause__`` of the re-raised exception: Python prints
+    a cause first, so the rank's own traceback shows before the local line that re-raised it."""
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)  # its only argument: ``str()`` gives the text
