@@ -106,11 +106,9 @@ def _prepare_torch(order: RunOrder) -> None:
         import torch.distributed as dist
 
         dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
-        # Return once every rank's init has: init can return on one rank while another
-        # still builds gloo's mesh; a rank that then fails at once and exits would break the
-        # other's init ("Connection closed by peer") instead of letting it raise the cell's
-        # own error. Unbounded: a rank that fails its init fails the run, and the notebook
-        # stops the others.
+        # Why wait for every rank's init: a rank that fails at once and exits while another
+        # still builds gloo's mesh would break that init ("Connection closed by peer") before
+        # the cell's own error. Unbounded: a failed init fails the run, which stops the others.
         all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
 
 
@@ -140,13 +138,8 @@ def run_rank(ctrl: socket.socket) -> int:
     channel = Channel(ctrl)
     install_channel(channel)
     prompt.install(channel)
-    link = threading.Thread(
-        target=_watch_link,
-        args=(incoming, channel, order.place.rank),
-        name="nbddp-link",
-        daemon=True,
-    )
-    link.start()
+    link = (incoming, channel, order.place.rank)
+    threading.Thread(target=_watch_link, args=link, name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
     owner = os.getpid()
     try:
@@ -160,15 +153,13 @@ def run_rank(ctrl: socket.socket) -> int:
         _leave_if_forked(owner, exc)
         if order.debug and not isinstance(exc, KeyboardInterrupt):
             prompt.post_mortem(exc.__traceback__)
-        # Not printed here: the notebook raises it once, with this traceback,
-        # and adds it to the rank's log (printing it too would show it once
-        # per failing rank in the cell's output).
+        # Not printed: the notebook raises it once and adds it to the rank's log (printed,
+        # it would show once per failing rank in the cell's output).
         channel.send("error", error_info(exc))
         return 1  # run_forked flushes the output as the rank exits
     _leave_if_forked(owner, None)
-    # The process group is not destroyed here: the rank exits right after
-    # (os._exit, no destructors), which is what torchrun's workers do too,
-    # once every rank has returned (see _wait_for_peers).
+    # The process group is not destroyed: as torchrun's workers, the rank exits right after
+    # (os._exit), once every rank has returned (_wait_for_peers).
     code = _report_result(channel, value)
     if code == 0:
         _wait_for_peers()
