@@ -1,6 +1,6 @@
 """Sessions (``Session``): ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one at a
+Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_call``) go one at a
 time, each with its own display, value and error. A name a cell bound on the ranks is theirs and
 never sent again (``names``); every other name a cell reads is the notebook's, sent each time.
 """
@@ -166,7 +166,7 @@ class Session:
             user_ns=names or {},
             out=out,
         )
-        values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
+        values = self.finish(self.run_call(program, (), {}, self._cell_config)).values.get(0)
         return values.restore()[1] if isinstance(values, CellValues) else None
 
     def cell_program(
@@ -193,10 +193,6 @@ class Session:
         )
         self._definitions_read |= definitions_read(source)  # valid: it compiled
         return program
-
-    def run_program(self, program: CellProgram, config: LaunchConfig) -> Run:
-        """Start ``program`` (a session ``%%ddp`` cell) as the next cell; its ``Run``."""
-        return self.run_call(program, (), {}, config)
 
     def run_call(
         self,
@@ -351,8 +347,6 @@ def _mib(size: int) -> str:
 
 
 def session(**options: Unpack[LaunchOptions]) -> Session:
-    """Start a session with ``launch()``'s options: ranks that keep their state.
-
-    ``with nbddp.session(procs=2) as s: s.run(fn, *args)``; see ``Session``.
-    """
+    """Start a session with ``launch()``'s options: ranks that keep their state
+    (``with nbddp.session(procs=2) as s: s.run(fn, *args)``; see ``Session``)."""
     return Session(options).start()
