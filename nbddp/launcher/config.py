@@ -207,14 +207,12 @@ class LaunchConfig:
         port_fallback: bool = False,
         **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
-        """Validate launch ``options`` and resolve defaults.
-
-        With neither ``gpus`` nor ``procs``: every visible GPU (``visible``, default: detected
-        without CUDA), or with none visible, ``DEFAULT_CPU_PROCS`` CPU processes and a notice.
-        ``inherit_devices`` (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has it.
-        ``environ`` (default ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env``
-        may not set a variable that nbddp sets itself (``reserved``).
-        """
+        """Validate launch ``options`` and resolve defaults. With neither ``gpus`` nor ``procs``:
+        every visible GPU (``visible``, default: detected without CUDA), or with none visible,
+        ``DEFAULT_CPU_PROCS`` CPU processes and a notice. ``inherit_devices`` (with ``procs``)
+        leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has it. ``environ`` (default
+        ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env`` may not set a
+        variable that nbddp sets itself."""
         if unknown := sorted(set(options) - set(OPTIONS)):
             raise TypeError(
                 f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"

@@ -206,11 +206,8 @@ class RunCore:
             self.listener.message(rank, kind, body)
 
     def later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
-        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
-
-        Why not ``loop.call_later`` directly: a pending timer holds the run, and would
-        keep a finished run's memory for its whole delay; spent timers are dropped
-        here, so a long session does not pile them up."""
+        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first (a
+        pending timer would hold a finished run's memory); spent timers are dropped here."""
         if self._done.is_set():
             return
         now = self._loop.loop.time()

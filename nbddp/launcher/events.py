@@ -30,10 +30,8 @@ class _Word(str, Enum):
 
 
 class RankState(_Word):
-    """Where one rank is; ``rank_end`` refines an ended rank into the later members.
-
-    A new state needs a colour in ``display.blocks``; a live one goes into ``ended``.
-    """
+    """Where one rank is; ``rank_end`` refines an ended rank into the later members. A new
+    state needs a colour in ``display.blocks``; a live one goes into ``ended``."""
 
     STARTING = "starting"
     RUNNING = "running"

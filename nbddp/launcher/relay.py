@@ -203,11 +203,9 @@ class Relay:
             streams.log_tail.append(text)
 
     def send(self, rank: int, kind: str, body: object) -> None:
-        """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread).
-
-        Raises ``Unsent`` when ``rank``'s link is closed; a link that closes before the
-        message is out names it to ``on_link_closed``. What the socket does not take
-        at once is written as the worker reads (its link thread always does)."""
+        """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread); what the
+        socket does not take at once is written as the worker reads. ``Unsent`` when ``rank``'s
+        link is closed; one that closes before the message is out names it to ``on_link_closed``."""
         # Why a queue on the loop: the loop must never wait on a rank, and frames stay
         # whole and in order because this one thread writes them. Why not large bodies
         # in shared memory: the small frame left could still meet a full socket.

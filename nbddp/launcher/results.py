@@ -26,10 +26,8 @@ class Metrics(list[MetricRow]):
     """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
 
     def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
-
-        Raises ``ImportError`` saying what to install when pandas is missing.
-        """
+        """A ``pandas.DataFrame``, one row per logged row (columns rank, step, time, values);
+        ``ImportError`` saying what to install when pandas is missing."""
         try:
             pd = importlib.import_module("pandas")  # optional: imported only when asked
         except ImportError as exc:

@@ -180,11 +180,8 @@ class Run:
         self.job.dump_stacks()
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Show output until the run ends; return its result or raise its failure.
-
-        With ``timeout``, raise ``TimeoutError`` if the run has not ended by
-        then (the run goes on; call ``stop()`` to end it).
-        """
+        """Show output until the run ends; return its result or raise its failure. With
+        ``timeout``, ``TimeoutError`` if it has not ended by then (``stop()`` ends it)."""
         if self._result is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
