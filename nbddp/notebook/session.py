@@ -43,12 +43,11 @@ END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
 class Session:
     """Ranks that keep their state from call to call (``nbddp.session(...)`` makes one).
 
-    ``run(fn, *args)`` calls ``fn`` on every rank and returns rank 0's value;
-    ``exec(source, names)`` runs ``source`` as a ``%%ddp`` cell; ``restart()``
-    starts fresh ranks with the same options, ``stop()`` ends them, and
-    ``describe()`` shows each rank. A failed call keeps the state when every
-    rank returned to idle; otherwise its error says the session ended
-    (``alive`` is False). A context manager that stops on exit.
+    ``run(fn, *args)`` calls ``fn`` on every rank and returns rank 0's value; ``exec(source,
+    names)`` runs ``source`` as a ``%%ddp`` cell; ``restart()`` starts fresh ranks with the same
+    options, ``stop()`` ends them, and ``describe()`` shows each rank. A failed call keeps the
+    state when every rank returned to idle; otherwise its error says the session ended (``alive``
+    is False). A context manager that stops on exit.
     """
 
     def __init__(self, options: LaunchOptions, config: LaunchConfig | None = None) -> None:
@@ -155,9 +154,8 @@ class Session:
     def exec(
         self, source: str, names: Mapping[str, object] | None = None, *, out: Iterable[str] = ()
     ) -> Any:
-        """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
-
-        ``names``: values the cell may read (the ranks' own names win)."""
+        """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression. ``names``:
+        values the cell may read (the ranks' own names win)."""
         job = self._job_or_raise()
         program = self.cell_program(
             source,
