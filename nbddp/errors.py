@@ -19,10 +19,8 @@ _LOG_LINE = re.compile(r"(^full output in | output is in )/\S*/(rank(\d+)\.log)$
 
 
 class ShownLines:
-    """What IPython shows for an exception (its ``_render_traceback_``): ``lines``,
-    then the notes added to the exception after them (what became of a session).
-
-    Holds the exception's list of notes, not the exception: no reference cycle."""
+    """What IPython shows for an exception (its ``_render_traceback_``): ``lines``, then the
+    notes added to it since (what became of a session). Holds the notes, not the exception."""
 
     def __init__(self, exc: BaseException, lines: Iterable[str], once: bool = False) -> None:
         self.lines = tuple(lines)

@@ -64,9 +64,8 @@ def _text_stream(raw: io.RawIOBase) -> io.TextIOWrapper:
 
 
 def _watch_link(incoming: Iterator[Message], channel: Channel, rank: int) -> None:
-    """Block on the link and answer the notebook's requests (``stacks``: this
-    process's Python stacks, see ``stacks``; a session's cells, see
-    ``nbddp.rank.session_loop``); when the notebook is gone, take the whole group down."""
+    """Block on the link and answer the notebook's requests (stacks, prompts' answers, a
+    session's cells); when the notebook is gone, take the whole group down."""
     for kind, body in incoming:
         if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
