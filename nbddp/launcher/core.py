@@ -6,8 +6,7 @@ event, ``fail``, ``end``. Other threads read typed values (``events``, ``outcome
 ``root_cause``, ``status``, ``elapsed()``, ``wait``) and ask through ``stop``, ``dump_stacks`` and
 ``answer``, which the core hands to its transport on the loop. A ``Listener`` (a session's cells, an
 agent's forwarder) takes the events, rank messages and the end instead of ``events``. Once the run
-has ended the core holds only typed values: its timers are cancelled and its transport and listener
-let go. A ``RankRecord`` is one rank's mutable record, on the loop thread only.
+has ended the core holds only typed values: timers cancelled, transport and listener let go.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
 One loop thread per process (``loop()``) serves every run; ``Relay.attach`` hands it a rank's fds.
 Never blocking on a rank, it appends raw output to the rank's log file (each pipe's in whole lines,
 so that the two never split a line) and reports to the ``RelaySink`` on the loop thread (sinks
-must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status lost), then
-``on_closed`` once every fd is at EOF: the output is complete.
-A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick. ``send`` writes a
-message of any size to a rank, whole, without waiting on it. The owner calls ``close()`` once the
-run has ended.
+must return quickly), ``on_closed`` last, once every fd is at EOF: the output is complete. A
+drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
 """
 
 from __future__ import annotations

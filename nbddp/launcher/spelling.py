@@ -1,15 +1,13 @@
 """How each entry point spells the launch options, so its messages use its own words.
 
-A ``Spelling`` turns an option name into one entry point's words (``procs=4``,
-``--procs 4``, ``num_processes=4``, the panel's ``Processes``). Option checks
-raise ``OptionError`` worded in ``KEYWORDS``; an entry point's ``with
-spelling.speaking():`` rewords every one raised inside. ``close_options`` finds
-the options a mistyped or foreign name likely meant. Nothing here validates an option.
+A ``Spelling`` turns an option name into one entry point's words (``procs=4``, ``--procs 4``,
+``num_processes=4``, the panel's ``Processes``). Option checks raise ``OptionError`` worded in
+``KEYWORDS``; an entry point's ``with spelling.speaking():`` rewords every one raised inside.
+``close_options`` finds the options a mistyped or foreign name likely meant.
 
-The call is checked against the function's signature before anything starts: ``check_call(fn, args,
-kwargs)`` raises a one-line ``CallError`` (a ``PayloadError``, so a ``TypeError``) when ``fn(*args,
-**kwargs)`` cannot bind, offering a launch option a keyword was likely meant for. ``WithRank`` is
-checked as ``fn(rank, *args)``; where no signature can be read, nothing is.
+``check_call(fn, args, kwargs)``, before anything starts, raises a one-line ``CallError`` (a
+``TypeError``) when the call cannot bind, offering a launch option a keyword was likely meant for.
+``WithRank`` is checked as ``fn(rank, *args)``; where no signature can be read, nothing is.
 """
 
 from __future__ import annotations
