@@ -126,10 +126,8 @@ def start_run(
     args: Args,
     kwargs: Kwargs,
 ) -> Run:
-    """Serialise the call, start the job and return its handle (the shared core).
-
-    An interrupt while the ranks start (``Job.start`` stops those it had started) is
-    raised as one line saying so (``failures.interrupted``)."""
+    """Serialise the call, start the job and return its handle; an interrupt while the ranks
+    start (``Job.start`` stops those it had started) is raised as one line saying so."""
     try:
         return start_with_display(config, fn, args, kwargs, make_display(config.view))
     except KeyboardInterrupt:
@@ -154,10 +152,8 @@ def start_with_display(
     kwargs: Kwargs,
     display: Display,
 ) -> Run:
-    """``start_run`` with a display of the caller's (the panel's widgets).
-
-    First the call is checked against ``fn``'s signature (``check_call``), so a
-    call that cannot bind fails here, not as a traceback from every rank."""
+    """``start_run`` with the caller's display (the panel's widgets); a call that cannot bind
+    ``fn``'s signature fails here (``check_call``), not as a traceback from every rank."""
     check_call(fn, args, kwargs)
     shown = guarded(display, config.view)
     for notice in config.view.notices:
