@@ -1,9 +1,8 @@
 """Turning a ``%%ddp`` cell into the program every rank runs: checked here, in the notebook.
 
-``build_program`` compiles the cell (``SyntaxError``, or ``CellError`` for an
-empty cell, before any process starts), finds the notebook names it reads and
-returns the ``CellProgram`` the ranks run. The analysis is static: a name
-reached only through ``eval``/``exec``/``globals()`` must be passed explicitly.
+``build_program`` compiles the cell (``SyntaxError``, or ``CellError`` for an empty cell), finds
+the notebook names it reads and returns the ``CellProgram`` the ranks run. The analysis is static:
+a name reached only through ``eval``/``exec``/``globals()`` must be passed explicitly.
 """
 
 from __future__ import annotations
