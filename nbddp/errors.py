@@ -3,10 +3,8 @@
 Configuration and payload problems raise before any process starts (``ConfigError``,
 ``PayloadError``); a running job's, after every rank has stopped and its output is collected
 (``RankError`` and subclasses, ``LaunchTimeout``). A rank's own exception is re-raised as its own
-type whenever it unpickles here; these classes are the fallback. An error given lines with
-``show_as`` shows in IPython as exactly those lines (``_render_traceback_``) plus later notes
-(with ``once``, the first time only: ``%tb`` then shows the traceback); one without has no
-``_render_traceback_``. ``ShownLines(exc, lines)``: that rule for any exception.
+type whenever it unpickles here; these classes are the fallback. ``show_as`` makes an error show
+in IPython as given lines, not its traceback (``ShownLines``: the same for any exception).
 """
 
 from __future__ import annotations

@@ -372,9 +372,8 @@ class Pump:
                 signal.signal(signal.SIGINT, previous)
 
     def stop_and_drain(self, reason: RunStatus) -> None:
-        """Stop every rank and take the job's events until it is done (or it is too
-        late), showing them: the display draws the final frame. Prompts asked
-        meanwhile are answered with end of input."""
+        """Stop every rank and show the job's events until it is done (or too late): the display
+        draws the final frame; prompts asked meanwhile are answered with end of input."""
         grace = self.run.config.job.kill_grace + STOP_WAIT
         self._prompting = False
         try:

@@ -85,9 +85,8 @@ class Run:
         return self.job.run_id
 
     def ended(self, timeout: float | None = 0.0) -> bool:
-        """True once every rank has exited, all output has been read and a background
-        run's last frame is drawn; waits up to ``timeout`` seconds for that (None: as
-        long as it takes), showing nothing itself."""
+        """True once every rank has exited, all output is read and a background run's last frame
+        drawn; waits up to ``timeout`` seconds (None: as long as it takes), showing nothing."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.job.wait(timeout):
             return False
