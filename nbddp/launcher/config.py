@@ -155,10 +155,9 @@ class JobSpec:
         return env
 
     def threads(self, local_ranks: int) -> int | None:
-        """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``, else
-        the notebook's, when it is a whole number; with neither, as torchrun, the cores
-        shared among the machine's ``local_ranks``. None when the setting given is not
-        a number (OpenMP reads it itself)."""
+        """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``, else the
+        notebook's, when a whole number; with neither, as torchrun, the cores shared among the
+        machine's ``local_ranks``. None when the setting is not a number (OpenMP reads it)."""
         given = self.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
         if given is None:
             return max(1, (os.cpu_count() or 1) // local_ranks)

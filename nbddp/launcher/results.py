@@ -1,9 +1,8 @@
 """What a finished run produced: ``RunResult``, its ``Metrics``, and ``UnloadedValue``.
 
-``load_values(outcomes, log_dir)`` rebuilds each rank's return value once. Only
-rank 0's can fail a run (``ResultError``); another rank's that cannot be
-rebuilt is an ``UnloadedValue`` saying why. ``Metrics`` are the ``nbddp.log``
-rows in arrival order.
+``load_values(outcomes, log_dir)`` rebuilds each rank's return value once. Only rank 0's can fail
+a run (``ResultError``); another rank's that cannot be rebuilt is an ``UnloadedValue`` saying why.
+``Metrics`` are the ``nbddp.log`` rows in arrival order.
 """
 
 from __future__ import annotations

@@ -220,10 +220,9 @@ def _report_result(channel: Channel, value: object) -> int:
 
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
-    """Be the rank in a process its keeper forked, already leading its own process group:
-    point fd 1/2 at ``out``/``err``, run the order on ``ctrl``, exit with the rank's code.
-    Runs as ``nbddp.rank.worker`` (never ``__main__``), so that the channel it installs is
-    the one ``nbddp.log`` finds. Never returns."""
+    """Be the rank in a process its keeper forked (leading its own process group): point fd 1/2
+    at ``out``/``err``, run the order on ``ctrl``, exit with its code. Runs as
+    ``nbddp.rank.worker`` (never ``__main__``), so ``nbddp.log`` finds the channel it installs."""
     code = 1
     try:
         redirect_stdio(out, err)
