@@ -111,10 +111,8 @@ def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd] | None = Non
     with the last payload, by mark (what a None stands for); left holding this payload's."""
     data, memory, marks = shipped
     owned = [
-        OwnedFd(memfd_with(memoryview(part), "nbddp-landed"))
-        if part is not None
-        else (kept or {})[marks[i]]
-        for i, part in enumerate(memory)
+        (kept or {})[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
+        for i, m in enumerate(memory)
     ]
     if kept is not None:
         kept.clear()

@@ -1,16 +1,14 @@
 """Large notebook buffers shared where they lie: the same address, the same values, no second copy.
 
-Contract: ``share(address, nbytes, owner)`` returns an ``OwnedFd`` of a memfd and the offset of the
-buffer's bytes in it, or None where the buffer is not a block of its own from the C allocator
-(glibc's mmapped chunk: its header says so and ``/proc/self/maps`` shows private anonymous memory).
-Its whole pages are swapped, a chunk at a time, for memfd pages holding the same bytes (mapped
-over them), so its address, values and every view of it stay as they were, and the notebook holds
-at most one chunk twice; the partial pages at its ends stay private and are written into the
-memfd at each call. The GIL is held throughout, so no Python thread runs meanwhile; a write by
-native code already running without it over those very bytes may be lost. While ``owner`` (a
-weak reference: live, or None once gone) lives, the buffer is not copied again; once it is gone,
-its memfd goes at the next garbage collection. A process forked from the notebook maps these
-pages copy-on-write, as fork would have.
+Contract: ``share(address, nbytes, owner)`` returns an ``OwnedFd`` of a memfd and the buffer's
+offset in it, or None unless the buffer is a block of its own (glibc's mmapped chunk, in private
+anonymous memory). Its whole pages are swapped, 64 MiB at a time, for memfd pages holding the same
+bytes, so its address, values and views stay as they were and the notebook never holds more than a
+chunk twice; the partial pages at its ends stay private and are written at each call. No Python
+thread runs meanwhile (a write by native code running without the GIL over those very bytes may be
+lost). While ``owner`` (a weak reference: None once the buffer is gone or moved) lives, it is not
+copied again; after, its memfd goes at the next garbage collection. A forked child maps these pages
+copy-on-write, as fork would.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ _IS_MMAPPED = 2  # glibc's chunk-header bit for a block mmapped on its own
 
 _libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the calls keep the GIL
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-_libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
 _libc.pwrite.restype = ctypes.c_ssize_t
 _libc.pwrite.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
 _MAP_FIXED, _FAILED = 0x10, ctypes.c_void_p(-1).value
@@ -85,12 +82,6 @@ def share(address: int, nbytes: int, owner: Callable[[], object]) -> tuple[Owned
     os.pwrite(held.fd.fd, view[: inner_lo - start], start)  # the ends: written each time
     os.pwrite(held.fd.fd, view[inner_hi - start :], inner_hi)
     return held.fd, start
-
-
-def held() -> frozenset[int]:
-    """The addresses of the buffers shared in place now."""
-    forget_gone()
-    return frozenset(_HELD)
 
 
 def forget_gone() -> None:
@@ -154,20 +145,13 @@ def _swap(held: _Shared, address: int) -> None:
             while held.done < inner_hi:
                 lo, size = held.done, min(CHUNK, inner_hi - held.done)
                 # pwrite, not a copy into a mapping: no page fault (and zeroing) per page.
-                _write(held.fd.fd, lo, size, lo - held.base)
+                if _libc.pwrite(held.fd.fd, lo, size, lo - held.base) != size:
+                    raise OSError(ctypes.get_errno(), "writing to shared memory failed")
                 if _libc.mmap(lo, size, rw, fixed, held.fd.fd, lo - held.base) == _FAILED:
                     raise OSError(ctypes.get_errno(), "mmap of shared memory over it failed")
                 held.done = lo + size
         finally:
             sys.setswitchinterval(interval)
-
-
-def _write(fd: int, address: int, size: int, offset: int) -> None:
-    while size:
-        done = _libc.pwrite(fd, address, size, offset)
-        if done <= 0:
-            raise OSError(ctypes.get_errno(), "writing to shared memory failed")
-        address, size, offset = address + done, size - done, offset + done
 
 
 def _private_in_child() -> None:

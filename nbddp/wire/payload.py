@@ -95,8 +95,7 @@ class Payload:
     fds: tuple[int, ...] = ()
     owned: tuple[object, ...] = ()
     marks: dict[int, shm.Mark] = field(default_factory=dict)
-    """Position in ``fds`` -> what a lasting descriptor holds (``shm.Mark``): the same mark in
-    the next payload means the same memory, unchanged."""
+    """Position in ``fds`` -> what a lasting one holds (``shm.Mark``: same memory, unchanged)."""
 
     def ref(self) -> CallRef:
         """What the ranks are sent to make the call: a new memory file holding the bytes,
@@ -119,14 +118,11 @@ class Payload:
         call = Call(fn, tuple(args), dict(kwargs), cast(tuple[Source, ...], found))
         try:
             with mpobjects.sending(forked) as sent:
-                buf = io.BytesIO()
-                pickler = shm.SharingPickler(buf, found.reduce)
-                pickler.dump(call)
+                data, fds, owned, marks = shm.dumps(call, found.reduce)
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
         # Reversed: the k-th multiprocessing descriptor is fds[-1 - k] (see mpobjects).
-        fds, owned = (*pickler.fds, *sent.fds[::-1]), (*pickler.owned, *sent.owned)
-        return cls(buf.getvalue(), fds, owned, pickler.marks)
+        return cls(data, (*fds, *sent.fds[::-1]), (*owned, *sent.owned), marks)
 
 
 def load_call(ref: CallRef) -> Call:

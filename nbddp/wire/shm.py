@@ -38,6 +38,7 @@ SHARE_BYTES = 1 << 20
 Mark = tuple[int, int, int]
 """What a lasting descriptor holds: its file (device, inode) and the tensor's ``_version``, which
 every in-place write to it (through the tensor or its views) increments."""
+_Owner = Callable[[], object]  # a weak reference to what owns a buffer (``inplace.share``)
 _Reduced = tuple[Callable[..., object], tuple[object, ...]]  # a rebuild function and its arguments
 
 
@@ -78,12 +79,8 @@ class SharingPickler(CloudPickler):
         if fd is not None:
             return fd, 0
         # Only memory torch allocated itself (resizable): freeing the storage frees it.
-        if storage.resizable() and not _pinned(storage):
-            found = inplace.share(storage.data_ptr(), storage.nbytes(), _weak(storage))
-            if found is not None:
-                self.owned.append(found[0])
-                return found[0].fd, found[1]
-        return self._copy(storage.data_ptr(), storage.nbytes()), 0
+        mine = storage.resizable() and not _pinned(storage)
+        return self._buffer(storage.data_ptr(), storage.nbytes(), _weak(storage) if mine else None)
 
     def _shared_fd(self, storage: torch.UntypedStorage) -> int | None:
         """The descriptor of a storage already in torch's shared memory, kept while sent."""
@@ -94,28 +91,24 @@ class SharingPickler(CloudPickler):
                 return int(fd)
         return None
 
-    def _copy(self, address: int, nbytes: int) -> int:
-        """A new memfd holding a copy of the bytes at ``address``."""
-        view = memoryview((ctypes.c_char * nbytes).from_address(address))
-        owned = OwnedFd(memfd_with(view, "nbddp-copy"))
-        self.owned.append(owned)
-        self._copies.add(owned.fd)
-        return owned.fd
+    def _buffer(self, address: int, nbytes: int, owner: _Owner | None) -> tuple[int, int]:
+        """A descriptor holding the ``nbytes`` at ``address``, and their offset in it: shared in
+        place if ``owner`` says who owns them (``inplace.share``) and it can be, else copied."""
+        found = inplace.share(address, nbytes, owner) if owner is not None else None
+        if found is None:
+            view = memoryview((ctypes.c_char * nbytes).from_address(address))
+            found = OwnedFd(memfd_with(view, "nbddp-copy")), 0
+            self._copies.add(found[0].fd)
+        self.owned.append(found[0])
+        return found[0].fd, found[1]
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
         # Shared in place when it owns its memory, else copied once for all ranks
         # (pickling would copy it once per rank, and again when unpickling).
         key = id(array)
         if key not in self._arrays:
-            address = array.ctypes.data
-            found = (
-                inplace.share(address, array.nbytes, weakref.ref(array))
-                if array.flags.owndata
-                else None
-            )
-            if found is not None:
-                self.owned.append(found[0])
-            fd, start = (found[0].fd, found[1]) if found else (self._copy(address, array.nbytes), 0)
+            owner = _weak_array(array) if array.flags.owndata else None
+            fd, start = self._buffer(array.ctypes.data, array.nbytes, owner)
             self._arrays[key] = (len(self.fds), start, array)  # the array kept: ids stay unique
             self.fds.append(fd)
         index, start, _ = self._arrays[key]
@@ -167,7 +160,7 @@ def _array_shareable(array: np.ndarray) -> bool:
     )
 
 
-def _weak(storage: torch.UntypedStorage) -> Callable[[], object]:
+def _weak(storage: torch.UntypedStorage) -> _Owner:
     """A weak reference to ``storage`` at its address now: None once it is freed or its
     memory has moved (``resize_``)."""
     import torch
@@ -184,7 +177,7 @@ def _weak(storage: torch.UntypedStorage) -> Callable[[], object]:
     return owner
 
 
-def _weak_array(array: np.ndarray) -> Callable[[], object]:
+def _weak_array(array: np.ndarray) -> _Owner:
     """As ``_weak``, for an array owning its memory (``resize`` moves it)."""
     ref, address = weakref.ref(array), array.ctypes.data
 
@@ -215,15 +208,15 @@ def _shareable(tensor: torch.Tensor) -> bool:
 
 def dumps(
     obj: object, extra: Callable[[object], _Reduced | None] | None = None
-) -> tuple[bytes, list[int], list[OwnedFd]]:
-    """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
-    (see module doc). The third item owns the descriptors made for numpy arrays:
-    keep it as long as the descriptors are needed. ``extra``: the caller's own
-    reductions, tried first on every object (None: pickle it as usual)."""
+) -> tuple[bytes, list[int], list[OwnedFd], dict[int, Mark]]:
+    """Pickle ``obj``; large tensors and arrays become shared-memory descriptors (see module doc).
+    The third item owns the descriptors made here: keep it as long as they are needed; the fourth
+    marks the lasting ones (``SharingPickler.marks``). ``extra``: the caller's own reductions, tried
+    first on every object (None: pickle it as usual)."""
     buf = io.BytesIO()
     pickler = SharingPickler(buf, extra)
     pickler.dump(obj)
-    return buf.getvalue(), pickler.fds, pickler.owned
+    return buf.getvalue(), pickler.fds, pickler.owned, pickler.marks
 
 
 def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> object:

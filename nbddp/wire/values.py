@@ -30,9 +30,10 @@ class _ValuePickler(shm.SharingPickler):
         return reduced if reduced is not None else super().reducer_override(obj)
 
     def _share(self, storage: torch.UntypedStorage) -> tuple[int, int]:
-        # Written into a memfd (no page faults, unlike copying into a new mapping).
+        # Copied by write() into a memfd: no page fault per page, as a new mapping takes.
         fd = self._shared_fd(storage)
-        return (fd, 0) if fd is not None else (self._copy(storage.data_ptr(), storage.nbytes()), 0)
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        return (fd, 0) if fd is not None else self._buffer(address, nbytes, None)
 
 
 def pack(value: object) -> Packed:

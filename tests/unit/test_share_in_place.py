@@ -51,7 +51,7 @@ def test_a_numpy_view_of_a_sent_tensor_stays_valid() -> None:
 def test_a_large_tensor_keeps_its_address_and_values_and_its_pages_become_shared() -> None:
     t = torch.arange(BIG // 4, dtype=torch.float32)
     address = t.data_ptr()
-    data, fds, _ = shm.dumps(t)
+    data, fds, _keep, _ = shm.dumps(t)
     assert t.data_ptr() == address and torch.equal(t, torch.arange(BIG // 4).float())
     assert _memfd_pages(address + 2 * MIB)  # the whole pages now lie in shared memory
     ranks = shm.loads(data, [os.dup(fds[0])])
@@ -59,14 +59,14 @@ def test_a_large_tensor_keeps_its_address_and_values_and_its_pages_become_shared
     ranks += 1  # copy-on-write in the rank: the notebook's tensor is untouched
     assert float(t[7]) == 7.0
     t[7] = -1.0  # the notebook's own writes are the next call's values
-    data, fds2, _ = shm.dumps(t)
+    data, fds2, _keep, _ = shm.dumps(t)
     assert float(shm.loads(data, [os.dup(fds2[0])])[7]) == -1.0
 
 
 def test_a_tensor_sent_again_is_not_copied_again() -> None:
     t = torch.ones(BIG // 4)
-    _, first, keep = shm.dumps({"x": t})
-    _, again, _ = shm.dumps({"y": t[10:]})
+    _, first, keep, _ = shm.dumps({"x": t})
+    _, again, _keep, _ = shm.dumps({"y": t[10:]})
     made, now = os.fstat(first[0]), os.fstat(again[0])
     assert (made.st_dev, made.st_ino) == (now.st_dev, now.st_ino)
     del keep
@@ -77,7 +77,7 @@ def test_the_bytes_at_the_ends_of_the_buffer_are_the_current_ones() -> None:
     t = torch.zeros(BIG + 3, dtype=torch.uint8)
     shm.dumps(t)
     t[0], t[-1] = 7, 9
-    data, fds, _ = shm.dumps(t)
+    data, fds, _keep, _ = shm.dumps(t)
     got = shm.loads(data, [os.dup(fds[0])])
     assert (int(got[0]), int(got[-1]), int(got.sum())) == (7, 9, 16)
 
@@ -85,7 +85,7 @@ def test_the_bytes_at_the_ends_of_the_buffer_are_the_current_ones() -> None:
 def test_a_large_array_is_shared_in_place_too() -> None:
     a = np.arange(BIG // 8, dtype=np.float64)
     address = a.ctypes.data
-    data, fds, _ = shm.dumps(a)
+    data, fds, _keep, _ = shm.dumps(a)
     assert a.ctypes.data == address and _memfd_pages(address + MIB)
     assert np.array_equal(shm.loads(data, [os.dup(fds[0])]), a)
 
@@ -104,13 +104,19 @@ def test_a_forked_childs_writes_stay_its_own() -> None:
 
 def test_a_freed_tensors_shared_memory_is_released() -> None:
     t = torch.ones(BIG // 4)
-    _, fds, keep = shm.dumps(t)
+    _, fds, keep, _ = shm.dumps(t)
     made = os.fstat(fds[0])
     del t, keep, fds
     gc.collect()
     assert not any((s.st_dev, s.st_ino) == (made.st_dev, made.st_ino) for s in _open_files()), (
         "the shared memory outlived its tensor"
     )
+
+
+def _held() -> set[int]:
+    """The addresses of the buffers shared in place now."""
+    inplace.forget_gone()
+    return set(inplace._HELD)
 
 
 def _open_files() -> list[os.stat_result]:
@@ -131,7 +137,7 @@ def test_memory_not_of_its_own_is_copied_and_left_alone(make: str) -> None:
         backing = bytearray(BIG)
         t = torch.frombuffer(backing, dtype=torch.uint8)
     address = t.data_ptr()
-    data, fds, _ = shm.dumps(t)
+    data, fds, _keep, _ = shm.dumps(t)
     assert t.data_ptr() == address and not t.is_shared()
     assert torch.equal(shm.loads(data, [os.dup(fds[0])]), t)
     assert make == "heap" or not _memfd_pages(address + MIB)
@@ -141,10 +147,10 @@ def test_the_registry_forgets_what_is_gone() -> None:
     t = torch.ones(BIG // 4)
     address = t.data_ptr()
     shm.dumps(t)
-    assert address in inplace.held()
+    assert address in _held()
     del t
     gc.collect()
-    assert address not in inplace.held()
+    assert address not in _held()
 
 
 def test_a_storage_resized_since_is_shared_afresh_and_a_child_keeps_its_memory() -> None:
@@ -153,8 +159,8 @@ def test_a_storage_resized_since_is_shared_afresh_and_a_child_keeps_its_memory()
     shm.dumps(t)
     t.resize_(BIG // 2)  # a new block: the old one is freed
     t.fill_(3.0)
-    assert old not in inplace.held()
-    data, fds, _ = shm.dumps(t)
+    assert old not in _held()
+    data, fds, _keep, _ = shm.dumps(t)
     assert float(shm.loads(data, [os.dup(fds[0])]).sum()) == 3.0 * (BIG // 2)
     pid = os.fork()  # nothing is mapped over what the old block's addresses hold now
     if pid == 0:
