@@ -8,7 +8,8 @@ chunk twice; the partial pages at its ends stay private and are written at each 
 thread runs meanwhile (a write by native code running without the GIL over those very bytes may be
 lost). While ``owner`` (a weak reference: None once the buffer is gone or moved) lives, it is not
 copied again; after, its memfd goes at the next garbage collection. A forked child maps these pages
-copy-on-write, as fork would.
+copy-on-write: its writes stay its own, though it sees the notebook's later writes to pages it has
+not written.
 """
 
 from __future__ import annotations
