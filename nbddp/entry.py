@@ -87,17 +87,13 @@ def in_kernel() -> bool:
     return kernel_shell() is not None
 
 
-def make_display(view: ViewSpec) -> Display:
-    """The display for ``view.output``: every rank, rank 0 only, or nothing but status.
-
-    In a kernel: a block per rank updated in place showing its last ``view.tail``
-    lines, and a metrics chart (``KernelDisplay``); elsewhere rank-prefixed lines
-    (``TextDisplay``). Ranks not shown are still logged in full.
-    """
+def make_display(view: ViewSpec) -> Guarded:
+    """The display of the ranks ``view.output`` shows (all are logged in full): in a kernel a
+    block per rank with its last ``view.tail`` lines and a metrics chart, elsewhere text."""
     ranks = view.shown_ranks
     if in_kernel():
-        return guarded(KernelDisplay(live=ranks, tail=view.tail), view)
-    return guarded(TextDisplay(ranks=ranks), view)
+        return Guarded(KernelDisplay(live=ranks, tail=view.tail), ranks)
+    return Guarded(TextDisplay(ranks=ranks), ranks)
 
 
 def guarded(display: Display, view: ViewSpec) -> Guarded:
@@ -130,10 +126,8 @@ def start_run(
     args: Args,
     kwargs: Kwargs,
 ) -> Run:
-    """Serialise the call, start the job and return its handle (the shared core).
-
-    An interrupt while the ranks start (``Job.start`` stops those it had started) is
-    raised as one line saying so (``failures.interrupted``)."""
+    """Serialise the call, start the job and return its handle; an interrupt while the ranks
+    start (``Job.start`` stops those it had started) is raised as one line saying so."""
     try:
         return start_with_display(config, fn, args, kwargs, make_display(config.view))
     except KeyboardInterrupt:
@@ -158,10 +152,8 @@ def start_with_display(
     kwargs: Kwargs,
     display: Display,
 ) -> Run:
-    """``start_run`` with a display of the caller's (the panel's widgets).
-
-    First the call is checked against ``fn``'s signature (``check_call``), so a
-    call that cannot bind fails here, not as a traceback from every rank."""
+    """``start_run`` with the caller's display (the panel's widgets); a call that cannot bind
+    ``fn``'s signature fails here (``check_call``), not as a traceback from every rank."""
     check_call(fn, args, kwargs)
     shown = guarded(display, config.view)
     for notice in config.view.notices:

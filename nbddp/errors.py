@@ -3,10 +3,8 @@
 Configuration and payload problems raise before any process starts (``ConfigError``,
 ``PayloadError``); a running job's, after every rank has stopped and its output is collected
 (``RankError`` and subclasses, ``LaunchTimeout``). A rank's own exception is re-raised as its own
-type whenever it unpickles here; these classes are the fallback. An error given lines with
-``show_as`` shows in IPython as exactly those lines (``_render_traceback_``) plus later notes
-(with ``once``, the first time only: ``%tb`` then shows the traceback); one without has no
-``_render_traceback_``. ``ShownLines(exc, lines)``: that rule for any exception.
+type whenever it unpickles here; these classes are the fallback. ``show_as`` makes an error show
+in IPython as given lines, not its traceback (``ShownLines``: the same for any exception).
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ _LOG_LINE = re.compile(r"(^full output in | output is in )/\S*/(rank(\d+)\.log)$
 
 
 class ShownLines:
-    """What IPython shows for an exception (its ``_render_traceback_``): ``lines``,
-    then the notes added to the exception after them (what became of a session).
-
-    Holds the exception's list of notes, not the exception: no reference cycle."""
+    """What IPython shows for an exception (its ``_render_traceback_``): ``lines``, then the
+    notes added to it since (what became of a session). Holds the notes, not the exception."""
 
     def __init__(self, exc: BaseException, lines: Iterable[str], once: bool = False) -> None:
         self.lines = tuple(lines)
@@ -57,11 +53,8 @@ class NbddpError(Exception):
 
     @property
     def _render_traceback_(self) -> Callable[[], list[str]]:
-        """IPython's hook, present only after ``show_as``.
-
-        Why a property: IPython and the magics test for the hook with
-        ``hasattr``, so an error without lines must not have it.
-        """
+        """IPython's hook, present only after ``show_as`` (a property: IPython and the magics
+        test for it with ``hasattr``)."""
         if self._shown is None or self._shown.spent:
             raise AttributeError("_render_traceback_")
         return self._shown
@@ -94,11 +87,8 @@ class RankError(NbddpError, RuntimeError):
 
 
 class RemoteError(RankError):
-    """A rank raised an exception that cannot be rebuilt here as itself.
-
-    ``remote_type`` is the qualified name of the original type and
-    ``remote_traceback`` the traceback text as the rank printed it.
-    """
+    """A rank raised an exception that cannot be rebuilt here as itself: ``remote_type`` is
+    its type's qualified name, ``remote_traceback`` the traceback as the rank printed it."""
 
     def __init__(
         self,
@@ -129,11 +119,8 @@ class RankExitedError(RankError):
 
 
 class ResultError(RankError):
-    """A rank returned a value that cannot be rebuilt in the notebook.
-
-    ``type_name`` is the value's type in the rank; the error raised while
-    rebuilding it is the ``__cause__``.
-    """
+    """A rank returned a value that cannot be rebuilt in the notebook: ``type_name`` is its
+    type in the rank, the error raised while rebuilding it the ``__cause__``."""
 
     def __init__(
         self, message: str, *, rank: int, type_name: str, log_path: str | None = None
@@ -147,12 +134,8 @@ class LaunchTimeout(NbddpError, TimeoutError):
 
 
 class RemoteTraceback(Exception):
-    """Carries a rank's traceback text as the ``__cause__`` of the re-raised exception.
-
-    Python prints a cause before the exception itself, so the notebook shows
-    the rank's own traceback (where the error really happened) and then the
-    local line that re-raised it.
-    """
+    """A rank's traceback text, as the ``__cause__`` of the re-raised exception: Python prints
+    a cause first, so the rank's own traceback shows before the local line that re-raised it."""
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)  # its only argument: ``str()`` gives the text

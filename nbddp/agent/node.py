@@ -28,7 +28,9 @@ from nbddp.agent.portable import Shipped, ShippedPayload, land_payload, ship
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import Done, Failure, RankOutcome, RunEvent, RunStatus
 from nbddp.launcher.ports import host_store, listen
+from nbddp.wire.descriptors import OwnedFd
 from nbddp.wire.protocol import Answer
+from nbddp.wire.shm import Mark
 from nbddp.wire.versions import local_versions
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class _Held:
     """One run this agent holds."""
 
     job: NodeRun
+    kept: dict[Mark, OwnedFd]  # the memory of its last payload (``portable.land_payload``)
     sent: int = 0  # failures already sent
 
     def new_failures(self) -> list[tuple[float, Failure]]:
@@ -153,9 +156,10 @@ class NodeAgent:
         global rank -> pid."""
         if spec.device == "cuda":
             node = replace(node, gpu_tokens=self.gpu_ids())
-        job = NodeRun(spec, land_payload(payload), node, run, self._inbox, session)
+        kept: dict[Mark, OwnedFd] = {}
+        job = NodeRun(spec, land_payload(payload, kept), node, run, self._inbox, session)
         with self._lock:
-            self._runs[run] = _Held(job)
+            self._runs[run] = _Held(job, kept)
         try:
             job.job.start()
         except BaseException:
@@ -222,8 +226,10 @@ class NodeAgent:
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
-        if (job := self._job(run)) is not None and job.session:
-            job.send_cell(number, land_payload(payload), debug)
+        with self._lock:
+            record = self._runs.get(run)
+        if record is not None and record.job.session:
+            record.job.send_cell(number, land_payload(payload, record.kept), debug)
 
     def ask_stacks(self, run: str, ranks: list[int]) -> None:
         """Ask a session's global ``ranks`` here for their stacks."""

@@ -5,7 +5,9 @@ arguments travel as bytes plus shared-memory descriptors (``descriptors.Packed``
 ``payload.Payload``); descriptors cannot leave a machine. ``ship(obj)`` and ``ship_payload`` (on the
 sending side) read each descriptor's memory into bytes once; ``land`` and ``land_payload`` (on the
 receiving side) write them into fresh shared memory (memfd), so the rest of nbddp gets the very
-objects it gets locally: ``values.unpack`` and ``failures.run_error`` work unchanged. A payload
+objects it gets locally: ``values.unpack`` and ``failures.run_error`` work unchanged. A session's
+node keeps the memory of its last payload by mark (``shm.Mark``: the same tensor, unchanged),
+so a cell reading what the last one read sends none of it again. A payload
 holding multiprocessing objects (pipes, queues, locks) cannot be shipped: ``PayloadError`` says so.
 Nothing here imports ray.
 """
@@ -21,6 +23,7 @@ import stat
 from nbddp.errors import PayloadError
 from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.payload import Payload
+from nbddp.wire.shm import Mark
 
 
 def _shared_size(fd: int) -> int:
@@ -79,17 +82,23 @@ def land(shipped: Shipped) -> object:
     return _Lander(shipped).load()
 
 
-ShippedPayload = tuple[bytes, tuple["bytes | pickle.PickleBuffer", ...]]
-"""A call's bytes and its shared memory, as ``ship_payload`` hands them to Ray."""
+ShippedPayload = tuple[bytes, tuple["bytes | pickle.PickleBuffer | None", ...], dict[int, Mark]]
+"""A call's bytes, its shared memory (None: the node holds it already) and the memory's marks,
+as ``ship_payload`` hands them to the engine."""
 
 
-def ship_payload(payload: Payload) -> ShippedPayload:
-    """The call's bytes and its shared memory (notebook side).
+def ship_payload(payload: Payload, held: frozenset[Mark] = frozenset()) -> ShippedPayload:
+    """The call's bytes and its shared memory (notebook side), but for what the nodes hold
+    unchanged (``held``: the marks of the payload shipped to them last).
 
     Each memory goes as a ``PickleBuffer`` over a read-only map of its descriptor: Ray stores such a
     buffer out of band (one copy, into its object store) and a node reads it from there without
     another copy; plain bytes cost two more copies of a large argument."""
-    return payload.data, tuple(_mapped(fd) for fd in payload.fds)
+    marks = payload.marks
+    memory = tuple(
+        None if marks.get(i) in held else _mapped(fd) for i, fd in enumerate(payload.fds)
+    )
+    return payload.data, memory, marks
 
 
 def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
@@ -97,8 +106,15 @@ def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
     return pickle.PickleBuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else b""
 
 
-def land_payload(shipped: ShippedPayload) -> Payload:
-    """The ``Payload`` again on a node, on shared memory it owns."""
-    data, memory = shipped
-    fds = tuple(memfd_with(memoryview(part), "nbddp-landed") for part in memory)
-    return Payload(data, fds, tuple(OwnedFd(fd) for fd in fds))
+def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd] | None = None) -> Payload:
+    """The ``Payload`` again on a node, on shared memory it owns. ``kept``: the memory landed
+    with the last payload, by mark (what a None stands for); left holding this payload's."""
+    data, memory, marks = shipped
+    owned = [
+        (kept or {})[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
+        for i, m in enumerate(memory)
+    ]
+    if kept is not None:
+        kept.clear()
+        kept.update((marks[i], owned[i]) for i in marks)
+    return Payload(data, tuple(o.fd for o in owned), tuple(owned), marks)

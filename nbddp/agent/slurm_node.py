@@ -1,12 +1,10 @@
 """The agent as a task of a Slurm job step: ``python -m nbddp.agent.slurm_node HOST:PORT``.
 
-Contract: started by ``cluster.slurm_engine`` (``srun``, one task per node),
-it connects to the notebook at ``HOST:PORT``, proves the launch's secret
-(``NBDDP_AGENT_SECRET``, taken out of its environment before any rank
-starts) and says its node's index in the step (``SLURM_NODEID``), then
-answers the notebook's calls (``wire.calls.serve``). Its node's address is
-the one it reached the notebook from. It ends, and its ranks with it, when
-the connection ends.
+Contract: started by ``cluster.slurm_engine`` (``srun``, one task per node), it connects to the
+notebook at ``HOST:PORT``, proves the launch's secret (``NBDDP_AGENT_SECRET``, taken out of its
+environment before any rank starts) and says its node's index in the step (``SLURM_NODEID``), then
+answers the notebook's calls (``wire.calls.serve``). Its node's address is the one it reached the
+notebook from. It ends, and its ranks with it, when the connection ends.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The agents a notebook holds on a cluster, whatever engine placed them.
 
-Contract: an engine (``ray_engine``) supplies only placement and a channel:
-``Agents(shape, engine, hold, channels, infos)``, one agent per node in
-node-rank order, each reached through a ``Channel``, with the engine's hold
-on the nodes (``hold``) given back through ``engine.give_back``. Everything
-else is here and engine-neutral: agents serve any number of runs at once
-(``attach``); one follower thread per agent takes its long poll from
-placement until release and hands each run its batches on the relay loop; an agent that does
-not answer ends every run attached as a lost node (``Listener.node_lost``)
-and the set is not used again. Placement waits in ``wait_placed``, which reads the
-cluster's nodes again as it waits: a node gone (named when its agent was lost) is said
-at once with what is left, not after the timeout. Kept sets no run uses are handed back
-``NBDDP_CLUSTER_IDLE`` seconds after their last run, when another job waits
-for the engine's resources, on ``release_agents()``, and with the process.
+Contract: an engine (``ray_engine``) supplies only placement and a channel: ``Agents(shape, engine,
+hold, channels, infos)``, one agent per node in node-rank order, each reached through a ``Channel``,
+with the engine's hold on the nodes (``hold``) given back through ``engine.give_back``. Everything
+else is here and engine-neutral: agents serve any number of runs at once (``attach``); one follower
+thread per agent takes its long poll from placement until release and hands each run its batches on
+the relay loop; an agent that does not answer ends every run attached as a lost node
+(``Listener.node_lost``) and the set is not used again. Placement waits in ``wait_placed``, which
+reads the cluster's nodes again as it waits: a node gone (named when its agent was lost) is said at
+once with what is left, not after the timeout. Kept sets no run uses are handed back
+``NBDDP_CLUSTER_IDLE`` seconds after their last run, when another job waits for the engine's
+resources, on ``release_agents()``, and with the process.
 """
 
 from __future__ import annotations

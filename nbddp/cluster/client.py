@@ -40,6 +40,7 @@ from nbddp.launcher.failures import describe_exit, local_time
 from nbddp.launcher.logs import RankLogs
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import Answer, ErrorInfo
+from nbddp.wire.shm import Mark
 
 START_TIMEOUT = 120.0  # seconds the nodes get to start their ranks (a first torch import)
 
@@ -71,6 +72,7 @@ class ClusterJob:
         self._nodes: list[_Node] = []
         self._errors: dict[int, ErrorInfo] = {}  # landed once per rank
         self._agents: Agents | None = None
+        self._held: frozenset[Mark] = frozenset()  # what the nodes hold (``ship_payload``)
 
     # -- starting ---------------------------------------------------------
 
@@ -78,6 +80,7 @@ class ClusterJob:
         """Take agents, host the store, start every node's ranks (caller thread)."""
         assert self._payload is not None, "a job starts once, right after it is made"
         shipped = ship_payload(self._payload)
+        self._held = frozenset(self._payload.marks.values())
         slurm = isinstance(self.config.cluster, SlurmCluster)
         agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes
@@ -179,7 +182,9 @@ class ClusterJob:
         """A session cell's call, shared once for every node (caller thread): the
         agents' ``send_cell`` arguments after the run id."""
         assert self._agents is not None
-        return number, self._agents.engine.share(ship_payload(payload)), debug
+        shipped = ship_payload(payload, self._held)
+        self._held = frozenset(payload.marks.values())
+        return number, self._agents.engine.share(shipped), debug
 
     def send_cell(self, order: object, ranks: list[int]) -> None:
         assert isinstance(order, tuple)

@@ -1,16 +1,14 @@
 """The Ray engine: placement and a channel, and the only module that starts Ray things.
 
-Contract: ``import_ray()`` imports ray or raises ``ConfigError`` saying to
-``pip install nbddp[ray]``. ``connect(cluster)`` makes this process a driver of
-``cluster`` (reusing the connection when it is the same cluster), after a
-probe (``probe``) so that a wrong or silent address fails in seconds with one
-line. ``place(config)`` returns ``agents.Agents`` for a run: kept ones of the
-same shape, or one ``agent.NodeAgent`` actor per node in a placement group of
-one bundle per node (strict spread), each checked to run the notebook's
-versions, node 0 on the head node when it is one of them, then by address. A
-cluster too small is named in one line with what it has. Each agent's channel
-is its actor handle; a value shared with every node is put in Ray's object
-store once.
+Contract: ``import_ray()`` imports ray or raises ``ConfigError`` saying to ``pip install
+nbddp[ray]``. ``connect(cluster)`` makes this process a driver of ``cluster`` (reusing the
+connection when it is the same cluster), after a probe (``probe``) so that a wrong or silent address
+fails in seconds with one line. ``place(config)`` returns ``agents.Agents`` for a run: kept ones of
+the same shape, or one ``agent.NodeAgent`` actor per node in a placement group of one bundle per
+node (strict spread), each checked to run the notebook's versions, node 0 on the head node when it
+is one of them, then by address. A cluster too small is named in one line with what it has. Each
+agent's channel is its actor handle; a value shared with every node is put in Ray's object store
+once.
 """
 
 from __future__ import annotations

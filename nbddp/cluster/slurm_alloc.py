@@ -1,15 +1,13 @@
 """An allocation nbddp asks Slurm for itself (``SlurmCluster(partition=...)``, a login node).
 
-Contract: ``allocate(cluster, nodes, gpus)`` returns an ``Allocation`` once
-Slurm has started it, saying in the cell meanwhile that it is queued and why
-(``Slurm job 1234 pending (Resources), 0:45``); an interrupt while queued
-cancels the request; a request Slurm refuses raises ``ConfigError`` with
-Slurm's own words. An allocation without ``keep`` is held by ``salloc``
-running ``cat`` on a pipe of this process: when this process ends, killed
-included, the pipe closes and Slurm gets the allocation back; ``end()`` gives
-it back at once. With ``keep`` it is Slurm's ``--no-shell`` allocation named
-``nbddp-<name>``: found again by a later process asking for that name, and
-ended only by ``cancel_kept`` (``nbddp.cluster.release()``) or its time limit.
+Contract: ``allocate(cluster, nodes, gpus)`` returns an ``Allocation`` once Slurm has started it,
+saying in the cell meanwhile that it is queued and why (``Slurm job 1234 pending (Resources),
+0:45``); an interrupt while queued cancels the request; a request Slurm refuses raises
+``ConfigError`` with Slurm's own words. An allocation without ``keep`` is held by ``salloc`` running
+``cat`` on a pipe of this process: when this process ends, killed included, the pipe closes and
+Slurm gets the allocation back; ``end()`` gives it back at once. With ``keep`` it is Slurm's
+``--no-shell`` allocation named ``nbddp-<name>``: found again by a later process asking for that
+name, and ended only by ``cancel_kept`` (``nbddp.cluster.release()``) or its time limit.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The Slurm engine: agents as a job step of the allocation this notebook runs in.
 
-Contract: ``place(config)`` returns ``agents.Agents`` for a run with
-``cluster="slurm"``: kept ones of the same shape, or one
-``agent.slurm_node`` agent per node, started as one step of the job
-``SLURM_JOB_ID`` names (``srun --overlap``, one task per node, the step's
-GPUs those the job has). Each agent connects back over TCP to an address the
-nodes route to (``NBDDP_SLURM_ADDRESS``, else this host's address towards the
-job's first node) and proves the launch's secret, which travels in the step's
-environment, never on a command line; other connections are refused and
-logged. What can be checked before anything starts is, in one line: no
-allocation, no ``srun``, a node this notebook's agents were on that Slurm lost
-(``agents.say_gone``), more nodes than the job has; then more GPUs than a
-node has, or other versions on a node. The step's end (an agent killed, the
-step cancelled, a node Slurm lost, the job's time limit) ends the agents'
-channels, naming why, so their runs end within seconds.
+Contract: ``place(config)`` returns ``agents.Agents`` for a run with ``cluster="slurm"``: kept ones
+of the same shape, or one ``agent.slurm_node`` agent per node, started as one step of the job
+``SLURM_JOB_ID`` names (``srun --overlap``, one task per node, the step's GPUs those the job has).
+Each agent connects back over TCP to an address the nodes route to (``NBDDP_SLURM_ADDRESS``, else
+this host's address towards the job's first node) and proves the launch's secret, which travels in
+the step's environment, never on a command line; other connections are refused and logged. What can
+be checked before anything starts is, in one line: no allocation, no ``srun``, a node this
+notebook's agents were on that Slurm lost (``agents.say_gone``), more nodes than the job has; then
+more GPUs than a node has, or other versions on a node. The step's end (an agent killed, the step
+cancelled, a node Slurm lost, the job's time limit) ends the agents' channels, naming why, so their
+runs end within seconds.
 """
 
 from __future__ import annotations

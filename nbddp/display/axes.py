@@ -63,11 +63,10 @@ class Axis:
         return cls(wide_lo, wide_hi, step=step)
 
     def pixels(self, start: float, length: float) -> tuple[bool, float, float]:
-        """``(log, origin, k)`` placing a value ``v`` at pixel
-        ``start + (t - origin) * k``, where ``t`` is ``log10(v)`` on a log axis and
-        ``v * 0.5`` on a linear one (halves: the span of -1e308 .. 1e308 is no float);
-        ``lo`` lands on ``start`` and ``hi`` on ``start + length``. For loops over many
-        points, where a call per point would cost more than the arithmetic."""
+        """``(log, origin, k)`` placing a value ``v`` at pixel ``start + (t - origin) * k``,
+        where ``t`` is ``log10(v)`` on a log axis and ``v * 0.5`` on a linear one (halves: the
+        span of -1e308 .. 1e308 is no float); ``lo`` lands on ``start``, ``hi`` on ``start +
+        length``. For loops over many points, where a call per point costs more than the sum."""
         if self.log:
             origin = math.log10(self.lo)
             return True, origin, length / (math.log10(self.hi) - origin)
@@ -119,10 +118,9 @@ def _log_ticks(lo: float, hi: float, count: int) -> list[float]:
 
 
 def tick_labels(ticks: Sequence[float], step: float | None = None) -> list[str]:
-    """The labels of an axis' ticks, in one style for the whole axis: ``0.25``, ``1.5k``,
-    or ``5e-4`` when every tick is under 0.01. ``step``, the spacing of a linear axis'
-    ticks, sets the decimals, the same for every tick (``0.25``, ``0.50``); without it
-    (a log axis) three significant digits, trailing zeros dropped."""
+    """The labels of an axis' ticks, in one style for the whole axis: ``0.25``, ``1.5k``, or
+    ``5e-4`` when every tick is under 0.01. ``step``, a linear axis' tick spacing, sets the
+    decimals for every tick (``0.25``, ``0.50``); without it, three significant digits."""
     small = 0 < max((abs(t) for t in ticks), default=0.0) < 1e-2
     return [_label(t, step, small) for t in ticks]
 

@@ -1,17 +1,11 @@
 """What the kernel display's blocks hold: a MIME bundle per rank, the footer, the start line.
 
 Pure functions from plain values to ``{"text/plain", "text/html"}`` bundles that escape everything
-a rank wrote. A rank's ``text/plain`` is its header, a note of hidden lines, then its tail; its
-``text/html`` folds a finished tail under the header unless it is short, failed, or holds a
-prompt's transcript (a live tail shows); a one-line script keeps a fold the user toggled. The
-footer holds nbddp's notices over the metrics chart. A file's path (``path_html``) is escaped
-text unless it lies under the root of the Jupyter server that started this kernel (found once by
-its ``jpserver-<pid>.json``; the notebook by ``JPY_SESSION_NAME``): then a link, relative to the
-notebook, that opens in a tab. (A path outside the root would open a "Start debugger?" dialog.)
-
-How states look, in the kernel display and the panel: ``STATE_COLORS`` and ``RUN_COLORS`` (keyed
-by ``str`` enums, so plain names work; a state without an entry takes the default colour), and
-``state_words``.
+a rank wrote. A finished rank's tail folds under its header unless it is short, failed, or holds a
+prompt's transcript; a fold the user toggled stays so. A file's path (``path_html``) is a link
+only under the root of the Jupyter server that started this kernel (outside it, JupyterLab would
+offer "Start debugger?"). How states look, here and in the panel: ``STATE_COLORS``, ``RUN_COLORS``
+(a state without an entry takes the default colour) and ``state_words``.
 """
 
 from __future__ import annotations
@@ -182,7 +176,8 @@ def starting_bundle(world_size: int) -> Bundle:
 
 
 def path_html(path: Path | str) -> str:
-    """``path`` as HTML."""
+    """``path`` as HTML: escaped text, or under the server's root a link relative to the
+    notebook (``server_root``, found once from its ``jpserver-<pid>.json``)."""
     text = html.escape(str(path))
     found = server_root()
     target = Path(os.path.abspath(path))

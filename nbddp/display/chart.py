@@ -2,11 +2,10 @@
 
 ``MetricHistory.add(row)`` keeps per metric and rank a series of (step or row count, value),
 thinned by half past ``max_points`` (the latest point always kept): memory stays constant.
-``chart_html(history)`` draws a panel per metric (``plot.metric_svg``; the first
-``MAX_CHARTED``) and a legend of each rank's latest values, as lines or, past
-``MAX_LINES`` ranks, a mean over a min-max band; its size never grows with steps.
-Plain HTML/SVG/CSS, no frontend extension. Rows come from another process: nothing in them
-raises; non-finite values are left out of the chart (``metric_summary`` shows them).
+``chart_html(history)`` draws a panel per metric (the first ``MAX_CHARTED``) and a legend, as
+lines or, past ``MAX_LINES`` ranks, a mean over a min-max band. Plain HTML/SVG/CSS, no frontend
+extension. Rows come from another process: nothing in them raises; non-finite values are left
+out of the chart (``metric_summary`` shows them).
 """
 
 from __future__ import annotations

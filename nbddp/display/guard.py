@@ -4,8 +4,7 @@
 through), the error is reported once and the display is replaced from the failed call on: by a
 ``TextDisplay`` on stdout, or by nothing once ``pin()`` said a background thread draws. A display
 that can ``retire`` (the kernel's) keeps drawing true headers with a note. ``inner``: the display
-in use, None once none is left. Optional calls (``starting``, ``not_started``, ``pin``,
-``ended``) reach it when it has them; ``ended`` falls back to ``state``.
+in use, None once none is left.
 """
 
 from __future__ import annotations

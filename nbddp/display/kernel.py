@@ -1,13 +1,10 @@
 """Kernel display: one block per rank in the cell output, updated in place, and a chart footer.
 
-``KernelDisplay`` records a run's events in its ``RunModel``; ``refresh()`` draws what changed,
-at most once per ``interval`` (``chart_interval`` for the chart), and says when it next wants a
-call; ``close()`` draws the final frame and may be called again after an interrupted draw. A
-block shows the last ``tail`` lines as a terminal would (``Screen``); ranks outside ``live`` show
-their header only. ``starting(n)`` shows a start line that rank 0's block replaces. Blocks are
-drawn in the cell running when drawn, unless ``pin()`` (in the launching cell) drew them: then
-any thread only updates them by display id. ``retire(note)`` keeps headers only. IPython is
-imported only when drawing.
+``KernelDisplay`` records a run's events in its ``RunModel``; ``refresh()`` draws what changed, at
+most once per ``interval`` (``chart_interval`` for the chart). A block shows the last ``tail``
+lines as a terminal would (``Screen``); ranks outside ``live`` show their header only. Blocks are
+drawn in the cell running when drawn, unless ``pin()`` drew them in the launching cell: then any
+thread only updates them by display id. IPython is imported only when drawing.
 """
 
 from __future__ import annotations

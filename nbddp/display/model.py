@@ -1,11 +1,9 @@
 """The per-rank view model the kernel display and the panel render: what each rank is doing,
 and what changed since the last draw.
 
-``RunModel`` records the ``Display`` events (``attach``, ``output``, ``state``, ``metric``,
-``ended``) in a ``RankModel`` per rank (state, header words, elapsed time, ``Screen`` when shown
-live, last metric row) and the run's ``history``, rate limiters and dirty flags; renderers say
-what they drew with ``RankModel.drawn`` and decide when to draw. The event methods run once per
-line and per row, so they only record. States arrive as ``RankState`` or its plain string.
+``RunModel`` records the ``Display`` events in a ``RankModel`` per rank and the run's ``history``,
+rate limiters and dirty flags; renderers decide when to draw and say what they drew
+(``RankModel.drawn``). The event methods run once per line and per row, so they only record.
 ``RateLimiter`` paces redraws and drops nothing: callers keep a dirty flag, draw when allowed,
 and always at the end.
 """

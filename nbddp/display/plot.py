@@ -1,12 +1,10 @@
 """One metric's chart panel, as an SVG document: axes with labels, and the ranks' values.
 
 ``metric_svg(name, series, mode)`` draws rank -> (step, value) points in a ``WIDTH`` x ``HEIGHT``
-panel: name and latest value, what it shows, a value axis (log when ``choose_scale`` says),
-a step axis. ``"lines"``: a line per rank (equal ranks share one); ``"band"``: the mean over a
-min-max band, the first ``MAX_RANK_LINES`` ranks' lines hidden for CSS to show. Lines are averaged
-per ``px_per_point`` pixels, so size never grows with steps. ``nbddp-*`` classes and ``data-*``
-attributes are for the page's CSS and for tests; text takes ``currentColor``. The axes' scale,
-ticks and labels are ``axes``'s.
+panel. ``"lines"``: a line per rank (equal ranks share one); ``"band"``: the mean over a min-max
+band, the first ``MAX_RANK_LINES`` ranks' lines hidden for CSS to show. Lines are averaged per
+``px_per_point`` pixels, so size never grows with steps. ``nbddp-*`` classes and ``data-*``
+attributes are for the page's CSS and for tests; text takes ``currentColor``.
 """
 
 from __future__ import annotations

@@ -30,11 +30,8 @@ _CSI_NOT_SGR = re.compile(r"\x1b\[[0-?]*[ -/]*[@-ln-~]")
 
 
 def strip_cursor_codes(line: str) -> str:
-    """``line`` without ANSI cursor movement and erase sequences (colours are kept).
-
-    For plain terminals, where a rank's ``ESC[A`` would move the cursor
-    over other ranks' lines.
-    """
+    """``line`` without ANSI cursor movement and erase sequences (colours are kept): on a
+    plain terminal a rank's ``ESC[A`` would move over other ranks' lines."""
     return _CSI_NOT_SGR.sub("", line) if "\x1b" in line else line
 
 

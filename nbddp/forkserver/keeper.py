@@ -109,10 +109,8 @@ def wait_for(pid: int) -> int:
 
 
 def end_descendants() -> None:
-    """SIGKILL every descendant and reap them, until no child is left.
-
-    A killed process's children are re-parented here (subreaper), so each round
-    finds what the last one orphaned."""
+    """SIGKILL every descendant and reap them, until no child is left (a killed process's
+    children are re-parented here, the subreaper: each round finds what the last orphaned)."""
     if not _has_children():
         return  # the usual case: psutil's walk of /proc is not needed
     import psutil  # here: a spawned keeper forks its rank before any import

@@ -1,12 +1,10 @@
 """Each launch option's value, checked on its own, before any process starts.
 
-``Values.check(options)`` returns every launch option as its checked, typed
-value, or raises ``OptionError`` for the first wrong in itself, saying what to
-do; ``check_option(name, value)`` checks one (the panel's fields). Combinations
-(gpus and procs, GPUs not visible) are ``LaunchConfig.build``'s.
-
-``env=`` may not override a variable nbddp sets for each rank (``check_env``); its error names
-the option to use instead.
+``Values.check(options)`` returns every launch option as its checked, typed value, or raises
+``OptionError`` for the first wrong in itself, saying what to do; ``check_option(name, value)``
+checks one (the panel's fields). Combinations (gpus and procs, GPUs not visible) are
+``LaunchConfig.build``'s. ``env=`` may not override a variable nbddp sets for each rank
+(``check_env``); its error names the option to use instead.
 """
 
 from __future__ import annotations

@@ -155,10 +155,9 @@ class JobSpec:
         return env
 
     def threads(self, local_ranks: int) -> int | None:
-        """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``, else
-        the notebook's, when it is a whole number; with neither, as torchrun, the cores
-        shared among the machine's ``local_ranks``. None when the setting given is not
-        a number (OpenMP reads it itself)."""
+        """The thread count each rank gives torch: ``OMP_NUM_THREADS`` from ``env``, else the
+        notebook's, when a whole number; with neither, as torchrun, the cores shared among the
+        machine's ``local_ranks``. None when the setting is not a number (OpenMP reads it)."""
         given = self.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
         if given is None:
             return max(1, (os.cpu_count() or 1) // local_ranks)
@@ -207,14 +206,12 @@ class LaunchConfig:
         port_fallback: bool = False,
         **options: Unpack[LaunchOptions],
     ) -> LaunchConfig:
-        """Validate launch ``options`` and resolve defaults.
-
-        With neither ``gpus`` nor ``procs``: every visible GPU (``visible``, default: detected
-        without CUDA), or with none visible, ``DEFAULT_CPU_PROCS`` CPU processes and a notice.
-        ``inherit_devices`` (with ``procs``) leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has it.
-        ``environ`` (default ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env``
-        may not set a variable that nbddp sets itself (``reserved``).
-        """
+        """Validate launch ``options`` and resolve defaults. With neither ``gpus`` nor ``procs``:
+        every visible GPU (``visible``, default: detected without CUDA), or with none visible,
+        ``DEFAULT_CPU_PROCS`` CPU processes and a notice. ``inherit_devices`` (with ``procs``)
+        leaves ``CUDA_VISIBLE_DEVICES`` as the notebook has it. ``environ`` (default
+        ``os.environ``, under ``env``) gives the ``NBDDP_*`` settings. ``env`` may not set a
+        variable that nbddp sets itself."""
         if unknown := sorted(set(options) - set(OPTIONS)):
             raise TypeError(
                 f"LaunchConfig.build() got an unexpected keyword argument {unknown[0]!r}"

@@ -6,8 +6,7 @@ event, ``fail``, ``end``. Other threads read typed values (``events``, ``outcome
 ``root_cause``, ``status``, ``elapsed()``, ``wait``) and ask through ``stop``, ``dump_stacks`` and
 ``answer``, which the core hands to its transport on the loop. A ``Listener`` (a session's cells, an
 agent's forwarder) takes the events, rank messages and the end instead of ``events``. Once the run
-has ended the core holds only typed values: its timers are cancelled and its transport and listener
-let go. A ``RankRecord`` is one rank's mutable record, on the loop thread only.
+has ended the core holds only typed values: timers cancelled, transport and listener let go.
 """
 
 from __future__ import annotations
@@ -210,11 +209,8 @@ class RunCore:
             self.listener.message(rank, kind, body)
 
     def later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
-        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first.
-
-        Why not ``loop.call_later`` directly: a pending timer holds the run, and would
-        keep a finished run's memory for its whole delay; spent timers are dropped
-        here, so a long session does not pile them up."""
+        """Call ``fn(*args)`` on the loop after ``delay`` seconds, unless the run ends first (a
+        pending timer would hold a finished run's memory); spent timers are dropped here."""
         if self._done.is_set():
             return
         now = self._loop.loop.time()

@@ -1,9 +1,8 @@
 """Which GPUs the notebook can see, found without initialising CUDA here.
 
-``visible_gpus()`` returns the notebook's GPUs (ordinals after
-``CUDA_VISIBLE_DEVICES``), each with the token that selects it in a child's
-``CUDA_VISIBLE_DEVICES``. It never creates a CUDA context in the notebook (that
-breaks fork): it reads the driver's list under ``/proc``, unless the notebook
+``visible_gpus()`` returns the notebook's GPUs (ordinals after ``CUDA_VISIBLE_DEVICES``), each with
+the token that selects it in a child's ``CUDA_VISIBLE_DEVICES``. It never creates a CUDA context in
+the notebook (that breaks fork): it reads the driver's list under ``/proc``, unless the notebook
 has already initialised CUDA.
 """
 

@@ -1,11 +1,10 @@
 """What a run reports while it goes on, and what each rank came to: typed, immutable.
 
-The job (``launcher.job``) is the only producer: it queues ``RunEvent`` values
-in order per rank and ends every run with exactly one ``Done``. Consumers read
-these, each rank's ``RankOutcome`` and the root-cause ``Failure``, never the
-job's bookkeeping; every value is frozen, so any thread may keep it.
-``RankState``/``RunStatus`` are ``str`` enums equal to their words;
-``rank_end`` says how a rank ended in a user's terms (``RankEnd``).
+The job (``launcher.job``) is the only producer: it queues ``RunEvent`` values in order per rank
+and ends every run with exactly one ``Done``. Consumers read these, each rank's ``RankOutcome`` and
+the root-cause ``Failure``, never the job's bookkeeping; every value is frozen, so any thread may
+keep it. ``RankState``/``RunStatus`` are ``str`` enums equal to their words; ``rank_end`` says how
+a rank ended in a user's terms (``RankEnd``).
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ class _Word(str, Enum):
 
 
 class RankState(_Word):
-    """Where one rank is; ``rank_end`` refines an ended rank into the later members.
-
-    A new state needs a colour in ``display.blocks``; a live one goes into ``ended``.
-    """
+    """Where one rank is; ``rank_end`` refines an ended rank into the later members. A new
+    state needs a colour in ``display.blocks``; a live one goes into ``ended``."""
 
     STARTING = "starting"
     RUNNING = "running"

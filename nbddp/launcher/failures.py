@@ -72,8 +72,7 @@ _BROKEN = (
     ("could not connect to the other ranks", re.compile(r"connectFullMesh failed", re.I)),
     ("the store closed the connection", re.compile(r"failed to recv, got 0 bytes", re.I)),
 )
-"""What a peer's end does to a rank's process group or store: the plain words, and
-the backend's own wording of it."""
+"""What a peer's end does to a rank's process group or store: plain words, the backend's."""
 
 
 def broken_link(error: ErrorInfo | None) -> str | None:
@@ -95,8 +94,7 @@ def broken_link(error: ErrorInfo | None) -> str | None:
 _SOURCE_PLACE = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
 """``[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]``"""
 _NOT_PLAIN = re.compile(r"[^\x20-\x7e\u00a0-\u024f\u2010-\u2027]+")
-"""What a line of text may not hold: controls, emoji and other symbols (letters of
-Latin scripts and common punctuation stay)."""
+"""Controls, emoji and other symbols (Latin letters and common punctuation stay)."""
 _CHATTER = re.compile(r"\s*(GLHF!?|This is typically caused by[^.]*\.|Check the logs of[^.]*\.)")
 
 
@@ -109,10 +107,9 @@ def plain(message: str, limit: int = 160) -> str:
 
 
 def root_cause(failures: Sequence[tuple[float, Failure]], grace: float) -> Failure | None:
-    """The run's root cause among ``(when, failure)``: the earliest, except that
-    within ``grace`` seconds of it a rank that died or exited comes first, and a
-    connection broken by a peer (``broken_link``) last: a crash breaks the others'
-    collectives, and their errors can arrive in the same instant."""
+    """The run's root cause among ``(when, failure)``: the earliest, except that within ``grace``
+    seconds of it a rank that died or exited comes first, and a connection broken by a peer
+    (``broken_link``) last: a crash breaks the others' collectives in the same instant."""
     if not failures:
         return None
     ordered = sorted(failures, key=lambda entry: entry[0])  # stable: ties keep arrival order

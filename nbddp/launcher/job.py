@@ -175,12 +175,9 @@ class Job:
             core.message(rank, kind, body)
 
     def on_link_closed(self, rank: int, unsent: list[str]) -> None:
-        """A link that closes before its rank said how it ended means the rank died;
-        messages to it that were not sent whole (``unsent``) are said in a notice.
-
-        This is the earliest sign of a crash (the kernel closes a dead process's sockets at once),
-        so it is recorded before the errors the other ranks raise when their collectives break.
-        """
+        """A link that closes before its rank said how it ended means the rank died: the earliest
+        sign of a crash, ahead of the errors it causes in the other ranks' collectives. Messages
+        to it not sent whole (``unsent``) are said in a notice."""
         if unsent:
             self.core.route(Notice(f"rank {rank}: {', '.join(unsent)} was not sent whole"))
         record = self._ranks[rank]

@@ -1,9 +1,8 @@
 """Starting a job's ranks: each one's link, pipes and order, asked for side by side.
 
-``starter(spec, ranks)`` is the start method's starter; ``order(...)`` is a
-rank's ``RunOrder``. ``ask(start, order)`` makes the rank's link and pipes,
-keeps the notebook's ends and asks for the process without waiting;
-``Asked.take()`` waits for its pid and returns ``RankPipes``. Ask for every
+``starter(spec, ranks)`` is the start method's starter; ``order(...)`` is a rank's ``RunOrder``.
+``ask(start, order)`` makes the rank's link and pipes, keeps the notebook's ends and asks for the
+process without waiting; ``Asked.take()`` waits for its pid and returns ``RankPipes``. Ask for every
 rank before taking any. Until taken, ``Asked.give_up()`` releases everything.
 """
 

@@ -31,8 +31,7 @@ _quiet_until: dict[Path, float] = {}  # base -> time.time() before which no run 
 
 
 def run_base_dir(chosen: Path | None = None) -> Path:
-    """Where run directories go: ``chosen`` (``NBDDP_LOG_DIR``), else the default (see
-    module contract); made if missing."""
+    """Where run directories go: ``chosen`` (``NBDDP_LOG_DIR``), else the default; made if new."""
     if chosen is not None:
         return _chosen_dir(chosen)
     base = Path(tempfile.gettempdir()) / f"nbddp-{os.getuid()}"

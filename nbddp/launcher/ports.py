@@ -1,9 +1,8 @@
 """Choosing the rendezvous port (``MASTER_PORT``) for a run.
 
-``rendezvous(spec, node)`` is a run's port and store. ``listen`` binds the port
-and the notebook hosts the store on it (``host_store``), so it cannot be taken
-meanwhile; ``choose_port`` returns a port free a moment ago, for runs where
-rank 0 binds it itself (``spawn``), which another program may take in between.
+``rendezvous(spec, node)`` is a run's port and store. ``listen`` binds the port and the notebook
+hosts the store on it (``host_store``), so it cannot be taken meanwhile; ``choose_port`` returns a
+port free a moment ago, for runs where rank 0 binds it itself (``spawn``).
 """
 
 from __future__ import annotations

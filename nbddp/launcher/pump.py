@@ -1,15 +1,12 @@
 """The pump: what shows a run while it goes, in the waiting thread or a watcher of its own.
 
-Contract: ``Pump(run)`` takes the run's typed events from its job's queue in batches (up to
-``BATCH_SECONDS`` of work) and hands them to ``run.display``, which only records them; between
-batches the display's ``refresh()`` draws at its own rate. Metric rows reach ``run.metrics``
-whatever the display does. On ``Done`` the display learns how each rank ended and draws its final
-frame. Prompts from ranks are asked (``run.asker``) one at a time in the thread that waits, never in
-the watcher (``watch``, for ``block=False``): a prompt hands the pumping to a watcher, so output,
-failures and the end of the run go on while the user answers. A prompt whose rank ended, or whose
-run did, is withdrawn (``run.withdraw`` ends the wait) and its late answer dropped.
-``stop_and_drain`` stops every rank and pumps until the run is done, answering prompts with end of
-input; a display that raises meanwhile is dropped.
+Contract: ``Pump(run)`` hands the run's events to ``run.display`` in batches (up to
+``BATCH_SECONDS`` of work), which only records them and draws on ``refresh()``; metric rows reach
+``run.metrics`` whatever the display does. Prompts from ranks are asked (``run.asker``) one at a
+time in the thread that waits, never in the watcher (``watch``, for ``block=False``): a prompt hands
+the pumping to a watcher, so the run goes on while the user answers; a prompt whose rank or run
+ended is withdrawn (``run.withdraw``). ``stop_and_drain`` stops every rank and pumps until the run
+is done, answering prompts with end of input; a display that raises meanwhile is dropped.
 """
 
 from __future__ import annotations
@@ -298,11 +295,8 @@ class Pump:
             self.run.job.wait(delay)
 
     def _dispatch_batch(self, event: RunEvent) -> bool | None:
-        """Dispatch ``event`` and whatever else is queued (for at most ``BATCH_SECONDS``).
-
-        None once the run is done; True if the queue was emptied; False if
-        time ran out first (ranks write faster than this takes it in).
-        """
+        """Dispatch ``event`` and whatever else is queued, for at most ``BATCH_SECONDS``: None
+        once the run is done, True if the queue was emptied, False if time ran out first."""
         events = self.run.job.events
         until = time.monotonic() + BATCH_SECONDS
         while True:
@@ -318,8 +312,6 @@ class Pump:
     def _dispatch(self, event: RunEvent) -> bool:
         """Hand one event to the display; True if it was the last (``Done``)."""
         display = self.run.display
-        if isinstance(event, ev.MetricRows):
-            self.run.metrics.extend(event.rows)  # first: whatever the display does next
         if isinstance(event, ev.Done):
             self.done = True
             self._withdraw(None)
@@ -333,13 +325,15 @@ class Pump:
                 display.output(event.rank, event.stream, event.text)
             elif isinstance(event, ev.StateChanged):
                 display.state(event.rank, event.state)
-            elif isinstance(event, ev.MetricRows):
+            elif isinstance(event, ev.Notice):
+                display.notice(event.text)
+        if isinstance(event, ev.MetricRows):
+            self.run.metrics.extend(event.rows)  # first: whatever the display does next
+            if display is not None:
                 rank, metric = event.rank, display.metric
                 for row in event.rows:
                     metric(rank, row)
-            elif isinstance(event, ev.Notice):
-                display.notice(event.text)
-        if isinstance(event, ev.InputAsked):
+        elif isinstance(event, ev.InputAsked):
             self._asked.append(event)
         elif isinstance(event, ev.StateChanged) and event.state.ended:
             self._ended.add(event.rank)
@@ -378,9 +372,8 @@ class Pump:
                 signal.signal(signal.SIGINT, previous)
 
     def stop_and_drain(self, reason: RunStatus) -> None:
-        """Stop every rank and take the job's events until it is done (or it is too
-        late), showing them: the display draws the final frame. Prompts asked
-        meanwhile are answered with end of input."""
+        """Stop every rank and show the job's events until it is done (or too late): the display
+        draws the final frame; prompts asked meanwhile are answered with end of input."""
         grace = self.run.config.job.kill_grace + STOP_WAIT
         self._prompting = False
         try:

@@ -3,11 +3,8 @@
 One loop thread per process (``loop()``) serves every run; ``Relay.attach`` hands it a rank's fds.
 Never blocking on a rank, it appends raw output to the rank's log file (each pipe's in whole lines,
 so that the two never split a line) and reports to the ``RelaySink`` on the loop thread (sinks
-must return quickly): ``on_output``, ``on_message``, ``on_exit`` (None: status lost), then
-``on_closed`` once every fd is at EOF: the output is complete.
-A drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick. ``send`` writes a
-message of any size to a rank, whole, without waiting on it. The owner calls ``close()`` once the
-run has ended.
+must return quickly), ``on_closed`` last, once every fd is at EOF: the output is complete. A
+drained fd rests ``REST`` seconds, so chatty ranks cost one wakeup per tick.
 """
 
 from __future__ import annotations
@@ -203,11 +200,9 @@ class Relay:
             streams.log_tail.append(text)
 
     def send(self, rank: int, kind: str, body: object) -> None:
-        """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread).
-
-        Raises ``Unsent`` when ``rank``'s link is closed; a link that closes before the
-        message is out names it to ``on_link_closed``. What the socket does not take
-        at once is written as the worker reads (its link thread always does)."""
+        """Send ``(kind, body)``, any size, with any ``Descriptors``' fds (loop thread); what the
+        socket does not take at once is written as the worker reads. ``Unsent`` when ``rank``'s
+        link is closed; one that closes before the message is out names it to ``on_link_closed``."""
         # Why a queue on the loop: the loop must never wait on a rank, and frames stay
         # whole and in order because this one thread writes them. Why not large bodies
         # in shared memory: the small frame left could still meet a full socket.

@@ -1,11 +1,10 @@
 """Restarts: after a failure, every rank is stopped and the whole group started again.
 
-``Restarting(first, payload)`` is a ``RunSource`` over a started ``Job`` and
-its replacements: an attempt that ``failed`` (not stopped, interrupted or timed
-out), with restarts left under ``max_restarts``, gets a ``Notice`` and a new
-``Job`` on a fresh port with ``TORCHELASTIC_RESTART_COUNT`` one higher. Events
-of every attempt go to one queue; only the last's ``Done`` ends it. Restarts
-run on their own thread; reads are the current attempt's; ``stop()`` ends them.
+``Restarting(first, payload)`` is a ``RunSource`` over a started ``Job`` and its replacements: an
+attempt that ``failed`` (not stopped, interrupted or timed out), with restarts left under
+``max_restarts``, gets a ``Notice`` and a new ``Job`` on a fresh port with
+``TORCHELASTIC_RESTART_COUNT`` one higher. Events of every attempt go to one queue; only the
+last's ``Done`` ends it. Restarts run on their own thread; reads are the current attempt's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What a finished run produced: ``RunResult``, its ``Metrics``, and ``UnloadedValue``.
 
-``load_values(outcomes, log_dir)`` rebuilds each rank's return value once. Only
-rank 0's can fail a run (``ResultError``); another rank's that cannot be
-rebuilt is an ``UnloadedValue`` saying why. ``Metrics`` are the ``nbddp.log``
-rows in arrival order.
+``load_values(outcomes, log_dir)`` rebuilds each rank's return value once. Only rank 0's can fail
+a run (``ResultError``); another rank's that cannot be rebuilt is an ``UnloadedValue`` saying why.
+``Metrics`` are the ``nbddp.log`` rows in arrival order.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ class Metrics(list[MetricRow]):
     """Metric rows (dicts with ``rank``, ``step``, ``time`` and the values), in arrival order."""
 
     def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame``, one row per logged row; columns rank, step, time, values.
-
-        Raises ``ImportError`` saying what to install when pandas is missing.
-        """
+        """A ``pandas.DataFrame``, one row per logged row (columns rank, step, time, values);
+        ``ImportError`` saying what to install when pandas is missing."""
         try:
             pd = importlib.import_module("pandas")  # optional: imported only when asked
         except ImportError as exc:

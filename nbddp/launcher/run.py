@@ -85,9 +85,8 @@ class Run:
         return self.job.run_id
 
     def ended(self, timeout: float | None = 0.0) -> bool:
-        """True once every rank has exited, all output has been read and a background
-        run's last frame is drawn; waits up to ``timeout`` seconds for that (None: as
-        long as it takes), showing nothing itself."""
+        """True once every rank has exited, all output is read and a background run's last frame
+        drawn; waits up to ``timeout`` seconds (None: as long as it takes), showing nothing."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.job.wait(timeout):
             return False
@@ -180,11 +179,8 @@ class Run:
         self.job.dump_stacks()
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Show output until the run ends; return its result or raise its failure.
-
-        With ``timeout``, raise ``TimeoutError`` if the run has not ended by
-        then (the run goes on; call ``stop()`` to end it).
-        """
+        """Show output until the run ends; return its result or raise its failure. With
+        ``timeout``, ``TimeoutError`` if it has not ended by then (``stop()`` ends it)."""
         if self._result is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:

@@ -1,9 +1,8 @@
 """The ``NBDDP_*`` environment variables a user may set, read in one place, one way.
 
-``read(environ)`` returns every setting as a typed ``Settings`` (defaults when
-unset or empty), or raises ``ConfigError`` naming the first bad variable, what
-it must be and its default. Every launch reads them afresh; importing nbddp
-never raises for them (``prewarm_wanted``).
+``read(environ)`` returns every setting as a typed ``Settings`` (defaults when unset or empty), or
+raises ``ConfigError`` naming the first bad variable, what it must be and its default. Every launch
+reads them afresh; importing nbddp never raises for them (``prewarm_wanted``).
 """
 
 from __future__ import annotations
@@ -79,17 +78,15 @@ LOG_MAX_MB = Setting[float](
 )
 """The most megabytes all run directories hold together."""
 CLUSTER = Setting[str | None]("NBDDP_CLUSTER", None, "slurm or a Ray address", lambda text: text)
-"""The cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as the
-``cluster`` option is)."""
+"""The cluster ``notebook_launcher(num_nodes=...)`` runs on (checked as ``cluster`` is)."""
 SLURM_ADDRESS = Setting[str | None](
     "NBDDP_SLURM_ADDRESS", None, "an address of this host", lambda text: text
 )
 """Where a Slurm job's agents reach the notebook (default: this host's address towards
 the job's first node)."""
 CLUSTER_IDLE = Setting("NBDDP_CLUSTER_IDLE", 300.0, "a number of seconds >= 0", _number(0))
-"""Seconds after its last run before a cluster's kept agents are handed back (at once
-when another driver waits for the cluster): five minutes keeps launches warm while a
-notebook is being edited, and frees a notebook left open."""
+"""Seconds after its last run before a cluster's kept agents are handed back (at once when another
+driver waits): launches stay warm while a notebook is edited, and one left open lets go."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +105,7 @@ class Settings:
 
 
 def read(environ: Mapping[str, str] | None = None) -> Settings:
-    """Every setting of ``environ`` (default ``os.environ``); ``ConfigError`` for the first
-    bad one."""
+    """Every setting of ``environ`` (default ``os.environ``); ``ConfigError`` for the first."""
     env = os.environ if environ is None else environ
     log_dir = LOG_DIR.get(env)
     return Settings(

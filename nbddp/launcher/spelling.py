@@ -1,15 +1,13 @@
 """How each entry point spells the launch options, so its messages use its own words.
 
-A ``Spelling`` turns an option name into one entry point's words (``procs=4``,
-``--procs 4``, ``num_processes=4``, the panel's ``Processes``). Option checks
-raise ``OptionError`` worded in ``KEYWORDS``; an entry point's ``with
-spelling.speaking():`` rewords every one raised inside. ``close_options`` finds
-the options a mistyped or foreign name likely meant. Nothing here validates an option.
+A ``Spelling`` turns an option name into one entry point's words (``procs=4``, ``--procs 4``,
+``num_processes=4``, the panel's ``Processes``). Option checks raise ``OptionError`` worded in
+``KEYWORDS``; an entry point's ``with spelling.speaking():`` rewords every one raised inside.
+``close_options`` finds the options a mistyped or foreign name likely meant.
 
-The call is checked against the function's signature before anything starts: ``check_call(fn, args,
-kwargs)`` raises a one-line ``CallError`` (a ``PayloadError``, so a ``TypeError``) when ``fn(*args,
-**kwargs)`` cannot bind, offering a launch option a keyword was likely meant for. ``WithRank`` is
-checked as ``fn(rank, *args)``; where no signature can be read, nothing is.
+``check_call(fn, args, kwargs)``, before anything starts, raises a one-line ``CallError`` (a
+``TypeError``) when the call cannot bind, offering a launch option a keyword was likely meant for.
+``WithRank`` is checked as ``fn(rank, *args)``; where no signature can be read, nothing is.
 """
 
 from __future__ import annotations
@@ -32,26 +30,12 @@ if TYPE_CHECKING:
 
 ALIASES: Mapping[str, tuple[str, ...]] = {
     # torch.multiprocessing.spawn, torchrun, accelerate and common habits.
-    "nprocs": ("procs",),
-    "nproc": ("procs",),
-    "num_procs": ("procs",),
-    "processes": ("procs",),
-    "num_workers": ("procs",),
-    "nproc_per_node": ("gpus", "procs"),
-    "num_processes": ("gpus", "procs"),
-    "world_size": ("gpus", "procs"),
-    "ngpus": ("gpus",),
-    "num_gpus": ("gpus",),
-    "gpu_ids": ("gpus",),
-    "device_ids": ("gpus",),
-    "devices": ("gpus",),
-    "master_port": ("port",),
-    "main_process_port": ("port",),
-    "use_port": ("port",),
-    "master_address": ("master_addr",),
-    "main_process_ip": ("master_addr",),
-    "environment": ("env",),
-    "env_vars": ("env",),
+    **dict.fromkeys(("nprocs", "nproc", "num_procs", "processes", "num_workers"), ("procs",)),
+    **dict.fromkeys(("nproc_per_node", "num_processes", "world_size"), ("gpus", "procs")),
+    **dict.fromkeys(("ngpus", "num_gpus", "gpu_ids", "device_ids", "devices"), ("gpus",)),
+    **dict.fromkeys(("master_port", "main_process_port", "use_port"), ("port",)),
+    **dict.fromkeys(("master_address", "main_process_ip"), ("master_addr",)),
+    **dict.fromkeys(("environment", "env_vars"), ("env",)),
     "dist_backend": ("backend",),
     "precision": ("mixed_precision",),
 }

@@ -1,9 +1,8 @@
 """Turning a ``%%ddp`` cell into the program every rank runs: checked here, in the notebook.
 
-``build_program`` compiles the cell (``SyntaxError``, or ``CellError`` for an
-empty cell, before any process starts), finds the notebook names it reads and
-returns the ``CellProgram`` the ranks run. The analysis is static: a name
-reached only through ``eval``/``exec``/``globals()`` must be passed explicitly.
+``build_program`` compiles the cell (``SyntaxError``, or ``CellError`` for an empty cell), finds
+the notebook names it reads and returns the ``CellProgram`` the ranks run. The analysis is static:
+a name reached only through ``eval``/``exec``/``globals()`` must be passed explicitly.
 """
 
 from __future__ import annotations
@@ -53,12 +52,7 @@ def names_read(source: str) -> frozenset[str]:
     read = {sym.get_name() for sym in table.get_symbols() if sym.is_referenced()}
     # ``x += 1`` reads x, but symtable records only the binding.
     read |= _augmented_names(tree) & top_level
-    for scope in _nested_scopes(table):
-        read |= {
-            sym.get_name()
-            for sym in scope.get_symbols()
-            if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
-        }
+    read |= _globals_read(_nested_scopes(table))
     return frozenset(read & _read_before_bound(tree.body))
 
 
@@ -66,12 +60,17 @@ def definitions_read(source: str) -> frozenset[str]:
     """The global names read by the functions, classes and lambdas ``source`` defines
     (a session sends them with every later cell)."""
     table = symtable.symtable(source, "<ddp cell>", "exec")
-    return frozenset(
+    return frozenset(_globals_read(_definitions(table)))
+
+
+def _globals_read(scopes: Iterable[symtable.SymbolTable]) -> set[str]:
+    """The global names ``scopes`` read (or declare ``global``)."""
+    return {
         sym.get_name()
-        for scope in _definitions(table)
+        for scope in scopes
         for sym in scope.get_symbols()
         if sym.is_global() and (sym.is_referenced() or sym.is_declared_global())
-    )
+    }
 
 
 _COMPREHENSIONS = frozenset({"listcomp", "setcomp", "dictcomp", "genexpr"})

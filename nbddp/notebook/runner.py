@@ -1,11 +1,10 @@
 """The notebook side of ``%%ddp``: session defaults, running a cell, the last run.
 
-A ``CellRunner`` is one kernel's magics' memory: the ``%ddp_config`` defaults
-and the last run. ``run_cell`` merges the cell's options over the defaults,
-validates them (``ConfigError``), builds the cell program (``SyntaxError``,
-``CellError``, ``PayloadError``), runs it and returns rank 0's ``--out`` values
-and trailing expression; a failure shows as the root-cause rank's traceback,
-an interrupt as one line. Nothing here imports IPython.
+A ``CellRunner`` is one kernel's magics' memory: the ``%ddp_config`` defaults and the last run.
+``run_cell`` merges the cell's options over the defaults, validates them (``ConfigError``), builds
+the cell program (``SyntaxError``, ``CellError``, ``PayloadError``), runs it and returns rank 0's
+``--out`` values and trailing expression; a failure shows as the root-cause rank's traceback, an
+interrupt as one line. Nothing here imports IPython.
 """
 
 from __future__ import annotations
@@ -78,9 +77,8 @@ class CellRunner:
         self.defaults: LaunchOptions = {}
         """Options given with ``%ddp_config``."""
         self.defaults_config: LaunchConfig | None = None
-        """The config ``defaults`` were validated into (None while there are none): a
-        cell that adds no option runs with it (devices and pool settings as resolved
-        by ``%ddp_config``)."""
+        """The config ``defaults`` were validated into (None while there are none): a cell that
+        adds no option runs with it (devices and pool settings as ``%ddp_config`` resolved them)."""
         self.last_run: Run | None = None
         """The most recent ``%%ddp`` run (running, or ended)."""
         self.session: Session | None = None
@@ -147,7 +145,7 @@ class CellRunner:
             program = dataclasses.replace(program, shown=shown)
         try:
             if session is not None:
-                run = session.run_program(program, config)
+                run = session.run_call(program, (), {}, config)
             else:
                 run = start_run(config, program, (), {})
         except PayloadError as exc:

@@ -1,6 +1,6 @@
 """Sessions (``Session``): ranks that live across calls and ``%%ddp`` cells, keeping their state.
 
-Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_program``) go one at a
+Options are validated as ``launch()`` does. Calls (``run``, ``exec``, ``run_call``) go one at a
 time, each with its own display, value and error. A name a cell bound on the ranks is theirs and
 never sent again (``names``); every other name a cell reads is the notebook's, sent each time.
 """
@@ -43,12 +43,11 @@ END_WAIT = 10.0  # seconds ranks get to leave their loop before they are stopped
 class Session:
     """Ranks that keep their state from call to call (``nbddp.session(...)`` makes one).
 
-    ``run(fn, *args)`` calls ``fn`` on every rank and returns rank 0's value;
-    ``exec(source, names)`` runs ``source`` as a ``%%ddp`` cell; ``restart()``
-    starts fresh ranks with the same options, ``stop()`` ends them, and
-    ``describe()`` shows each rank. A failed call keeps the state when every
-    rank returned to idle; otherwise its error says the session ended
-    (``alive`` is False). A context manager that stops on exit.
+    ``run(fn, *args)`` calls ``fn`` on every rank and returns rank 0's value; ``exec(source,
+    names)`` runs ``source`` as a ``%%ddp`` cell; ``restart()`` starts fresh ranks with the same
+    options, ``stop()`` ends them, and ``describe()`` shows each rank. A failed call keeps the
+    state when every rank returned to idle; otherwise its error says the session ended (``alive``
+    is False). A context manager that stops on exit.
     """
 
     def __init__(self, options: LaunchOptions, config: LaunchConfig | None = None) -> None:
@@ -155,9 +154,8 @@ class Session:
     def exec(
         self, source: str, names: Mapping[str, object] | None = None, *, out: Iterable[str] = ()
     ) -> Any:
-        """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression.
-
-        ``names``: values the cell may read (the ranks' own names win)."""
+        """Run ``source`` on every rank as a ``%%ddp`` cell; rank 0's last expression. ``names``:
+        values the cell may read (the ranks' own names win)."""
         job = self._job_or_raise()
         program = self.cell_program(
             source,
@@ -166,7 +164,7 @@ class Session:
             user_ns=names or {},
             out=out,
         )
-        values = self.finish(self.run_program(program, self._cell_config)).values.get(0)
+        values = self.finish(self.run_call(program, (), {}, self._cell_config)).values.get(0)
         return values.restore()[1] if isinstance(values, CellValues) else None
 
     def cell_program(
@@ -193,10 +191,6 @@ class Session:
         )
         self._definitions_read |= definitions_read(source)  # valid: it compiled
         return program
-
-    def run_program(self, program: CellProgram, config: LaunchConfig) -> Run:
-        """Start ``program`` (a session ``%%ddp`` cell) as the next cell; its ``Run``."""
-        return self.run_call(program, (), {}, config)
 
     def run_call(
         self,
@@ -351,8 +345,6 @@ def _mib(size: int) -> str:
 
 
 def session(**options: Unpack[LaunchOptions]) -> Session:
-    """Start a session with ``launch()``'s options: ranks that keep their state.
-
-    ``with nbddp.session(procs=2) as s: s.run(fn, *args)``; see ``Session``.
-    """
+    """Start a session with ``launch()``'s options: ranks that keep their state
+    (``with nbddp.session(procs=2) as s: s.run(fn, *args)``; see ``Session``)."""
     return Session(options).start()

@@ -32,10 +32,8 @@ def register_source(filename: str, text: str, shown: str | None = None) -> None:
 def compile_cell(
     source: str, filename: str, *, quiet: bool = False
 ) -> tuple[types.CodeType, types.CodeType | None]:
-    """The cell as (body, trailing expression or None), line 1 being the ``%%ddp`` line.
-
-    Raises ``SyntaxError`` for invalid code and ``CellError`` for an empty cell.
-    """
+    """The cell as (body, trailing expression or None), line 1 being the ``%%ddp`` line;
+    ``SyntaxError`` for invalid code, ``CellError`` for an empty cell."""
     # The leading newline stands for the %%ddp line, so that line numbers
     # (in tracebacks and syntax errors) match the notebook's.
     tree = ast.parse("\n" + source, filename, "exec")
@@ -115,8 +113,7 @@ class CellProgram:
     """In a session: the sent names that functions the ranks keep read, left in the
     namespace after the cell (``nbddp.rank.namespace``)."""
     shown: str | None = None
-    """The name tracebacks give the cell, as IPython names it (``Cell In[3]``); None:
-    ``filename``."""
+    """The cell's name in tracebacks, as IPython's (``Cell In[3]``); None: ``filename``."""
 
     def __call__(self) -> CellValues | None:
         """Run the cell on this rank; rank 0's values, None elsewhere."""

@@ -148,11 +148,8 @@ class Channel:
 
 
 class _Family:
-    """A rank's datagram socketpair for rows from its forked children (module contract).
-
-    Private as the rank's link is: made by the rank, inherited only by the
-    processes it forks, so only they can send on it.
-    """
+    """A rank's datagram socketpair for rows from its forked children: made by the rank and
+    inherited only by the processes it forks, so only they can send on it."""
 
     def __init__(self) -> None:
         self.rx, self.tx = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)

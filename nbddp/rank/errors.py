@@ -1,16 +1,13 @@
 """A rank's exception and its stacks, in the form that crosses to the notebook.
 
-``error_info(exc)`` is its ``protocol.ErrorInfo``: type name, message, the time it reached nbddp,
-the exception packed as a value when it rebuilds as its own type, and two tracebacks: the one
-shown, without nbddp's frames (in every chained exception), and the full one for the rank's log.
-The notebook's own exceptions: ``nbddp.errors``.
+``error_info(exc)`` is its ``protocol.ErrorInfo``: type name, message, time, the exception packed
+when it rebuilds as its own type, and two tracebacks: the one shown, without nbddp's frames (in
+every chained exception), and the full one for the rank's log.
 
-``format_stacks(rank)``: the rank's Python stacks as one block of text, the user's code first: every
-Python thread, main first, without the frames that only launched the user's code; threads running
-only nbddp's code are named on one line at the end, and notebook cells as IPython names them. Called
-on the link thread, so it answers while the main thread waits in C with the GIL released; a thread
-holding the GIL blocks it (the notebook then falls back to faulthandler's signal, whose dump is
-noisier and needs a signal the user may have claimed).
+``format_stacks(rank)``: every Python thread's stack, main first, without the frames that only
+launched the user's code; threads running only nbddp's are named at the end. It runs on the link
+thread, so it answers while the main thread waits in C with the GIL released; a thread holding the
+GIL blocks it (the notebook then falls back to faulthandler's signal).
 """
 
 from __future__ import annotations
@@ -99,12 +96,8 @@ def _launches(summary: traceback.FrameSummary) -> bool:
 
 
 def user_frames(frame: FrameType) -> tuple[list[traceback.FrameSummary], bool]:
-    """A thread's stack, outermost first, without the frames that launched it.
-
-    Returns the frames and whether any are the user's: a stack made only of
-    launching frames is returned whole (with False), so nothing is hidden
-    from a thread that never reached user code.
-    """
+    """A thread's stack, outermost first, without the frames that launched it, and whether
+    any frame is the user's (if none, the whole stack: nothing is hidden)."""
     stack = traceback.extract_stack(frame)
     first = next((i for i, s in enumerate(stack) if not _launches(s)), None)
     return (list(stack), False) if first is None else (list(stack)[first:], True)

@@ -37,9 +37,8 @@ class Namespace:
         sent: Mapping[str, object],
         lasting: Collection[str] | None = None,
     ) -> T:
-        """``fn()`` with ``sent`` in ``globals``. ``lasting``:
-        a cell's (all the notebook's names it lends); None: a call's, which
-        leaves the names lent as they are."""
+        """``fn()`` with ``sent`` in ``globals``. ``lasting``: a cell's (all the notebook's
+        names it lends); None: a call's, which leaves the names lent as they are."""
         ns = self.globals
         if lasting is not None:
             for name in self.lent - sent.keys() - self.owned:

@@ -1,11 +1,9 @@
 """Freeing a session's ranks from a collective, and giving them a new process group.
 
 With gloo, ``shut_accepted()`` on every rank (its link thread) and ``close_group()`` on the idle
-ranks close the connections their blocked peers wait on, so those collectives raise and the
-peers return to idle; ``regroup(n)`` on every rank then
-replaces the default group by a new one (same backend, rank, world size) that rendezvouses under
-``nbddp/regroup/<n>/`` in the run's store, returning once every rank has it. ``fresh_rendezvous()``
-gives each later ``env://`` rendezvous of this process a prefix of its own. Objects bound to the
+ranks close the connections their blocked peers wait on, so those collectives raise and the peers
+return to idle; ``regroup(n)`` on every rank then gives each a new default group (same backend,
+rank, world size) that meets under ``nbddp/regroup/<n>/`` in the run's store. Objects bound to the
 old group are broken afterwards; other backends are not freed this way (the session ends).
 """
 

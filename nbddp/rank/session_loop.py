@@ -57,20 +57,18 @@ def state() -> SessionState:
     return _STATE
 
 
-def deliver(kind: str, body: Body) -> bool:
-    """Take a request the link thread received; False if it is not a session's."""
+def deliver(kind: str, body: Body) -> None:
+    """Take a request the link thread received (one that is not a session's is dropped)."""
     if kind == "interrupt":
         current = _STATE
         if current is not None and _MAIN is not None:
             current.interrupt_for = int(body)
             signal.pthread_kill(_MAIN, signal.SIGINT)
-        return True
+        return
     if kind == "close_group":
         regroup.shut_accepted()  # here: a rank blocked in a collective holds the main thread
     if kind in ("cell", "end", "close_group", "regroup"):
         _INBOX.put((kind, body))
-        return True
-    return False
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:

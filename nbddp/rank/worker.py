@@ -64,9 +64,8 @@ def _text_stream(raw: io.RawIOBase) -> io.TextIOWrapper:
 
 
 def _watch_link(incoming: Iterator[Message], channel: Channel, rank: int) -> None:
-    """Block on the link and answer the notebook's requests (``stacks``: this
-    process's Python stacks, see ``stacks``; a session's cells, see
-    ``nbddp.rank.session_loop``); when the notebook is gone, take the whole group down."""
+    """Block on the link and answer the notebook's requests (stacks, prompts' answers, a
+    session's cells); when the notebook is gone, take the whole group down."""
     for kind, body in incoming:
         if kind == "stacks":
             channel.send("stacks", format_stacks(rank))
@@ -106,11 +105,9 @@ def _prepare_torch(order: RunOrder) -> None:
         import torch.distributed as dist
 
         dist.init_process_group(backend=order.backend, rank=place.rank, world_size=place.world_size)
-        # Return once every rank's init has: init can return on one rank while another
-        # still builds gloo's mesh; a rank that then fails at once and exits would break the
-        # other's init ("Connection closed by peer") instead of letting it raise the cell's
-        # own error. Unbounded: a rank that fails its init fails the run, and the notebook
-        # stops the others.
+        # Why wait for every rank's init: a rank that fails at once and exits while another
+        # still builds gloo's mesh would break that init ("Connection closed by peer") before
+        # the cell's own error. Unbounded: a failed init fails the run, which stops the others.
         all_arrive(dist.distributed_c10d._get_default_store(), "initialised", place.world_size)
 
 
@@ -140,13 +137,8 @@ def run_rank(ctrl: socket.socket) -> int:
     channel = Channel(ctrl)
     install_channel(channel)
     prompt.install(channel)
-    link = threading.Thread(
-        target=_watch_link,
-        args=(incoming, channel, order.place.rank),
-        name="nbddp-link",
-        daemon=True,
-    )
-    link.start()
+    link = (incoming, channel, order.place.rank)
+    threading.Thread(target=_watch_link, args=link, name="nbddp-link", daemon=True).start()
     channel.send("started", os.getpid())
     owner = os.getpid()
     try:
@@ -160,15 +152,13 @@ def run_rank(ctrl: socket.socket) -> int:
         _leave_if_forked(owner, exc)
         if order.debug and not isinstance(exc, KeyboardInterrupt):
             prompt.post_mortem(exc.__traceback__)
-        # Not printed here: the notebook raises it once, with this traceback,
-        # and adds it to the rank's log (printing it too would show it once
-        # per failing rank in the cell's output).
+        # Not printed: the notebook raises it once and adds it to the rank's log (printed,
+        # it would show once per failing rank in the cell's output).
         channel.send("error", error_info(exc))
         return 1  # run_forked flushes the output as the rank exits
     _leave_if_forked(owner, None)
-    # The process group is not destroyed here: the rank exits right after
-    # (os._exit, no destructors), which is what torchrun's workers do too,
-    # once every rank has returned (see _wait_for_peers).
+    # The process group is not destroyed: as torchrun's workers, the rank exits right after
+    # (os._exit), once every rank has returned (_wait_for_peers).
     code = _report_result(channel, value)
     if code == 0:
         _wait_for_peers()
@@ -230,10 +220,9 @@ def _report_result(channel: Channel, value: object) -> int:
 
 
 def run_forked(ctrl: int, out: int, err: int) -> NoReturn:
-    """Be the rank in a process its keeper forked, already leading its own process group:
-    point fd 1/2 at ``out``/``err``, run the order on ``ctrl``, exit with the rank's code.
-    Runs as ``nbddp.rank.worker`` (never ``__main__``), so that the channel it installs is
-    the one ``nbddp.log`` finds. Never returns."""
+    """Be the rank in a process its keeper forked (leading its own process group): point fd 1/2
+    at ``out``/``err``, run the order on ``ctrl``, exit with its code. Runs as
+    ``nbddp.rank.worker`` (never ``__main__``), so ``nbddp.log`` finds the channel it installs."""
     code = 1
     try:
         redirect_stdio(out, err)

@@ -1,15 +1,13 @@
 """Calls to an object in another process over one TCP connection, both ends.
 
-Contract: the caller's side is a ``Caller``: ``call(method, *args)`` sends
-``(method, (id, args))`` and returns a ``concurrent.futures.Future`` that gets
-the value, or the exception the callee raised; calls from many threads share
-the connection and may be answered in any order. ``close()``, or the
-connection ending, fails every call not yet answered with ``ConnectionError``.
-The callee's side is ``serve(sock, target)``: each call runs on a thread of
-its own pool (a long poll never holds up a stop) and its answer is
-``("ok" | "err", (id, value))``. Messages are pickles, so a connection is
-read only once it has proved a secret, sent as plain bytes before anything
-else (``prove``, ``proven``).
+Contract: the caller's side is a ``Caller``: ``call(method, *args)`` sends ``(method, (id, args))``
+and returns a ``concurrent.futures.Future`` that gets the value, or the exception the callee raised;
+calls from many threads share the connection and may be answered in any order. ``close()``, or the
+connection ending, fails every call not yet answered with ``ConnectionError``. The callee's side is
+``serve(sock, target)``: each call runs on a thread of its own pool (a long poll never holds up a
+stop) and its answer is ``("ok" | "err", (id, value))``. Messages are pickles, so a connection is
+read only once it has proved a secret, sent as plain bytes before anything else (``prove``,
+``proven``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from nbddp.errors import PayloadError
@@ -94,6 +94,8 @@ class Payload:
     data: bytes
     fds: tuple[int, ...] = ()
     owned: tuple[object, ...] = ()
+    marks: dict[int, shm.Mark] = field(default_factory=dict)
+    """Position in ``fds`` -> what a lasting one holds (``shm.Mark``: same memory, unchanged)."""
 
     def ref(self) -> CallRef:
         """What the ranks are sent to make the call: a new memory file holding the bytes,
@@ -116,11 +118,11 @@ class Payload:
         call = Call(fn, tuple(args), dict(kwargs), cast(tuple[Source, ...], found))
         try:
             with mpobjects.sending(forked) as sent:
-                data, fds, owned = shm.dumps(call, found.reduce)
+                data, fds, owned, marks = shm.dumps(call, found.reduce)
         except Exception as exc:
             raise PayloadError(_explain(fn, args, kwargs, exc)) from exc
         # Reversed: the k-th multiprocessing descriptor is fds[-1 - k] (see mpobjects).
-        return cls(data, (*fds, *sent.fds[::-1]), (*owned, *sent.owned))
+        return cls(data, (*fds, *sent.fds[::-1]), (*owned, *sent.owned), marks)
 
 
 def load_call(ref: CallRef) -> Call:

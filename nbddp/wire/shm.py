@@ -1,25 +1,29 @@
 """Large tensors in the payload travel through shared memory, not pickled bytes.
 
-``dumps(obj)`` pickles like cloudpickle, but moves each plain CPU tensor of at least
-``SHARE_BYTES`` to shared memory (``share_memory_()``: views stay valid) and copies such numpy
-arrays into a memfd, returning the bytes and those fds. ``loads(data, fds)`` maps them
-copy-on-write, so a rank's writes stay its own; the results' pickler (``values``) copies instead
-of moving, and the notebook maps them shared (``shared=True``). Non-goals: CUDA, sparse or
-quantized tensors, non-contiguous or object arrays, numpy subclasses (all pickled as usual).
+``dumps(obj)`` pickles like cloudpickle, but puts the memory of each plain CPU tensor's storage
+and contiguous numpy array of at least ``SHARE_BYTES`` in shared memory: its own if torch shared
+it already, else shared where it lies (``inplace``), else a copy; never moved, so every view
+stays valid. It returns the bytes and those fds. ``loads(data, fds)`` maps them copy-on-write,
+so a rank's writes stay its own; the results' pickler (``values``) copies, and the notebook maps
+them shared (``shared=True``). Non-goals: CUDA, sparse or quantized tensors, non-contiguous or
+object arrays, numpy subclasses (all pickled as usual).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
 import mmap
 import os
 import pickle
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeGuard
 
+from nbddp.wire import inplace
 from nbddp.wire.cloud import CloudPickler
 from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with
 
@@ -31,6 +35,10 @@ if TYPE_CHECKING:
 
 SHARE_BYTES = 1 << 20
 
+Mark = tuple[int, int, int]
+"""What a lasting descriptor holds: its file (device, inode) and the tensor's ``_version``, which
+every in-place write to it (through the tensor or its views) increments."""
+_Owner = Callable[[], object]  # a weak reference to what owns a buffer (``inplace.share``)
 _Reduced = tuple[Callable[..., object], tuple[object, ...]]  # a rebuild function and its arguments
 
 
@@ -43,8 +51,11 @@ class SharingPickler(CloudPickler):
         self.fds: list[int] = []
         self.owned: list[OwnedFd] = []  # memfds made here, closed when the payload goes
         self.keep: list[object] = []  # what other descriptors in ``fds`` belong to
-        self._index: dict[int, int] = {}  # storage address -> position in fds
-        self._arrays: dict[int, tuple[int, np.ndarray]] = {}  # id(array) -> (position, array)
+        self._index: dict[int, tuple[int, int]] = {}  # storage address -> (position, offset)
+        self.marks: dict[int, Mark] = {}
+        """Position in ``fds`` -> what a lasting one holds (``Mark``): a tensor's memory."""
+        self._copies: set[int] = set()  # fds of copies made for this pickle alone
+        self._arrays: dict[int, tuple[int, int, np.ndarray]] = {}  # id -> (position, offset, it)
 
     def reducer_override(self, obj: object) -> _ReducedType:
         reduced = self._extra(obj) if self._extra is not None else None
@@ -61,35 +72,62 @@ class SharingPickler(CloudPickler):
             return _rebuild_descriptors, (start, len(obj.fds))
         return super().reducer_override(obj)
 
-    def _share(self, storage: torch.UntypedStorage) -> int:
-        """A descriptor of shared memory holding ``storage``'s bytes (here: moved there, a
-        no-op when already shared; the results' pickler copies instead)."""
-        storage.share_memory_()
-        fd, _ = storage._share_fd_cpu_()  # as torch's own multiprocessing reductions get it
-        return int(fd)
+    def _share(self, storage: torch.UntypedStorage) -> tuple[int, int]:
+        """A descriptor of shared memory holding ``storage``'s bytes, and their offset in it:
+        its own if already shared, else shared in place (``inplace``) or copied."""
+        fd = self._shared_fd(storage)
+        if fd is not None:
+            return fd, 0
+        # Only memory torch allocated itself (resizable): freeing the storage frees it.
+        mine = storage.resizable() and not _pinned(storage)
+        return self._buffer(storage.data_ptr(), storage.nbytes(), _weak(storage) if mine else None)
+
+    def _shared_fd(self, storage: torch.UntypedStorage) -> int | None:
+        """The descriptor of a storage already in torch's shared memory, kept while sent."""
+        if storage.is_shared():
+            fd, _ = storage._share_fd_cpu_()  # as torch's own multiprocessing reductions get it
+            if int(fd) >= 0:  # a storage mapped from a file has none
+                self.keep.append(storage)
+                return int(fd)
+        return None
+
+    def _buffer(self, address: int, nbytes: int, owner: _Owner | None) -> tuple[int, int]:
+        """A descriptor holding the ``nbytes`` at ``address``, and their offset in it: shared in
+        place if ``owner`` says who owns them (``inplace.share``) and it can be, else copied."""
+        found = inplace.share(address, nbytes, owner) if owner is not None else None
+        if found is None:
+            view = memoryview((ctypes.c_char * nbytes).from_address(address))
+            found = OwnedFd(memfd_with(view, "nbddp-copy")), 0
+            self._copies.add(found[0].fd)
+        self.owned.append(found[0])
+        return found[0].fd, found[1]
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
-        # A numpy array's memory cannot be swapped for shared memory in place,
-        # so its bytes are copied once into a memfd for all ranks (pickling
-        # would copy them once per rank, and again when unpickling).
+        # Shared in place when it owns its memory, else copied once for all ranks
+        # (pickling would copy it once per rank, and again when unpickling).
         key = id(array)
         if key not in self._arrays:
-            flat = array.reshape(-1, order=_order(array)).view(sys.modules["numpy"].uint8)
-            fd = memfd_with(memoryview(flat), "nbddp-array")
-            self.owned.append(OwnedFd(fd))
-            self._arrays[key] = (len(self.fds), array)  # the array kept: ids stay unique
+            owner = _weak_array(array) if array.flags.owndata else None
+            fd, start = self._buffer(array.ctypes.data, array.nbytes, owner)
+            self._arrays[key] = (len(self.fds), start, array)  # the array kept: ids stay unique
             self.fds.append(fd)
-        index = self._arrays[key][0]
-        return _rebuild_array, (index, array.nbytes, array.dtype, array.shape, _order(array))
+        index, start, _ = self._arrays[key]
+        meta = (index, start, array.nbytes, array.dtype, array.shape, _order(array))
+        return _rebuild_array, meta
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> _Reduced:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self._index:
-            fd = self._share(storage)  # may move it, changing its address
-            self._index[storage.data_ptr()] = len(self.fds)
+            fd, start = self._share(storage)
+            self._index[storage.data_ptr()] = (len(self.fds), start)
+            if fd not in self._copies:
+                status = os.fstat(fd)
+                self.marks[len(self.fds)] = (status.st_dev, status.st_ino, tensor._version)
             self.fds.append(fd)
+        index, start = self._index[storage.data_ptr()]
         meta = (
-            self._index[storage.data_ptr()],
+            index,
+            start,
             storage.nbytes(),
             tensor.dtype,
             tensor.storage_offset(),
@@ -122,6 +160,40 @@ def _array_shareable(array: np.ndarray) -> bool:
     )
 
 
+def _weak(storage: torch.UntypedStorage) -> _Owner:
+    """A weak reference to ``storage`` at its address now: None once it is freed or its
+    memory has moved (``resize_``)."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref, address = StorageWeakRef(storage), storage.data_ptr()  # type: ignore[no-untyped-call]
+
+    def owner() -> object:
+        if ref.expired():  # type: ignore[no-untyped-call]
+            return None
+        alive = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        return alive if alive.data_ptr() == address else None
+
+    return owner
+
+
+def _weak_array(array: np.ndarray) -> _Owner:
+    """As ``_weak``, for an array owning its memory (``resize`` moves it)."""
+    ref, address = weakref.ref(array), array.ctypes.data
+
+    def owner() -> object:
+        alive = ref()
+        return alive if alive is not None and alive.ctypes.data == address else None
+
+    return owner
+
+
+def _pinned(storage: torch.UntypedStorage) -> bool:
+    # Pinned memory needs CUDA started; asking before could start it in the notebook.
+    cuda = sys.modules.get("torch.cuda")
+    return bool(cuda is not None and cuda.is_initialized() and storage.is_pinned())
+
+
 def _shareable(tensor: torch.Tensor) -> bool:
     import torch  # imported: there is a tensor
 
@@ -136,15 +208,15 @@ def _shareable(tensor: torch.Tensor) -> bool:
 
 def dumps(
     obj: object, extra: Callable[[object], _Reduced | None] | None = None
-) -> tuple[bytes, list[int], list[OwnedFd]]:
-    """Pickle ``obj``; large tensors and arrays become shared-memory descriptors
-    (see module doc). The third item owns the descriptors made for numpy arrays:
-    keep it as long as the descriptors are needed. ``extra``: the caller's own
-    reductions, tried first on every object (None: pickle it as usual)."""
+) -> tuple[bytes, list[int], list[OwnedFd], dict[int, Mark]]:
+    """Pickle ``obj``; large tensors and arrays become shared-memory descriptors (see module doc).
+    The third item owns the descriptors made here: keep it as long as they are needed; the fourth
+    marks the lasting ones (``SharingPickler.marks``). ``extra``: the caller's own reductions, tried
+    first on every object (None: pickle it as usual)."""
     buf = io.BytesIO()
     pickler = SharingPickler(buf, extra)
     pickler.dump(obj)
-    return buf.getvalue(), pickler.fds, pickler.owned
+    return buf.getvalue(), pickler.fds, pickler.owned, pickler.marks
 
 
 def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> object:
@@ -189,6 +261,7 @@ class _Received:
 def _rebuild_tensor(
     got: _Received,
     index: int,
+    start: int,
     nbytes: int,
     dtype: torch.dtype,
     offset: int,
@@ -204,7 +277,9 @@ def _rebuild_tensor(
         new_shared = torch.UntypedStorage._new_shared_fd_cpu  # type: ignore[attr-defined]
         storage = new_shared(got.fds[index], nbytes)  # (missing from torch's stubs)
     else:
-        storage = torch.frombuffer(got.region(index, nbytes), dtype=torch.uint8).untyped_storage()
+        region = got.region(index, start + nbytes)
+        storage = torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=start)
+        storage = storage.untyped_storage()
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     return tensor.requires_grad_(requires_grad)
 
@@ -212,6 +287,7 @@ def _rebuild_tensor(
 def _rebuild_array(
     got: _Received,
     index: int,
+    start: int,
     nbytes: int,
     dtype: np.dtype[np.generic],
     shape: tuple[int, ...],
@@ -219,7 +295,8 @@ def _rebuild_array(
 ) -> np.ndarray:
     import numpy as np
 
-    return np.frombuffer(got.region(index, nbytes), dtype=dtype).reshape(shape, order=order)
+    region = got.region(index, start + nbytes)
+    return np.frombuffer(region, dtype=dtype, offset=start).reshape(shape, order=order)
 
 
 def _rebuild_descriptors(got: _Received, start: int, count: int) -> Descriptors:

@@ -29,19 +29,11 @@ class _ValuePickler(shm.SharingPickler):
         reduced = tocpu.cpu_reduction(obj, shm.SHARE_BYTES)
         return reduced if reduced is not None else super().reducer_override(obj)
 
-    def _share(self, storage: torch.UntypedStorage) -> int:
-        if storage.is_shared():
-            fd, _ = storage._share_fd_cpu_()
-            if int(fd) >= 0:  # a storage mapped from a file has none
-                self.keep.append(storage)
-                return int(fd)
-        import torch
-
-        copy = torch.UntypedStorage._new_using_fd_cpu(storage.nbytes())
-        copy.copy_(storage)
-        self.keep.append(copy)  # its descriptor lives as long as it does
-        fd, _ = copy._share_fd_cpu_()
-        return int(fd)
+    def _share(self, storage: torch.UntypedStorage) -> tuple[int, int]:
+        # Copied by write() into a memfd: no page fault per page, as a new mapping takes.
+        fd = self._shared_fd(storage)
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        return (fd, 0) if fd is not None else self._buffer(address, nbytes, None)
 
 
 def pack(value: object) -> Packed:

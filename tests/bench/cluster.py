@@ -38,12 +38,15 @@ function. Each from the call until rank 0's value is back (for
 ``TorchTrainer``, which gives back no value, until ``fit`` returns);
 ``--repeat`` of each, median, and the ratios nbddp / each.
 
-(c) 200 MB across nodes: a warm launch whose function gets a 200 MB float32
-tensor and returns its sum, one rank per node, less a warm launch of a
-function that returns at once; beside it the same tensor through ``ray.put``
+(c) A large argument across nodes, for each ``--mb`` size (200 MB and 1 GiB):
+a warm launch whose function gets a float32 tensor of that size and returns
+its sum, one rank per node, less a warm launch of a function that returns at
+once; beside it the same tensor through ``ray.put``
 and ``ray.get`` in warm actors on both nodes (the worker node's copy crosses
 the nodes), from the put until both sums are back. Each after one untimed
-round with the tensor; median of ``--repeat``.
+round with the tensor; median of ``--repeat``. And in a session: a cell
+reading the tensor that the cell before read (the nodes hold it, unchanged),
+beside a cell reading nothing.
 
 (d) Output latency: 2 ranks per node (4 in all) each print ``--lines`` lines,
 one every 25 ms, each carrying ``time.time()`` when it was printed. Through
@@ -273,6 +276,23 @@ def ray_large_argument(weights: Any, repeat: int) -> list[float]:
     return times
 
 
+def nbddp_session_cells(address: str, weights: Any, repeat: int) -> tuple[list[float], list[float]]:
+    """Seconds of a session cell reading ``weights``, which the cell before read too (the
+    nodes hold it), and of a cell that reads nothing."""
+    same, empty = [], []
+    with nbddp.session(nodes=2, procs=1, cluster=address, output="none") as session:
+        session.run(total, weights)  # the first cell with it: it travels
+        for _ in range(repeat):
+            started = time.perf_counter()
+            session.run(nothing)
+            empty.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            value = session.run(total, weights)
+            same.append(time.perf_counter() - started)
+            assert math.isclose(value, float(weights.sum()), rel_tol=1e-4)
+    return same, empty
+
+
 def launch_times(address: str, warm: int) -> tuple[float, list[float]]:
     started = time.perf_counter()
     nbddp.launch(nothing, nodes=2, procs=1, cluster=address, output="none")
@@ -370,20 +390,21 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--lines", type=int, default=80)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--mb", type=int, nargs="+", default=[200, 1024], help="argument sizes")
     parser.add_argument("--json", help="also write the figures to this file (benchjson)")
     args = parser.parse_args()
     import torch
 
-    weights = torch.rand(50 * 1024 * 1024)  # 200 MB of float32
+    sizes = {mb: torch.rand(mb * 1024 * 1024 // 4) for mb in args.mb}  # float32
     from ray.cluster_utils import Cluster
 
-    # A 1 GiB object store per node: Ray's default here (about 150 MB a node on this
-    # machine) is smaller than the 200 MB tensor, and both sides would measure spilling.
+    # An object store per node of twice the largest tensor: Ray's default here (about
+    # 150 MB a node on this machine) is smaller, and both sides would measure spilling.
     node = {
         "num_cpus": 1,
         "num_gpus": 2,
         "include_dashboard": False,
-        "object_store_memory": 1 << 30,
+        "object_store_memory": max(1 << 30, 2 * max(args.mb) << 20),
     }
     cluster = Cluster(initialize_head=True, head_node_args={"node_ip_address": HEAD, **node})
     try:
@@ -391,7 +412,8 @@ def main() -> None:
         cluster.wait_for_nodes()
         address = cluster.address
         cold, warm = launch_times(address, args.warm)
-        big_ours = nbddp_large_argument(address, weights, args.repeat)
+        big_ours = {mb: nbddp_large_argument(address, w, args.repeat) for mb, w in sizes.items()}
+        cells = {mb: nbddp_session_cells(address, w, args.repeat) for mb, w in sizes.items()}
         cold_ours = [cold_agents_launch(address) for _ in range(args.repeat)]
         cold_ray = [ray_cold_launch() for _ in range(args.repeat)]
         missing = torchtrainer_missing()
@@ -399,7 +421,7 @@ def main() -> None:
         if missing is None:
             with tempfile.TemporaryDirectory() as storage:
                 cold_train = [torchtrainer_cold_launch(storage) for _ in range(args.repeat)]
-        big_ray = ray_large_argument(weights, args.repeat)
+        big_ray = {mb: ray_large_argument(w, args.repeat) for mb, w in sizes.items()}
         ours = nbddp_latencies(address, args.lines)
         nbddp.cluster.release()  # the nodes' CPUs go to the other driver
         theirs = ray_latencies(address, args.lines)
@@ -426,10 +448,14 @@ def main() -> None:
     print(f"  ratio nbddp / plain Ray: {median(cold_ours) / median(cold_ray):.2f}x")
     if cold_train:
         print(f"  ratio nbddp / TorchTrainer: {median(cold_ours) / median(cold_train):.2f}x")
-    print("200 MB float32 tensor to one rank on each of 2 nodes (median):")
-    print(f"  nbddp launch argument          {median(big_ours):6.2f} s   {_all(big_ours)}")
-    print(f"  ray.put + ray.get in actors     {median(big_ray):6.2f} s   {_all(big_ray)}")
-    print(f"  ratio Ray / nbddp: {median(big_ray) / median(big_ours):.2f}x")
+    for mb in sizes:
+        ours_mb, ray_mb, (same, empty) = big_ours[mb], big_ray[mb], cells[mb]
+        print(f"{mb} MB float32 tensor to one rank on each of 2 nodes (median):")
+        print(f"  nbddp launch argument          {median(ours_mb):6.2f} s   {_all(ours_mb)}")
+        print(f"  ray.put + ray.get in actors     {median(ray_mb):6.2f} s   {_all(ray_mb)}")
+        print(f"  ratio Ray / nbddp: {median(ray_mb) / median(ours_mb):.2f}x")
+        print(f"  session cell reading it again   {median(same):6.3f} s   {_all(same)}")
+        print(f"  session cell reading nothing    {median(empty):6.3f} s   {_all(empty)}")
     print("print-to-notebook latency, 4 ranks on 2 nodes, a line every 25 ms each:")
     print(f"  nbddp (long poll)           {stats(ours)}")
     print(f"  Ray log_to_driver (dedup off) {stats(theirs)}")
@@ -450,16 +476,22 @@ def main() -> None:
                 columns,
                 [(n, median(t), min(t), max(t), len(t), median(t) / base) for n, t in launches],
             ),
-            benchjson.table(
-                "argument",
-                "200 MB float32 tensor to one rank on each of 2 nodes",
-                ("variant", "median (s)", "min (s)", "max (s)", "n"),
-                [
-                    (n, median(t), min(t), max(t), len(t))
-                    for n, t in (("nbddp argument", big_ours), ("ray.put + ray.get", big_ray))
-                ],
-            ),
         ]
+        for mb in sizes:
+            variants = [
+                ("nbddp argument", big_ours[mb]),
+                ("ray.put + ray.get", big_ray[mb]),
+                ("nbddp session cell reading it again", cells[mb][0]),
+                ("nbddp session cell reading nothing", cells[mb][1]),
+            ]
+            tables.append(
+                benchjson.table(
+                    "argument" if mb == 200 else f"argument {mb} MB",
+                    f"{mb} MB float32 tensor to one rank on each of 2 nodes",
+                    ("variant", "median (s)", "min (s)", "max (s)", "n"),
+                    [(n, median(t), min(t), max(t), len(t)) for n, t in variants],
+                )
+            )
         notes = [f"first launch of the process (connect, agents, forkservers): {cold:.2f} s"]
         benchjson.write(args.json, "cluster", tables, notes)
 

@@ -1,8 +1,8 @@
 """Launching with a large tensor in the payload: time and memory, side by side.
 
-    .venv/bin/python tests/bench/payload.py [--gib 1] [--json PATH]
+    .venv/bin/python tests/bench/payload.py [--gib 1 4] [--json PATH]
 
-A float32 tensor of ``--gib`` GiB is captured in a closure; each of 2 CPU
+A float32 tensor of each ``--gib`` size is captured in a closure; each of 2 CPU
 ranks reads all of it (sums it) and returns. For each launcher: wall time
 of the launch (call to return; it includes each rank reading the whole
 tensor), the time until every rank's function had started (what the
@@ -10,7 +10,9 @@ launcher itself costs), and the peak memory of the notebook plus all
 its descendants, as the sum of their PSS (proportional set size: a page
 shared by N processes counts 1/N in each, so shared pages count once),
 sampled every 20 ms, minus the notebook's PSS before the tensor existed;
-shown as a multiple of the tensor's size. ``--json`` also writes the table to
+shown as a multiple of the tensor's size. The floor is one in-process copy
+of the tensor (``clone()``); "x (copy + small launch)" holds the time until
+every rank runs against that copy plus the small launch's. ``--json`` also writes the table to
 a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
 """
 
@@ -110,29 +112,34 @@ def last_start(stamps: str) -> float | None:
     return max(times) if times else None
 
 
-def main() -> None:
-    """Run every launcher once (after one warm-up) and print the table."""
+def copy_time(data: torch.Tensor) -> float:
+    """Seconds for one in-process copy of ``data`` (``clone()``): what any launcher that
+    gives the ranks the tensor must at least spend, short of sharing the notebook's pages."""
+    start = time.perf_counter()
+    copy = data.clone()
+    elapsed = time.perf_counter() - start
+    del copy
+    return elapsed
+
+
+def run_size(gib: float, deadline: float) -> list[tuple[object, ...]]:
+    """Every launcher once with a tensor of ``gib`` GiB; the table's rows."""
     from accelerate import debug_launcher
     from torch.multiprocessing import start_processes
 
     import nbddp
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--deadline", type=float, default=60.0, help="seconds before a hang")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
-    args = parser.parse_args()
-    nbddp.launch(lambda: None, procs=2, output="none")  # warm: forkserver, store support
     base = tree_pss()
-    data = torch.ones(int(args.gib * (1 << 30)) // 4)
+    data = torch.ones(int(gib * (1 << 30)) // 4)
     size = data.numel() * 4
     stamps = tempfile.mkdtemp(prefix="nbddp-bench-")
     small = make_task(torch.ones(4), stamps)
     task = make_task(data, stamps)
+    floor = copy_time(data)
     cases: list[tuple[str, Callable[[], object]]] = [
         ("nbddp, small payload (reference)", lambda: nbddp.launch(small, procs=2, output="none")),
         (
-            "nbddp forkserver, 1st launch (moves to shm)",
+            "nbddp forkserver, 1st launch (shares it in place)",
             lambda: nbddp.launch(task, procs=2, output="none"),
         ),
         ("nbddp forkserver, next launch", lambda: nbddp.launch(task, procs=2, output="none")),
@@ -145,41 +152,63 @@ def main() -> None:
             ),
         ),
     ]
-    rows = []
+    rows: list[tuple[object, ...]] = []
+    small_start = None
     for name, fn in cases:
         for old in Path(stamps).iterdir():
             old.unlink()
         with peak_pss() as peak:
             wall_start = time.time()
             start = time.perf_counter()
-            finished = run_with_deadline(fn, args.deadline)
+            finished = run_with_deadline(fn, deadline)
             elapsed = time.perf_counter() - start
         started = last_start(stamps)
         to_start = None if started is None else started - wall_start
-        rows.append((name, elapsed if finished else None, to_start, (peak[0] - base) / size))
-        print(f"{name}: {elapsed:.2f}s{'' if finished else ' (hung; killed)'}", flush=True)
+        if small_start is None:
+            small_start = to_start or 0.0
+        over = None if to_start is None else to_start / (floor + small_start)
+        ratio = (peak[0] - base) / size
+        rows.append((f"{gib:g} GiB", name, elapsed if finished else None, to_start, over, ratio))
+        print(f"{gib:g} GiB, {name}: {elapsed:.2f}s{'' if finished else ' (hung)'}", flush=True)
+    rows.insert(0, (f"{gib:g} GiB", "one in-process copy (clone)", floor, floor, None, None))
     shutil.rmtree(stamps, ignore_errors=True)
-    print(f"\n{args.gib:g} GiB float32 tensor in a closure, 2 CPU ranks each summing it")
+    return rows
+
+
+def main() -> None:
+    """Run every launcher once per size (after one warm-up) and print the table."""
+    import nbddp
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--deadline", type=float, default=60.0, help="seconds before a hang")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
+    args = parser.parse_args()
+    nbddp.launch(lambda: None, procs=2, output="none")  # warm: forkserver, store support
+    rows = [row for gib in args.gib for row in run_size(gib, args.deadline)]
+    title = "a float32 tensor in a closure, 2 CPU ranks each summing it"
+    print(f"\n{title}")
     print(
-        "| launcher | launch to return (s) | launch to every rank running (s) "
-        "| peak memory / tensor size |\n|---|---|---|---|"
+        "| tensor | launcher | launch to return (s) | launch to every rank running (s) "
+        "| x (copy + small launch) | peak memory / tensor size |\n|---|---|---|---|---|---|"
     )
-    for name, elapsed, to_start, ratio in rows:
-        shown = (
-            f"{elapsed:.2f}" if elapsed is not None else f"hung (killed after {args.deadline:g} s)"
-        )
+    for gib, name, elapsed, to_start, over, ratio in rows:
+        shown = "hung" if elapsed is None else f"{elapsed:.2f}"
         begun = "?" if to_start is None else f"{to_start:.3f}"
-        print(f"| {name} | {shown} | {begun} | {ratio:.2f}x |")
+        times = "" if over is None else f"{over:.2f}x"
+        peak = "" if ratio is None else f"{ratio:.2f}x"
+        print(f"| {gib} | {name} | {shown} | {begun} | {times} | {peak} |")
     if args.json:
         import benchjson
 
         columns = (
+            "tensor",
             "launcher",
             "launch to return (s)",
             "launch to every rank running (s)",
+            "x (copy + small launch)",
             "peak memory / tensor size",
         )
-        title = f"{args.gib:g} GiB float32 tensor in a closure, 2 CPU ranks each summing it"
         note = f"None in launch to return: hung, killed after {args.deadline:g} s"
         benchjson.write(
             args.json, "payload", [benchjson.table("payload", title, columns, rows)], [note]

@@ -148,6 +148,8 @@ def plot_results(data: dict[str, Any], plt: Any) -> Any:
 def plot_payload(data: dict[str, Any], plt: Any) -> Any:
     t = tables(data, "payload")[0]
     names = column(t, "launcher")
+    if "tensor" in t["columns"]:  # several sizes: each row names its own
+        names = [f"{size}: {name}" for size, name in zip(column(t, "tensor"), names, strict=True)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.8 + 0.55 * len(names)), sharey=True)
     for ax, name, unit in (
         (left, "launch to return (s)", "s"),
@@ -236,7 +238,7 @@ PLOTS: dict[str, tuple[str, Callable[[dict[str, Any], Any], Any]]] = {
     "launch": ("Warm launch time, nbddp beside accelerate, torch spawn, torchrunx", plot_launch),
     "cell": ("A trivial cell's latency in a kernel, nbddp beside nbdistributed", plot_cell),
     "results": ("Rank 0's return value: throughput, nbddp beside torch's queue", plot_results),
-    "payload": ("A 1 GiB tensor in the payload: time and memory", plot_payload),
+    "payload": ("A large tensor in the payload: time and memory", plot_payload),
     "relay": ("Relay: throughput, and its cost to a training loop", plot_relay),
 }
 

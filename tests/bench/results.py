@@ -10,9 +10,12 @@ two spawned processes, rank 0 putting the same value on a torch
 
 Columns: the whole call (launch to value in hand); "return" is from the
 moment rank 0 had its value built (a timestamp it takes just before
-returning) until the notebook holds it, and the throughput that gives; the
-notebook's peak resident memory above what it held before, sampled every
-10 ms, as a multiple of the value's size. ``--json`` also writes the table
+returning) until the notebook holds it, and the throughput that gives;
+"x floor": the return against one in-process copy of the same value
+(``clone()`` of each tensor, measured in the same run just before), the
+least any way of bringing it back could cost; the notebook's peak resident
+memory above what it held before, sampled every 10 ms, as a multiple of the
+value's size. ``--json`` also writes the table
 to a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
 """
 
@@ -48,6 +51,18 @@ def build(kind: str, mib: int) -> Any:
         state[f"layer{i}.weight"] = torch.ones(numel // LAYERS - 1024)
         state[f"layer{i}.bias"] = torch.ones(1024)
     return state
+
+
+def copy_time(kind: str, mib: int) -> float:
+    """Seconds for one in-process copy of the value (the floor a return is held to)."""
+    value = build(kind, mib)
+    tensors = [value] if kind == "tensor" else list(value.values())
+    start = time.perf_counter()
+    copies = [t.clone() for t in tensors]
+    elapsed = time.perf_counter() - start
+    del copies, value, tensors
+    gc.collect()
+    return elapsed
 
 
 def stamp_file(stamps: str) -> Path:
@@ -169,10 +184,14 @@ def main() -> None:
                     functools.partial(torch_launch, kind, mib, stamps),
                 ),
             ]
+            floor = copy_time(kind, mib)
+            rows.append((f"{mib} MiB {kind}", "one in-process copy (floor)", None, floor))
+            rows[-1] += ((mib << 20) / floor / 1e9, 1.0, None, mib, kind)
             for name, fn in cases:
                 whole, ret, mem = measure(fn, stamps, mib)
                 rate = (mib << 20) / ret / 1e9
-                rows.append((f"{mib} MiB {kind}", name, whole, ret, rate, mem, mib, kind))
+                row = (f"{mib} MiB {kind}", name, whole, ret, rate, ret / floor, mem, mib, kind)
+                rows.append(row)
                 print(f"{mib} MiB {kind}, {name}: {whole:.2f}s", flush=True)
     with contextlib.suppress(OSError):
         for p in Path(stamps).iterdir():
@@ -180,11 +199,13 @@ def main() -> None:
         os.rmdir(stamps)
     print(f"\nnbddp.launch returning None (the launch itself): {launch_only:.2f} s")
     print(
-        "| value | launcher | whole call (s) | return (s) | return GB/s "
-        "| notebook peak RSS / size |\n|---|---|---|---|---|---|"
+        "| value | launcher | whole call (s) | return (s) | return GB/s | x floor "
+        "| notebook peak RSS / size |\n|---|---|---|---|---|---|---|"
     )
-    for value, name, whole, ret, rate, mem, *_ in rows:
-        print(f"| {value} | {name} | {whole:.2f} | {ret:.3f} | {rate:.2f} | {mem:.2f}x |")
+    for value, name, whole, ret, rate, ratio, mem, *_ in rows:
+        shown = "" if whole is None else f"{whole:.2f}"
+        peak = "" if mem is None else f"{mem:.2f}x"
+        print(f"| {value} | {name} | {shown} | {ret:.3f} | {rate:.2f} | {ratio:.2f}x | {peak} |")
     if args.json:
         import benchjson
 
@@ -194,6 +215,7 @@ def main() -> None:
             "whole call (s)",
             "return (s)",
             "return GB/s",
+            "x floor",
             "notebook peak RSS / size",
             "MiB",
             "kind",

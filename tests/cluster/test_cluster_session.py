@@ -10,9 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 import nbddp
+from nbddp.agent.portable import ShippedPayload
 from nbddp.cluster import agents as nodes
 from nbddp.errors import RankExitedError
 from nbddp.notebook.session import Session
+from nbddp.wire.payload import Payload
+from nbddp.wire.shm import Mark
 from tests.cluster.conftest import WORKER, newest
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks
 from tests.procs import wait_procs_gone
@@ -85,6 +88,39 @@ def test_a_rank_blocked_in_a_collective_across_nodes_is_freed(session: Session) 
     assert "re-initialised" in info.value.__notes__[-1], info.value.__notes__
     assert session.alive
     assert session.exec(GATHER.format(probe="value")) == [1, 11]  # state and a new group
+
+
+def total_on_every_node(data: object) -> list[float]:
+    import torch.distributed as dist
+
+    everyone: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, float(data.sum()))  # type: ignore[attr-defined]
+    return everyone  # type: ignore[return-value]
+
+
+def test_a_tensor_the_nodes_hold_unchanged_is_not_sent_again(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from nbddp.cluster import client
+
+    shipped: list[tuple[object, ...]] = []
+    real = client.ship_payload
+
+    def recording(payload: Payload, held: frozenset[Mark] = frozenset()) -> ShippedPayload:
+        out = real(payload, held)
+        shipped.append(out[1])  # each memory, or None where the nodes hold it
+        return out
+
+    monkeypatch.setattr(client, "ship_payload", recording)
+    data = torch.ones(10 << 20)  # 40 MiB
+    assert session.run(total_on_every_node, data) == [float(10 << 20)] * 2
+    assert session.run(total_on_every_node, data) == [float(10 << 20)] * 2
+    data[0] = 5.0  # changed in the notebook: it goes again
+    assert session.run(total_on_every_node, data) == [float(10 << 20) + 4.0] * 2
+    assert [len(memory) for memory in shipped] == [1, 1, 1]
+    assert shipped[0] != (None,) and shipped[1] == (None,) and shipped[2] != (None,)
 
 
 def test_a_live_session_holds_its_agents_when_idle_ones_are_handed_back(

@@ -132,8 +132,11 @@ def test_a_kept_runs_payload_array_memory_is_closed_when_the_run_ends() -> None:
     run = nbddp.launch(lifetime_fns.total, array, procs=2, output="none", block=False)
     assert run.wait().values[0] == array.size
     _loop_idle()
-    assert _memfds() == before  # the payload's copy of the array, gone with the run's end
+    assert _memfds() == before + 1  # the array itself, shared where it lies: no copy of it
     assert run.status == "done"
+    del array
+    gc.collect()
+    assert _memfds() == before  # its shared memory went with it
 
 
 def test_a_kept_run_with_restarts_lets_its_arguments_memory_go_at_its_end() -> None:
@@ -147,7 +150,10 @@ def test_a_kept_run_with_restarts_lets_its_arguments_memory_go_at_its_end() -> N
     )
     assert run.wait().values[0] == array.size
     _loop_idle()
-    assert _memfds() == before  # no restart can come: the payload went with the run's end
+    assert _memfds() == before + 1  # no restart can come: only the array's own memory is left
+    del array
+    gc.collect()
+    assert _memfds() == before
 
 
 def test_a_values_shared_memory_is_closed_when_the_user_drops_it() -> None:
@@ -165,8 +171,9 @@ def test_a_values_shared_memory_is_closed_when_the_user_drops_it() -> None:
 
 def test_twenty_launches_grow_neither_fds_nor_memory() -> None:
     array = np.ones(16 * MIB // 8)
-    for _ in range(2):  # warm: the loop thread, the forkserver, allocator pools
-        nbddp.launch(lifetime_fns.tensor_of, 16, procs=2, output="none")
+    for _ in range(2):  # warm: the loop thread, the forkserver, allocator pools, the array
+        nbddp.launch(lifetime_fns.tensor_of, 16, procs=2, output="none")  # shared in place
+        nbddp.launch(lifetime_fns.total, array, procs=2, output="none")
     _loop_idle()
     gc.collect()
     me = psutil.Process()

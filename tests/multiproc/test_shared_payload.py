@@ -79,3 +79,16 @@ def test_large_numpy_arrays_arrive_through_one_shared_copy(
     assert array[0] == 1.0
     (payload,) = payloads
     assert len(payload.data) < 1 << 20 and len(payload.fds) == 1
+
+
+def test_a_launched_tensor_stays_where_it_was_and_its_views_with_it() -> None:
+    data = torch.arange(10 << 20, dtype=torch.float32)  # 40 MiB: a block of its own
+    view, address = data.numpy(), data.data_ptr()
+    expected = fns.digest(data)
+    for _ in range(2):  # the second launch finds it shared already
+        model = torch.nn.Linear(2, 2)
+        result = nbddp.launch(fns.checksum_and_scribble, data, model, procs=2, output="none")
+        assert result["data"] == expected
+    assert data.data_ptr() == address and fns.digest(data) == expected
+    data[0] = 42.0
+    assert view[0] == 42.0  # (a storage moved to shared memory left this view dangling)

@@ -22,8 +22,9 @@ from nbddp.launcher.config import LaunchConfig, NodeSlice
 from nbddp.launcher.events import Failure
 from nbddp.launcher.failures import rank_error
 from nbddp.launcher.spelling import FLAGS
-from nbddp.wire.descriptors import Packed
+from nbddp.wire.descriptors import OwnedFd, Packed
 from nbddp.wire.payload import Payload, load_call
+from nbddp.wire.shm import Mark
 from nbddp.wire.values import pack, unpack
 from nbddp.wire.versions import mismatch
 from tests.unit import configs
@@ -196,6 +197,24 @@ def test_the_call_and_its_large_arguments_cross_as_bytes() -> None:
     assert torch.equal(call.args[0], big)
 
 
+def test_a_node_is_not_sent_again_what_it_holds_unchanged() -> None:
+    data = torch.arange(10 << 20, dtype=torch.float32)  # 40 MiB, shared in place
+    kept: dict[Mark, OwnedFd] = {}
+    first = Payload.serialize(torch.sum, (data,), {})
+    land_payload(ship_payload(first), kept)
+    held = frozenset(first.marks.values())
+    again = Payload.serialize(torch.sum, (data[5:],), {})  # the same tensor, unchanged
+    shipped = ship_payload(again, held)
+    assert shipped[1] == (None,)  # nothing of it travels
+    call = load_call(land_payload(shipped, kept).ref())
+    assert torch.equal(call.args[0], data[5:])
+    data[7] = -1.0  # an in-place write changes the tensor's version: it goes again
+    changed = Payload.serialize(torch.sum, (data,), {})
+    shipped = ship_payload(changed, frozenset(again.marks.values()))
+    assert shipped[1] != (None,)
+    assert float(load_call(land_payload(shipped, kept).ref()).args[0][7]) == -1.0
+
+
 def test_a_multiprocessing_object_cannot_go_to_another_machine() -> None:
     import multiprocessing
 
@@ -322,8 +341,8 @@ def test_slurm_clusters_are_spelled_as_salloc_flags_and_read_back() -> None:
         partition="gpu", time="1:00:00", extra_args=("--exclusive",), keep=True, name="exp1"
     )
     assert given.submits and as_cluster(str(given)) == given
-    listed = SlurmCluster(partition="gpu", extra_args=["--exclusive"])  # type: ignore[arg-type]
-    assert as_cluster(str(listed)) == listed and not SlurmCluster(extra_args=[]).submits  # type: ignore[arg-type]
+    listed = SlurmCluster(partition="gpu", extra_args=["--exclusive"])
+    assert as_cluster(str(listed)) == listed and not SlurmCluster(extra_args=[]).submits
     assert given.salloc_args() == ["--partition=gpu", "--time=1:00:00", "--exclusive"]
     with pytest.raises(ValueError, match="argument --gpus-per-node: invalid int value: 'two'"):
         as_cluster("slurm --gpus-per-node two")

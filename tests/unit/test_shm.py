@@ -13,11 +13,12 @@ from nbddp.wire.payload import Payload, load_call
 
 def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
+    address = big.data_ptr()
     small = torch.ones(10)
-    data, fds, _ = shm.dumps({"big": big, "view": big[10:20], "small": small})
+    data, fds, _keep, _ = shm.dumps({"big": big, "view": big[10:20], "small": small})
     assert len(fds) == 1  # one storage, shared by the tensor and its view
     assert len(data) < 64 << 10  # not the 4 MiB
-    assert big.is_shared()  # moved in place: the notebook keeps using the same tensor
+    assert big.data_ptr() == address  # never moved: views of it (numpy's too) stay valid
     out = shm.loads(data, [os.dup(fds[0])])
     assert torch.equal(out["big"], big)
     assert torch.equal(out["view"], big[10:20])
@@ -26,7 +27,7 @@ def test_large_tensors_become_descriptors_and_small_ones_stay_bytes() -> None:
 
 def test_a_rank_writing_to_its_copy_leaves_the_notebooks_tensor_alone() -> None:
     big = torch.zeros(1 << 19, dtype=torch.float64)
-    data, fds, _ = shm.dumps(big)
+    data, fds, _keep, _ = shm.dumps(big)
     theirs = shm.loads(data, [os.dup(fds[0])])
     theirs += 1  # copy-on-write: only this mapping changes
     assert float(big.sum()) == 0.0
@@ -35,7 +36,7 @@ def test_a_rank_writing_to_its_copy_leaves_the_notebooks_tensor_alone() -> None:
 
 def test_parameters_keep_their_type_and_requires_grad() -> None:
     layer = torch.nn.Linear(1024, 1024)  # 4 MiB of weights
-    data, fds, _ = shm.dumps(layer)
+    data, fds, _keep, _ = shm.dumps(layer)
     copy = shm.loads(data, [os.dup(fd) for fd in fds])
     assert isinstance(copy.weight, torch.nn.Parameter) and copy.weight.requires_grad
     assert torch.equal(copy.weight, layer.weight)
@@ -55,7 +56,7 @@ def test_large_numpy_arrays_travel_as_one_memfd_mapped_copy_on_write() -> None:
     c = np.arange(1 << 18, dtype=np.float64).reshape(512, 512)  # 2 MiB
     f = np.asfortranarray(c)
     when = np.array(["2026-01-01"] * (1 << 18), dtype="datetime64[s]")
-    data, fds, owned = shm.dumps({"c": c, "again": c, "f": f, "when": when, "small": c[:2]})
+    data, fds, owned, _ = shm.dumps({"c": c, "again": c, "f": f, "when": when, "small": c[:2]})
     assert len(fds) == 3 and len(owned) == 3  # c once, though referenced twice
     assert len(data) < 64 << 10
     out = shm.loads(data, [os.dup(fd) for fd in fds])
@@ -71,7 +72,7 @@ def test_object_and_strided_arrays_are_pickled_as_usual() -> None:
 
     objects = np.array([object()] * (1 << 18))
     strided = np.zeros((1024, 1024))[:, ::2]
-    _, fds, _ = shm.dumps({"o": objects, "s": strided})
+    _, fds, _keep, _ = shm.dumps({"o": objects, "s": strided})
     assert fds == []
 
 
@@ -107,11 +108,11 @@ class _LoadedWhenUnpickled:
 def test_each_load_maps_its_own_descriptors_even_when_nested() -> None:
     inner_tensor = torch.full((1 << 18,), 2.0)  # 1 MiB each: both shared
     outer_tensor = torch.full((1 << 18,), 3.0)
-    inner_data, inner_fds, _ = shm.dumps(inner_tensor)
+    inner_data, inner_fds, _keep, _ = shm.dumps(inner_tensor)
     nested = _LoadedWhenUnpickled(inner_data, os.dup(inner_fds[0]))
     # The inner payload is loaded first, then the outer tensor is rebuilt from
     # the outer descriptors: the inner load must not have replaced them.
-    data, fds, _ = shm.dumps([nested, outer_tensor])
+    data, fds, _keep, _ = shm.dumps([nested, outer_tensor])
     assert len(fds) == 1
     inner, outer = shm.loads(data, [os.dup(fds[0])])
     assert torch.equal(inner, inner_tensor)

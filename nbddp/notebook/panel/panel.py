@@ -99,21 +99,15 @@ class Panel:
 
     @property
     def value(self) -> object:
-        """Rank 0's return value of the latest run (its full value, not the panel's
-        short repr); raises that run's failure as ``wait()`` does.
-
-        Raises ``RuntimeError`` when nothing was launched yet or the run still goes on
-        (``wait()`` waits for it).
-        """
+        """Rank 0's return value of the latest run (in full, not the panel's short repr); raises
+        its failure as ``wait()`` does, ``RuntimeError`` while none was launched or it goes on."""
         if self.running:
             raise RuntimeError("the run is still going; wait() waits for it and returns its result")
         return self.wait().values.get(0)  # raises when nothing was launched yet
 
     def code(self) -> tuple[str, str]:
-        """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call for the current settings.
-
-        Raises ``ConfigError`` while the form is invalid.
-        """
+        """The ``%%ddp`` cell and the ``nbddp.launch(...)`` call for the current settings;
+        ``ConfigError`` while the form is invalid."""
         settings = self.settings()
         checked = self._validated(settings)
         if checked.errors:
@@ -157,12 +151,9 @@ class Panel:
     # -- actions ----------------------------------------------------------------
 
     def launch(self) -> Run:
-        """Start a run with the form's settings, in the background; return its handle.
-
-        Raises ``ConfigError`` if the form is invalid, ``RuntimeError`` if a
-        run from this panel still goes on or the panel was closed, and
-        ``PayloadError`` if ``fn`` or its arguments cannot be sent.
-        """
+        """Start a run with the form's settings, in the background; return its handle. Raises
+        ``ConfigError`` if the form is invalid, ``RuntimeError`` if a run from this panel still
+        goes on or the panel was closed, ``PayloadError`` if the call cannot be sent."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("this panel was closed; create a new one with nbddp.panel(...)")
@@ -200,10 +191,8 @@ class Panel:
             run.stop()
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Wait for the current run to end; return its result or raise its failure.
-
-        Raises ``TimeoutError`` if it is still going after ``timeout`` seconds.
-        """
+        """Wait for the current run to end; return its result or raise its failure
+        (``TimeoutError`` if it is still going after ``timeout`` seconds)."""
         run, thread = self.run, self._thread
         if run is None or thread is None:
             raise RuntimeError("nothing was launched from this panel yet; click Launch first")

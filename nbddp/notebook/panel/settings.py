@@ -107,11 +107,8 @@ class PanelSettings:
     # -- validation -------------------------------------------------------
 
     def validate(self, call_check: Callable[[dict[str, object]], None] | None = None) -> Validated:
-        """Check the form once; every wrong field at once.
-
-        ``call_check(kwargs)`` raises ``TypeError`` or ``ValueError`` when the function
-        cannot be called with the form's keyword arguments (``signature.check_call``).
-        """
+        """Check the form once, every wrong field at once; ``call_check(kwargs)`` raises
+        ``TypeError`` or ``ValueError`` when the function cannot take the form's keywords."""
         options, errors = self._parse()
         try:
             kwargs = parse_kwargs(self.kwargs)
@@ -172,13 +169,9 @@ class PanelSettings:
 
 
 def _build(options: LaunchOptions, errors: dict[str, str]) -> LaunchConfig | None:
-    """The launch from the fields that parsed and passed their own checks.
-
-    Run even while other fields are wrong, so that a field only the whole launch
-    judges (``_JUDGED_BY_LAUNCH``) is flagged together with them. Every other error
-    of the launch is about a combination: it goes to ``launch``, and only when
-    every field is right (a combination with a wrong field left out means little).
-    """
+    """The launch from the fields that parsed and passed their own checks, built even while
+    others are wrong so that a field only the launch judges (``_JUDGED_BY_LAUNCH``) is flagged
+    with them. Any other error is a combination's: it goes to ``launch``, when no field is wrong."""
     valid = cast(LaunchOptions, {k: v for k, v in options.items() if k not in errors})
     for _ in range(len(_JUDGED_BY_LAUNCH) + 1):
         try:
@@ -210,11 +203,8 @@ def _initial_devices(
 
 
 def parse_kwargs(text: str) -> dict[str, object]:
-    """``epochs=3, lr=0.1`` (entries between commas or lines) as keyword arguments whose
-    values are Python literals (``ast.literal_eval``); empty entries are nothing.
-
-    Raises ``ValueError`` naming the entry that is wrong and why.
-    """
+    """``epochs=3, lr=0.1`` (entries between commas or lines, empty ones skipped) as keyword
+    arguments of Python literals; ``ValueError`` naming the entry that is wrong and why."""
     kwargs: dict[str, object] = {}
     entries = [entry.strip() for entry in _entries(text)]
     for number, entry in enumerate((e for e in entries if e), 1):
@@ -296,8 +286,7 @@ def _timeout(text: str) -> float | None:
 
 
 def _count(empty: int, wanted: str) -> Callable[[str], int]:
-    """A parser of a whole number, ``empty`` when the field is; ``wanted`` says what
-    it takes."""
+    """A parser of a whole number, ``empty`` when the field is; ``wanted`` says what it takes."""
 
     def parse(text: str) -> int:
         text = text.strip()
