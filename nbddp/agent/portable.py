@@ -107,8 +107,7 @@ def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
 
 
 def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd] | None = None) -> Payload:
-    """The ``Payload`` again on a node, on shared memory it owns. ``kept``: the memory landed
-    with the last payload, by mark (what a None stands for); left holding this payload's."""
+    """The ``Payload`` again on a node, on memory it owns (``kept``: the last one's, by mark)."""
     data, memory, marks = shipped
     owned = [
         (kept or {})[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
