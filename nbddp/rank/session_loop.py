@@ -63,12 +63,26 @@ def deliver(kind: str, body: Body) -> None:
         current = _STATE
         if current is not None and _MAIN is not None:
             current.interrupt_for = int(body)
-            signal.pthread_kill(_MAIN, signal.SIGINT)
+            _nudge(current, int(body), NUDGES)
         return
     if kind == "close_group":
         regroup.shut_accepted()  # here: a rank blocked in a collective holds the main thread
     if kind in ("cell", "end", "close_group", "regroup"):
         _INBOX.put((kind, body))
+
+
+NUDGES = 40  # times an interrupt's signal is sent, a quarter of a second apart, until taken
+
+
+def _nudge(current: SessionState, cell: int, left: int) -> None:
+    # Again until the cell takes it: a signal that lands just before the main thread blocks
+    # (on a lock, in a sleep) is taken only when the next one wakes it.
+    if _MAIN is not None and current.interrupt_for == cell and current.running in (cell, None):
+        signal.pthread_kill(_MAIN, signal.SIGINT)
+        if left > 1:
+            timer = threading.Timer(0.25, _nudge, (current, cell, left - 1))
+            timer.daemon = True
+            timer.start()
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:

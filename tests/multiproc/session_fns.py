@@ -96,3 +96,16 @@ def all_reduce_sum() -> float:
     t = torch.ones(1)
     dist.all_reduce(t)
     return float(t.item())
+
+
+def lose_the_first_interrupt() -> None:
+    """Take the first SIGINT with a handler that does nothing, as a signal that lands just
+    before the main thread blocks on a lock is taken, then block until interrupted."""
+    ours = signal.getsignal(signal.SIGINT)
+    taken = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: taken.set())
+    print("waiting", flush=True)
+    while not taken.wait(0.05):
+        pass
+    signal.signal(signal.SIGINT, ours)
+    threading.Event().wait()

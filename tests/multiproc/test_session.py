@@ -190,6 +190,16 @@ def test_stopping_a_cell_interrupts_every_rank_and_keeps_the_state(session: Sess
     assert session.run(fns.kept, "x") == 7
 
 
+def test_an_interrupt_whose_signal_was_lost_is_repeated_until_taken(session: Session) -> None:
+    cell = Waiting(session, fns.lose_the_first_interrupt)
+    stopped = time.monotonic()
+    cell.run.stop()
+    raised = cell.join()
+    assert isinstance(raised, nbddp.RankError) and "stopped" in str(raised)
+    assert time.monotonic() - stopped < 3  # before the cell would give up on the rank
+    assert session.alive
+
+
 def test_an_interrupt_that_comes_before_the_cell_begins_still_stops_it(session: Session) -> None:
     for _ in range(5):
         run, _ = _start(session, fns.wait_forever)
