@@ -88,8 +88,7 @@ as ``ship_payload`` hands them to the engine."""
 
 
 def ship_payload(payload: Payload, held: frozenset[Mark] = frozenset()) -> ShippedPayload:
-    """The call's bytes and its shared memory (notebook side), but for what the nodes hold
-    unchanged (``held``: the marks of the payload shipped to them last).
+    """The call's bytes and its shared memory (notebook side) but what the nodes hold (``held``).
 
     Each memory goes as a ``PickleBuffer`` over a read-only map of its descriptor: Ray stores such a
     buffer out of band (one copy, into its object store) and a node reads it from there without
@@ -106,14 +105,13 @@ def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
     return pickle.PickleBuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else b""
 
 
-def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd] | None = None) -> Payload:
+def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd]) -> Payload:
     """The ``Payload`` again on a node, on memory it owns (``kept``: the last one's, by mark)."""
     data, memory, marks = shipped
     owned = [
-        (kept or {})[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
+        kept[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
         for i, m in enumerate(memory)
     ]
-    if kept is not None:
-        kept.clear()
-        kept.update((marks[i], owned[i]) for i in marks)
+    kept.clear()
+    kept.update((marks[i], owned[i]) for i in marks)
     return Payload(data, tuple(o.fd for o in owned), tuple(owned), marks)

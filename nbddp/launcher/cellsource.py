@@ -1,10 +1,5 @@
-"""One cell of a session as its reader sees it, and the cell's bookkeeping.
-
-Contract: ``CellSource`` is what a ``Run`` reads for one session cell (``run.RunSource``): its
-events, status, outcomes and root cause, frozen once the cell ends; ``stop`` and ``dump_stacks``
-go to the ``CellOwner`` (``cells.Cells``). ``CellState`` is a cell's bookkeeping on the relay loop;
-``in_cell`` turns a rank's run record into its part in one cell.
-"""
+"""One session cell as a ``Run`` reads it (``CellSource``: frozen once it ends; ``stop`` and
+``dump_stacks`` go to its ``CellOwner``, ``cells.Cells``), and its bookkeeping (``CellState``)."""
 
 from __future__ import annotations
 

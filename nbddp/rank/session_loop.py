@@ -75,14 +75,12 @@ NUDGES = 40  # times an interrupt's signal is sent, a quarter of a second apart,
 
 
 def _nudge(current: SessionState, cell: int, left: int) -> None:
-    # Again until the cell takes it: a signal that lands just before the main thread blocks
-    # (on a lock, in a sleep) is taken only when the next one wakes it.
-    if _MAIN is not None and current.interrupt_for == cell and current.running in (cell, None):
-        signal.pthread_kill(_MAIN, signal.SIGINT)
-        if left > 1:
-            timer = threading.Timer(0.25, _nudge, (current, cell, left - 1))
-            timer.daemon = True
-            timer.start()
+    # Again until taken: a signal landing just before the main thread blocks waits for the next.
+    if _MAIN is None or current.interrupt_for != cell or current.running not in (cell, None):
+        return
+    signal.pthread_kill(_MAIN, signal.SIGINT)
+    if left > 1:  # (a rank ends with os._exit: a pending timer holds nothing up)
+        threading.Timer(0.25, _nudge, (current, cell, left - 1)).start()
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:

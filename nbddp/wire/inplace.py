@@ -1,15 +1,12 @@
 """Large notebook buffers shared where they lie: the same address, the same values, no second copy.
 
 Contract: ``share(address, nbytes, owner)`` returns an ``OwnedFd`` of a memfd and the buffer's
-offset in it, or None unless the buffer is a block of its own (glibc's mmapped chunk, in private
-anonymous memory). Its whole pages are swapped, 64 MiB at a time, for memfd pages holding the same
-bytes, so its address, values and views stay as they were and the notebook never holds more than a
-chunk twice; the partial pages at its ends stay private and are written at each call. No Python
-thread runs meanwhile (a write by native code running without the GIL over those very bytes may be
-lost). While ``owner`` (a weak reference: None once the buffer is gone or moved) lives, it is not
-copied again; after, its memfd goes at the next garbage collection. A forked child maps these pages
-copy-on-write: its writes stay its own, though it sees the notebook's later writes to pages it has
-not written.
+offset in it, or None unless the buffer is a glibc block of its own in private anonymous memory. Its
+whole pages are swapped, 64 MiB at a time, for memfd pages with the same bytes: its address, values
+and views stay, and the notebook never holds more than a chunk twice; the partial pages at its ends
+are written at each call. No Python thread runs meanwhile (native code writing those bytes without
+the GIL may lose a write). While ``owner`` (None once the buffer is freed or moved) lives it is not
+copied again. A forked child maps the pages copy-on-write.
 """
 
 from __future__ import annotations

@@ -94,8 +94,7 @@ class Payload:
     data: bytes
     fds: tuple[int, ...] = ()
     owned: tuple[object, ...] = ()
-    marks: dict[int, shm.Mark] = field(default_factory=dict)
-    """Position in ``fds`` -> what a lasting one holds (``shm.Mark``: same memory, unchanged)."""
+    marks: dict[int, shm.Mark] = field(default_factory=dict)  # ``shm.SharingPickler.marks``
 
     def ref(self) -> CallRef:
         """What the ranks are sent to make the call: a new memory file holding the bytes,

@@ -30,7 +30,6 @@ class _ValuePickler(shm.SharingPickler):
         return reduced if reduced is not None else super().reducer_override(obj)
 
     def _share(self, storage: torch.UntypedStorage) -> tuple[int, int]:
-        # Copied by write() into a memfd: no page fault per page, as a new mapping takes.
         fd = self._shared_fd(storage)
         address, nbytes = storage.data_ptr(), storage.nbytes()
         return (fd, 0) if fd is not None else self._buffer(address, nbytes, None)

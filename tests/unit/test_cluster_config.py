@@ -192,7 +192,7 @@ def test_the_call_and_its_large_arguments_cross_as_bytes() -> None:
     big = torch.ones(1 << 18)
     payload = Payload.serialize(torch.sum, (big,), {})
     assert payload.fds
-    landed = land_payload(ship_payload(payload))
+    landed = land_payload(ship_payload(payload), {})
     call = load_call(landed.ref())
     assert torch.equal(call.args[0], big)
 
