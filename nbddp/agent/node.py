@@ -226,9 +226,7 @@ class NodeAgent:
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
-        with self._lock:
-            record = self._runs.get(run)
-        if record is not None and record.job.session:
+        if (record := self._held(run)) is not None and record.job.session:
             record.job.send_cell(number, land_payload(payload, record.kept), debug)
 
     def ask_stacks(self, run: str, ranks: list[int]) -> None:
@@ -246,10 +244,12 @@ class NodeAgent:
         with self._lock:
             self._stores.pop(run, None)
 
-    def _job(self, run: str) -> NodeRun | None:
+    def _held(self, run: str) -> _Held | None:
         with self._lock:
-            record = self._runs.get(run)
-        return record.job if record is not None else None
+            return self._runs.get(run)
+
+    def _job(self, run: str) -> NodeRun | None:
+        return record.job if (record := self._held(run)) is not None else None
 
     # -- the watchdog ----------------------------------------------------------
 
