@@ -46,7 +46,9 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
             # Straight into a fresh, contiguous shared-memory tensor on the CPU.
             storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
             moved = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
-            moved.copy_(tensor.detach())
+            # A device-to-host copy into pages not yet touched faults them in one by
+            # one inside the driver: touching them first makes it several times faster.
+            moved.zero_().copy_(tensor.detach())
         else:
             moved = tensor.cpu()
     if moved.device.type != "cpu":  # would be pickled (and copied) again, endlessly
