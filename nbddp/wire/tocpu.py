@@ -36,9 +36,8 @@ def cpu_reduction(obj: object, shared_from: int) -> _ReducedType | None:
 
 
 def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
-    """A CPU copy of ``tensor`` keeping its kind, subclass and attributes (see module
-    doc); ``shared``: a plain tensor or ``Parameter`` is copied into shared memory
-    (one copy, where ``cpu()`` and then sharing would make two)."""
+    """A CPU copy of ``tensor`` keeping its kind, subclass and attributes; ``shared``: a
+    plain tensor or ``Parameter`` goes straight into shared memory (one copy, not two)."""
     import torch  # already imported: there is a tensor
 
     with torch.no_grad():  # a copy outside any autograd graph, as ``detach()`` gives
@@ -46,8 +45,7 @@ def on_cpu(tensor: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
             # Straight into a fresh, contiguous shared-memory tensor on the CPU.
             storage = torch.UntypedStorage._new_using_fd_cpu(tensor.nbytes)
             moved = torch.empty(0, dtype=tensor.dtype).set_(storage).view(tensor.size())
-            # A device-to-host copy into pages not yet touched faults them in one by
-            # one inside the driver: touching them first makes it several times faster.
+            # Pages touched first: a device-to-host copy faults untouched ones in singly.
             moved.zero_().copy_(tensor.detach())
         else:
             moved = tensor.cpu()
