@@ -7,14 +7,15 @@ torch); a new agent starts the node's forkserver at once. It holds any number of
 the notebook's run id with its own ``noderun.NodeRun`` and, on agent 0, its own rendezvous store
 (``host_store``/``close_store``). ``poll(wait)`` is the one long poll for all of them: a ``Batch``
 per run with its events, new failures and, once its ranks here have all ended, their outcomes
-(global ranks), shipped (``portable.ship``). The agent ends itself (``os._exit``, so every rank's
-link closes) once it has lost the notebook: no poll for ``QUIET`` seconds, or its engine's process
-on the node gone (``engine_lost``).
+(global ranks), shipped (``portable.ship``). The agent ends itself (exit 1, so every rank's link
+closes) once it has lost the notebook: no poll for ``QUIET`` seconds (``_keep_alive``), or its
+engine's process on the node gone (``engine_lost``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import queue
@@ -98,8 +99,7 @@ class NodeAgent:
         self._stores: dict[str, object] = {}
         self._inbox: Inbox = queue.SimpleQueue()
         self._parent = os.getppid()  # the engine's process on the node (Ray's raylet)
-        self._last_poll: float | None = None
-        self._born = time.monotonic()
+        self._keep_alive(FIRST_POLL_WAIT)
         threading.Thread(target=self._watch, name="nbddp-agent-watch", daemon=True).start()
         threading.Thread(target=_prewarm, name="nbddp-prewarm", daemon=True).start()
 
@@ -170,7 +170,7 @@ class NodeAgent:
 
     def poll(self, wait: float) -> Shipped:
         """The long poll: run id -> its batch, shipped."""
-        self._last_poll = time.monotonic()
+        self._keep_alive(QUIET)
         items: list[tuple[str, RunEvent | Reply]] = []
         with contextlib.suppress(queue.Empty):
             items.append(self._inbox.get(timeout=wait))
@@ -188,7 +188,7 @@ class NodeAgent:
         for run, record in held:
             if new := record.new_failures():
                 batches.setdefault(run, Batch()).failures = new
-        self._last_poll = time.monotonic()
+        self._keep_alive(QUIET)
         return ship(batches)
 
     def _close(self, run: str, batch: Batch) -> None:
@@ -253,26 +253,23 @@ class NodeAgent:
 
     # -- the watchdog ----------------------------------------------------------
 
+    def _keep_alive(self, seconds: float) -> None:
+        """End this process (exit 1, its threads' stacks in its log) unless called again
+        within ``seconds``."""
+        # Why faulthandler: its timer is a C thread, so it ends the agent also while a
+        # thread holds the GIL (under Ray, a garbage collection blocked in Ray's code
+        # once the notebook is gone); a Python watchdog would wait with the rest.
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
     def _watch(self) -> None:
-        """End this agent, and so its ranks, once it has lost the notebook."""
+        """End this agent, and so its ranks, once its engine's process is gone."""
         while True:
             time.sleep(WATCH_EVERY)
-            why = self._lost_why()
-            if why is not None:
+            if (why := self.engine_lost()) is not None:
                 log.warning("nbddp agent: %s; ending this node's ranks and the agent", why)
                 # Why _exit: every rank's link closes with this process, and each
                 # rank then kills its own process group at once.
                 os._exit(1)
-
-    def _lost_why(self) -> str | None:
-        if (lost := self.engine_lost()) is not None:
-            return lost
-        waited = time.monotonic() - (self._last_poll or self._born)
-        if self._last_poll is None and waited > FIRST_POLL_WAIT:
-            return f"no poll from the notebook within {FIRST_POLL_WAIT:g}s of starting"
-        if self._last_poll is not None and waited > QUIET:
-            return f"no poll from the notebook for {QUIET:g}s"
-        return None
 
 
 def _prewarm() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nbddp.agent.node import QUIET
 from tests.cluster.conftest import CLIENT_PORT, HEAD
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks, results_through
 
@@ -14,6 +15,11 @@ def test_a_client_notebook_gets_values_and_the_ranks_own_exception(cluster: obje
     assert "RAISED StepFailed step failed on rank 2\n" in out
 
 
-def test_a_killed_client_notebooks_ranks_are_gone_within_10s(cluster: object) -> None:
-    gone = kill_it_and_wait_for_its_ranks(ADDRESS)
+def test_a_killed_client_notebooks_ranks_are_gone_soon_after_the_agents_last_poll(
+    cluster: object,
+) -> None:
+    # Ray's own clean-up of a lost Ray Client driver takes 30 s; nbddp's agents end
+    # themselves ``QUIET`` seconds after the notebook's last poll, also when a thread of
+    # theirs holds the GIL meanwhile (under load, a garbage collection blocked in Ray).
+    gone = kill_it_and_wait_for_its_ranks(ADDRESS, within=QUIET + 8)
     print(f"ranks gone {gone:.2f}s after the client notebook was killed")

@@ -35,6 +35,9 @@ class LocalAgent(NodeAgent):
     def _watch(self) -> None:
         """No watchdog: it would end this process once the polls stop."""
 
+    def _keep_alive(self, seconds: float) -> None:
+        """Likewise."""
+
 
 class Direct:
     """A channel that calls the agent's method on a thread of a pool, as Ray's actor does."""
