@@ -116,9 +116,9 @@ def results_through(address: str) -> str:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=110,
+        timeout=240,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
     return done.stdout
 
 

@@ -63,6 +63,8 @@ def test_idle_agents_are_handed_back_after_the_idle_setting(
     assert nbddp.cluster.describe() == "no agents held on any cluster"
 
 
+@pytest.mark.timeout(300)  # the other driver starts agents and forkservers afresh: on a
+# loaded machine that is a minute or more
 def test_a_second_driver_launches_while_this_one_holds_idle_agents(cluster: object) -> None:
     # This process holds the only CPU of each node (idle agents, kept for 300 s).
     address = cluster.address  # type: ignore[attr-defined]

@@ -159,7 +159,7 @@ def test_ranks_outlive_a_killed_forkserver_and_report_how_they_ended(
 
 INTERRUPT_DURING_START = textwrap.dedent(
     """
-    import signal, threading
+    import os, signal, threading
     import psutil
     import torch.distributed  # as a notebook that used torch has: the launch is at once
     import nbddp
@@ -169,7 +169,21 @@ INTERRUPT_DURING_START = textwrap.dedent(
     # torch's) exists before counting; spawn leaves the forkserver unstarted.
     assert nbddp.launch(escape_fns.noop, procs=1, output="none", start_method="spawn") == 0
     me = psutil.Process()
-    before = (threading.active_count(), me.num_fds())
+
+    def held():
+        # A launch returns once its ranks have; their keepers' reapers end just after.
+        for thread in threading.enumerate():
+            if thread.name == "nbddp-reap":
+                thread.join()
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except FileNotFoundError:  # the listing's own descriptor
+                pass
+        return sorted(t.name for t in threading.enumerate()), sorted(fds)
+
+    before = held()
     main = threading.main_thread().ident
     threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
     try:
@@ -180,7 +194,7 @@ INTERRUPT_DURING_START = textwrap.dedent(
     # it starts for it must find its link closed and end.
     assert nbddp.launch(escape_fns.noop, procs=2, output="none") == 0
     nbddp.shutdown()
-    after = (threading.active_count(), me.num_fds())
+    after = held()
     print("before", before, "after", after, flush=True)
     assert after == before, (before, after)
     """
