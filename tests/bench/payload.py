@@ -6,20 +6,23 @@ A float32 tensor of each ``--gib`` size is captured in a closure; each of 2 CPU
 ranks reads all of it (sums it) and returns. For each launcher: wall time
 of the launch (call to return; it includes each rank reading the whole
 tensor), the time until every rank's function had started (what the
-launcher itself costs), and the peak memory of the notebook plus all
-its descendants, as the sum of their PSS (proportional set size: a page
-shared by N processes counts 1/N in each, so shared pages count once),
-sampled every 20 ms, minus the notebook's PSS before the tensor existed;
-shown as a multiple of the tensor's size. The floor is one in-process copy
-of the tensor (``clone()``); "x (copy + small launch)" holds the time until
-every rank runs against that copy plus the small launch's. ``--json`` also writes the table to
-a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
+launcher itself costs), and the peak memory in use on the machine
+(``AnonPages + Shmem`` in /proc/meminfo: every process's private pages plus
+all shared memory, mapped or not, each page once), sampled every 20 ms,
+minus that before the tensor existed, sampling on for ``SETTLE`` seconds after
+each launch (the kernel's counts lag); shown as a multiple of the tensor's
+size. Run it on a quiet machine: other processes' memory counts too. The
+floor is one in-process copy of the tensor (``clone()``); "x (copy + small
+launch)" holds the time until every rank runs against that copy plus the
+small launch's. ``--json`` also writes the table to a file (``benchjson``,
+for ``plot.py``). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import shutil
 import tempfile
 import threading
@@ -30,35 +33,34 @@ from pathlib import Path
 import psutil
 import torch
 
+SETTLE = 2.0  # seconds: the kernel folds its per-CPU memory counts into meminfo each second
 
-def tree_pss() -> int:
-    """PSS of this process and all its descendants, in bytes."""
-    me = psutil.Process()
-    total = 0
-    for proc in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_full_info().pss
-    return total
+
+def in_use() -> int:
+    """Bytes of anonymous and shared memory in use on the machine (/proc/meminfo)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(fields["AnonPages"].split()[0]) + int(fields["Shmem"].split()[0])) * 1024
 
 
 @contextlib.contextmanager
-def peak_pss() -> Iterator[list[int]]:
-    """Sample ``tree_pss`` on a thread while the block runs; yields [peak] after it."""
-    peak = [tree_pss()]
+def peak_in_use() -> Iterator[list[int]]:
+    """Sample ``in_use`` on a thread while the block runs; yields [peak] after it."""
+    peak = [in_use()]
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.02):
-            peak[0] = max(peak[0], tree_pss())
+            peak[0] = max(peak[0], in_use())
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     try:
         yield peak
     finally:
+        time.sleep(SETTLE)  # what the block used, counted late, still counts
         done.set()
         thread.join()
-        peak[0] = max(peak[0], tree_pss())
+        peak[0] = max(peak[0], in_use())
 
 
 def run_with_deadline(fn: Callable[[], object], deadline: float) -> bool:
@@ -129,13 +131,16 @@ def run_size(gib: float, deadline: float) -> list[tuple[object, ...]]:
 
     import nbddp
 
-    base = tree_pss()
+    gc.collect()  # the last size's tensor, shared in place, lets its memory go at a collection
+    time.sleep(SETTLE)
+    base = in_use()
     data = torch.ones(int(gib * (1 << 30)) // 4)
     size = data.numel() * 4
     stamps = tempfile.mkdtemp(prefix="nbddp-bench-")
     small = make_task(torch.ones(4), stamps)
     task = make_task(data, stamps)
     floor = copy_time(data)
+    time.sleep(SETTLE)  # the copy's memory, freed, counted as freed
     cases: list[tuple[str, Callable[[], object]]] = [
         ("nbddp, small payload (reference)", lambda: nbddp.launch(small, procs=2, output="none")),
         (
@@ -157,7 +162,7 @@ def run_size(gib: float, deadline: float) -> list[tuple[object, ...]]:
     for name, fn in cases:
         for old in Path(stamps).iterdir():
             old.unlink()
-        with peak_pss() as peak:
+        with peak_in_use() as peak:
             wall_start = time.time()
             start = time.perf_counter()
             finished = run_with_deadline(fn, deadline)
