@@ -141,10 +141,17 @@ def test_stacks_can_be_dumped_from_a_running_job(tmp_path: Path) -> None:
                 run.dump_stacks()
             if not self.released and all("in wait_on_fifo" in t for t in text.values()):
                 self.released = True
+                # Never blocking the display's thread on a rank: a FIFO opened read-write
+                # opens at once, and held open, its line waits for the rank to read it.
                 for r in (0, 1):
-                    with open(f"{fifo}.{r}", "w") as f:
-                        f.write("go\n")
+                    held.append(os.open(f"{fifo}.{r}", os.O_RDWR))
+                    os.write(held[-1], b"go\n")
 
+    held: list[int] = []
     run.display = DumpWhenReady()
-    assert run.wait().values == {0: "go", 1: "go"}
+    try:
+        assert run.wait().values == {0: "go", 1: "go"}
+    finally:
+        for fd in held:
+            os.close(fd)
     assert all("in wait_on_fifo" in run.output(r) for r in (0, 1))
