@@ -238,10 +238,10 @@ class SlurmEngine(held.Engine):
         return self.why(node)
 
     def _about(self, node: str) -> str | None:
-        own = (f"{node}: ", f" ON {node} ")  # its task's line or its step's
-        loss = f"Node failure on {node}"  # first, whenever srun said it
-        return next((s for s in self._said if s == loss), None) or next(
-            (s for s in self._said if s.startswith(own[0]) or own[1] in s), None
+        if (loss := f"Node failure on {node}") in self._said:  # its own, whenever srun said it
+            return loss
+        return next(
+            (s for s in self._said if s.startswith(f"{node}: ") or f" ON {node} " in s), None
         )
 
     def why(self, node: str = "") -> str:
