@@ -276,8 +276,7 @@ def _holders() -> str:
     mine = [s for s in kept() if s.in_use()]
     if not mine:
         return "other jobs hold them"
-    runs = sum(len(s.runs) for s in mine)
-    sessions = sum(len(s.sessions) for s in mine)
+    runs, sessions = sum(len(s.runs) for s in mine), sum(len(s.sessions) for s in mine)
     return (
         f"other jobs, or this notebook's {runs} running run(s) on other agents "
         f"({sessions} of them sessions), hold them"
@@ -306,8 +305,7 @@ def describe() -> str:
             use = f"idle, handed back in {left:.0f}s or when another job waits for them"
         if agents.broken:
             use += "; a node was lost: handed back once its runs end"
-        note = agents.engine.note()
-        use += f"; {note}" if note else ""
+        use += f"; {note}" if (note := agents.engine.note()) else ""
         lines.append(f"{address}: {count} agents ({what}) on {nodes}; {use}")
     return "\n".join(lines)
 
@@ -316,6 +314,7 @@ def describe() -> str:
 
 _keeper: threading.Thread | None = None
 _keeper_wake = threading.Event()
+_ending = False
 
 
 def _start_keeper() -> None:
@@ -325,17 +324,25 @@ def _start_keeper() -> None:
             return
         if _keeper is None:
             # Registered after the engine connected (ray.init), so it runs before the
-            # engine's own exit handler: the followers stop calling an engine that is
-            # shutting down (Ray's core worker ends the process when called then).
+            # engine's own exit handler: nothing calls an engine that has shut down (Ray's
+            # core worker then ends the process with status 1).
             atexit.register(_stop_following)
         _keeper = threading.Thread(target=_keep, name="nbddp-cluster-keeper", daemon=True)
         _keeper.start()
 
 
 def _stop_following() -> None:
-    """This process is ending: the engine ends its agents; the followers stop now."""
+    """This process is ending: the engine ends its agents; the keeper and the followers
+    make no new call and are waited for while their call in flight ends."""
+    global _ending
+    _ending = True
+    _keeper_wake.set()
     for agents in kept():
         agents.released = True
+    deadline = time.monotonic() + POLL_WAIT + 1
+    for thread in threading.enumerate():
+        if thread.name.startswith(("nbddp-node", "nbddp-cluster-keeper")):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _keep() -> None:
@@ -344,7 +351,7 @@ def _keep() -> None:
         _keeper_wake.wait(KEEP_TICK)
         _keeper_wake.clear()
         sets = kept()
-        if not sets:
+        if not sets or _ending:
             return
         idle = [s for s in sets if not s.in_use()]
         if not idle:
@@ -359,9 +366,8 @@ def _keep() -> None:
             due = idle
         for agents in due:
             with _sets_lock:
-                if agents in _sets and not agents.in_use():
-                    _sets.remove(agents)
-                else:
+                if agents not in _sets or agents.in_use():
                     continue
+                _sets.remove(agents)
             log.info("nbddp: handing back idle agents of %s", agents.shape[0])
             agents.release()

@@ -134,14 +134,12 @@ class _Call:
     def result(self, timeout: float) -> object:
         """``ray.get``, raising what the agent raised itself (a busy port, a worker that
         could not start) rather than Ray's wrapper of it."""
-        from ray.exceptions import RayTaskError
-
+        ray = import_ray()
         try:
-            return import_ray().get(self.ref, timeout=timeout)
-        except RayTaskError as exc:
-            cause = exc.cause
-            if isinstance(cause, Exception):
-                raise cause from None
+            return ray.get(self.ref, timeout=timeout)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, Exception):
+                raise exc.cause from None
             raise
 
 
@@ -156,13 +154,11 @@ class RayEngine(Engine):
 
     def give_back(self, hold: object, channels: list[Channel]) -> None:
         ray = import_ray()
-        from ray.util.placement_group import remove_placement_group
-
         with contextlib.suppress(Exception):
             for channel in channels:
                 if isinstance(channel, RayChannel):
                     ray.kill(channel.handle)
-            remove_placement_group(hold)
+            ray.util.remove_placement_group(hold)
 
     def others_waiting(self, holds: list[object]) -> bool:
         """A pending placement group not one of ``holds``, or (connected directly, not over
@@ -171,9 +167,7 @@ class RayEngine(Engine):
         ours = {str(g.id.hex()) for g in groups}
         ray = import_ray()
         try:
-            from ray.util import placement_group_table
-
-            for group, entry in placement_group_table().items():
+            for group, entry in ray.util.placement_group_table().items():
                 if entry.get("state") == "PENDING" and group not in ours:
                     return True
             if ray.util.client.ray.is_connected():

@@ -144,3 +144,43 @@ def kill_it_and_wait_for_its_ranks(
         f"ranks alive {within:g} s after the notebook was killed: {[p.pid for p in left]}"
     )
     return time.monotonic() - killed
+
+
+# The keeper's look at the cluster (every second while agents are idle) made slow, so
+# that it is in flight as the process exits: it waits for the exit to begin, then for the
+# engine to shut down (up to a second each) before it reaches the engine.
+EXITING = (
+    CLUSTER
+    + """
+import ray
+from nbddp.cluster import agents as nodes
+from nbddp.cluster.ray_engine import RayEngine
+
+look = RayEngine.others_waiting
+
+
+def slow_look(self, holds):
+    for ended in (lambda: all(a.released for a in nodes.kept()), lambda: not ray.is_initialized()):
+        deadline = time.monotonic() + 1.0
+        while not ended() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    print("LOOKED", "after" if not ray.is_initialized() else "before", "shutdown", flush=True)
+    return look(self, holds)
+
+
+RayEngine.others_waiting = slow_look
+nodes.KEEP_TICK = 0.01  # looking all the time
+print("ENV", nbddp.launch(env_of_rank, nodes=2, procs=1, cluster=cluster)["RANK"], flush=True)
+"""
+)
+
+
+def exit_while_looking(address: str) -> subprocess.CompletedProcess[str]:
+    """A notebook that holds idle agents and exits while its keeper looks at the cluster."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(EXITING), address],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+    )

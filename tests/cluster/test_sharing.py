@@ -12,7 +12,7 @@ import pytest
 import nbddp
 from nbddp.cluster import agents as nodes
 from tests.cluster.conftest import newest
-from tests.cluster.notebook import results_through
+from tests.cluster.notebook import exit_while_looking, results_through
 from tests.cluster.ranks import env_of_rank, sleep_in_a_named_function, wait_for
 from tests.procs import wait_procs_gone
 
@@ -77,3 +77,10 @@ def test_a_second_driver_launches_while_this_one_holds_idle_agents(cluster: obje
     assert not wait_procs_gone(held, timeout=10), "the idle agents were not handed back"
     assert nodes.kept() == []
     print(f"the other driver's two runs took {took:.1f}s while this one held idle agents")
+
+
+def test_a_notebook_exits_cleanly_while_its_keeper_looks_at_the_cluster(cluster: object) -> None:
+    # The engine shuts down with the process; a look at it in flight ends first.
+    done = exit_while_looking(cluster.address)  # type: ignore[attr-defined]
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-2000:]}"
+    assert done.stdout.endswith("ENV 0\nLOOKED before shutdown\n"), done.stdout
