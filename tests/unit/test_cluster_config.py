@@ -396,11 +396,15 @@ class _GoneChannel:
         raise ConnectionError("the node is gone")
 
 
-def test_placement_looks_again_while_it_waits_and_names_a_lost_node_at_once() -> None:
+def test_placement_looks_again_while_it_waits_and_names_a_lost_node_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import threading
 
     from nbddp.agent.node import NodeInfo
     from nbddp.cluster import agents as held
+
+    monkeypatch.setattr(held, "_lost_nodes", {})  # nodes other tests' agents lost
 
     infos = [NodeInfo(f"10.9.0.{i}", "h", 1, (), {}, node_id=f"unit-{i}") for i in range(2)]
     engine: Any = _GoneEngine()
