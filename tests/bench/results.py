@@ -13,7 +13,9 @@ moment rank 0 had its value built (a timestamp it takes just before
 returning) until the notebook holds it, and the throughput that gives;
 "x floor": the return against one in-process copy of the same value
 (``clone()`` of each tensor, measured in the same run just before), the
-least any way of bringing it back could cost; the notebook's peak resident
+least any way of bringing it back could cost; beside it one ``write()`` of the
+same bytes into a memfd, in-process: what filling memory another process can
+map costs at the least; the notebook's peak resident
 memory above what it held before, sampled every 10 ms, as a multiple of the
 value's size. ``--json`` also writes the table
 to a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
@@ -61,6 +63,26 @@ def copy_time(kind: str, mib: int) -> float:
     copies = [t.clone() for t in tensors]
     elapsed = time.perf_counter() - start
     del copies, value, tensors
+    gc.collect()
+    return elapsed
+
+
+def shared_write_time(kind: str, mib: int) -> float:
+    """Seconds for one in-process ``write()`` of the value's bytes into a new memfd: the
+    least a copy into memory another process can map costs (shared memory's own floor)."""
+    value = build(kind, mib)
+    tensors = [value] if kind == "tensor" else list(value.values())
+    fd = os.memfd_create("floor")
+    try:
+        start = time.perf_counter()
+        for t in tensors:
+            view = memoryview(t.numpy()).cast("B")
+            while view:
+                view = view[os.write(fd, view) :]
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    del value, tensors
     gc.collect()
     return elapsed
 
@@ -187,6 +209,9 @@ def main() -> None:
             floor = copy_time(kind, mib)
             rows.append((f"{mib} MiB {kind}", "one in-process copy (floor)", None, floor))
             rows[-1] += ((mib << 20) / floor / 1e9, 1.0, None, mib, kind)
+            shared = shared_write_time(kind, mib)
+            rows.append((f"{mib} MiB {kind}", "one write() into a memfd", None, shared))
+            rows[-1] += ((mib << 20) / shared / 1e9, shared / floor, None, mib, kind)
             for name, fn in cases:
                 whole, ret, mem = measure(fn, stamps, mib)
                 rate = (mib << 20) / ret / 1e9
