@@ -14,8 +14,10 @@ each launch (the kernel's counts lag); shown as a multiple of the tensor's
 size. Run it on a quiet machine: other processes' memory counts too. The
 floor is one in-process copy of the tensor (``clone()``); "x (copy + small
 launch)" holds the time until every rank runs against that copy plus the
-small launch's. ``--json`` also writes the table to a file (``benchjson``,
-for ``plot.py``). Not a test: nothing is asserted.
+small launch's. Beside it one in-process ``write()`` of the tensor into a memfd:
+the least that putting its bytes where the ranks can map them costs, with the
+same ratio (that write plus the small launch). ``--json`` also writes the table
+to a file (``benchjson``, for ``plot.py``). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from results import memfd_write_time
 
 SETTLE = 2.0  # seconds: the kernel folds its per-CPU memory counts into meminfo each second
 
@@ -141,6 +144,8 @@ def run_size(gib: float, deadline: float) -> list[tuple[object, ...]]:
     task = make_task(data, stamps)
     floor = copy_time(data)
     time.sleep(SETTLE)  # the copy's memory, freed, counted as freed
+    shared = memfd_write_time([data])
+    time.sleep(SETTLE)
     cases: list[tuple[str, Callable[[], object]]] = [
         ("nbddp, small payload (reference)", lambda: nbddp.launch(small, procs=2, output="none")),
         (
@@ -175,6 +180,8 @@ def run_size(gib: float, deadline: float) -> list[tuple[object, ...]]:
         ratio = (peak[0] - base) / size
         rows.append((f"{gib:g} GiB", name, elapsed if finished else None, to_start, over, ratio))
         print(f"{gib:g} GiB, {name}: {elapsed:.2f}s{'' if finished else ' (hung)'}", flush=True)
+    over = (shared + (small_start or 0.0)) / (floor + (small_start or 0.0))
+    rows.insert(0, (f"{gib:g} GiB", "one write() into a memfd", shared, shared, over, None))
     rows.insert(0, (f"{gib:g} GiB", "one in-process copy (clone)", floor, floor, None, None))
     shutil.rmtree(stamps, ignore_errors=True)
     return rows

@@ -137,15 +137,16 @@ def plot_results(data: dict[str, Any], plt: Any) -> Any:
     for i, launcher in enumerate(launchers):
         xs = [n + i * width for n in range(len(values))]
         ys = [rates.get((v, launcher)) or 0.0 for v in values]
-        floor = "floor" in launcher  # the reference: hollow, told apart from the peers
+        # The references (the copy, the memfd write): hollow, told apart from the peers.
+        reference = "floor" in launcher or "memfd" in launcher
         bars = ax.bar(
             xs,
             ys,
             width=width,
             label=launcher,
-            color="white" if floor else colour(launcher),
+            color="white" if reference else colour(launcher),
             edgecolor=OTHER,
-            hatch="//" if floor else None,
+            hatch=("//" if "floor" in launcher else "..") if reference else None,
         )
         ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], padding=2, fontsize=8)
     ax.set_xticks([n + width * (len(launchers) - 1) / 2 for n in range(len(values))], values)

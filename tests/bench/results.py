@@ -67,11 +67,9 @@ def copy_time(kind: str, mib: int) -> float:
     return elapsed
 
 
-def shared_write_time(kind: str, mib: int) -> float:
-    """Seconds for one in-process ``write()`` of the value's bytes into a new memfd: the
+def memfd_write_time(tensors: list[torch.Tensor]) -> float:
+    """Seconds for one in-process ``write()`` of the tensors' bytes into a new memfd: the
     least a copy into memory another process can map costs (shared memory's own floor)."""
-    value = build(kind, mib)
-    tensors = [value] if kind == "tensor" else list(value.values())
     fd = os.memfd_create("floor")
     try:
         start = time.perf_counter()
@@ -79,10 +77,16 @@ def shared_write_time(kind: str, mib: int) -> float:
             view = memoryview(t.numpy()).cast("B")
             while view:
                 view = view[os.write(fd, view) :]
-        elapsed = time.perf_counter() - start
+        return time.perf_counter() - start
     finally:
         os.close(fd)
-    del value, tensors
+
+
+def shared_write_time(kind: str, mib: int) -> float:
+    """``memfd_write_time`` of the value."""
+    value = build(kind, mib)
+    elapsed = memfd_write_time([value] if kind == "tensor" else list(value.values()))
+    del value
     gc.collect()
     return elapsed
 
