@@ -28,7 +28,8 @@ from nbddp.agent.noderun import Inbox, NodeRun, Reply
 from nbddp.agent.portable import Shipped, ShippedPayload, land_payload, ship
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.events import Done, Failure, RankOutcome, RunEvent, RunStatus
-from nbddp.launcher.ports import host_store, listen
+from nbddp.launcher.forkserver_link import FORKSERVER
+from nbddp.launcher.ports import listen
 from nbddp.wire.descriptors import OwnedFd
 from nbddp.wire.protocol import Answer
 from nbddp.wire.shm import Mark
@@ -96,12 +97,12 @@ class NodeAgent:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, _Held] = {}
-        self._stores: dict[str, object] = {}
+        self._stores: dict[str, OwnedFd] = {}
         self._inbox: Inbox = queue.SimpleQueue()
         self._parent = os.getppid()  # the engine's process on the node (Ray's raylet)
         self._keep_alive(FIRST_POLL_WAIT)
         threading.Thread(target=self._watch, name="nbddp-agent-watch", daemon=True).start()
-        threading.Thread(target=_prewarm, name="nbddp-prewarm", daemon=True).start()
+        threading.Thread(target=FORKSERVER.prewarm, name="nbddp-prewarm", daemon=True).start()
 
     def describe(self) -> NodeInfo:
         """Where this agent runs (the node's forkserver is starting meanwhile)."""
@@ -136,10 +137,11 @@ class NodeAgent:
         return f"{self.engine} is gone" if os.getppid() != self._parent else None
 
     def host_store(self, run: str, port: int | None) -> int:
-        """Host ``run``'s rendezvous store on this node's address; its port."""
+        """Host ``run``'s rendezvous store on this node's address, in a child of the node's
+        forkserver (torch is imported there, never here); its port."""
         sock, _ = listen(self.node_address(), port, fallback=False)
         bound = int(sock.getsockname()[1])
-        store = host_store(sock.getsockname()[0], sock)
+        store = FORKSERVER.serve_store(sock)
         with self._lock:
             self._stores[run] = store
         return bound
@@ -218,11 +220,7 @@ class NodeAgent:
             job.send(rank, kind, body)
 
     def send_cell(
-        self,
-        run: str,
-        number: int,
-        payload: ShippedPayload,
-        debug: bool = False,
+        self, run: str, number: int, payload: ShippedPayload, debug: bool = False
     ) -> None:
         """A session's cell ``number`` to each of its ranks here (``debug``: a rank that
         raises opens a debugger first)."""
@@ -270,12 +268,3 @@ class NodeAgent:
                 # Why _exit: every rank's link closes with this process, and each
                 # rank then kills its own process group at once.
                 os._exit(1)
-
-
-def _prewarm() -> None:
-    """Start the node's forkserver, then import what hosting a store takes: both are
-    on a cold launch's path, and the forkserver's torch import is the longer."""
-    from nbddp.launcher.forkserver_link import FORKSERVER
-
-    FORKSERVER.prewarm()
-    import torch.distributed  # noqa: F401

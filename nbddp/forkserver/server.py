@@ -19,15 +19,18 @@ import signal
 import socket
 import struct
 import sys
+from datetime import timedelta
 
 from nbddp import prctl
+from nbddp.forkserver import keeper
 from nbddp.forkserver.pool import Pool
 
 log = logging.getLogger(__name__)
 
 REQUEST = struct.Struct("!cqd")
-"""A request: its kind (``b"F"``: a rank, with four fds), then the pool to keep
-afterwards: how many idle workers, and after how many idle seconds they end."""
+"""A request: its kind (``b"F"``: a rank, with four fds; ``b"S"``: a rendezvous store, with
+its listening socket and a pipe's end, ``serve_store``), then the pool to keep afterwards:
+how many idle workers, and after how many idle seconds they end."""
 NAME = "nbddp-forksrv"
 
 PRELOAD = (
@@ -114,18 +117,17 @@ class Forkserver:
         msg, fds, _, _ = socket.recv_fds(self.sock, REQUEST.size, 4)
         if not msg:
             return False
-        if len(fds) != 4 or len(msg) != REQUEST.size:
-            for fd in fds:
-                os.close(fd)
-            return True
-        _, size, idle_timeout = REQUEST.unpack(msg)
-        self.pool.resize(size, idle_timeout)
-        status_w, ctrl, out, err = fds
-        rank_fds = (ctrl, out, err, status_w)
-        if self.pool.hand_over(rank_fds) is None:
-            self._hear_keepers()
+        kind, size, idle = REQUEST.unpack(msg) if len(msg) == REQUEST.size else (b"", 0, 0.0)
+        if kind == b"S" and len(fds) == 2:
+            serve_store(self._fds(), *fds)
+        elif kind == b"F" and len(fds) == 4:
+            self.pool.resize(size, idle)
+            status_w, ctrl, out, err = fds
+            rank_fds = (ctrl, out, err, status_w)
             if self.pool.hand_over(rank_fds) is None:
-                self.pool.start_keeper(self._fds(), rank_fds)
+                self._hear_keepers()
+                if self.pool.hand_over(rank_fds) is None:
+                    self.pool.start_keeper(self._fds(), rank_fds)
         for fd in fds:
             os.close(fd)
         return True
@@ -147,6 +149,39 @@ class Forkserver:
             if pid == 0:
                 return
             self.pool.forget(pid)  # a keeper reports its rank's exit code itself
+
+
+STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
+
+
+def host_store(address: str, sock: socket.socket) -> object:
+    """A rendezvous ``TCPStore`` served on ``sock``, which it takes over: dropping it
+    shuts the server down."""
+    import torch.distributed as dist  # not CUDA: safe in the notebook and the forkserver
+
+    return dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
+        address,
+        int(sock.getsockname()[1]),
+        None,
+        True,
+        timedelta(seconds=STORE_TIMEOUT),
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )
+
+
+def serve_store(close: set[int], listen_fd: int, end: int) -> None:
+    """Fork a child that serves a rendezvous store on the socket ``listen_fd`` until the
+    pipe ``end`` reads end of file (its writer, the agent asking, closed it or died)."""
+    if os.fork() == 0:  # pragma: no cover - runs in the store's process
+        with keeper.in_child():
+            keeper.detach(close)
+            prctl.set_name("nbddp-store")
+            sock = socket.socket(fileno=listen_fd)
+            _store = host_store(sock.getsockname()[0], sock)
+        while os.read(end, 1):
+            pass
+        os._exit(0)
 
 
 def _readable(sock: socket.socket) -> bool:

@@ -34,6 +34,7 @@ from nbddp.launcher.starters import (
     package_pythonpath,
     read_pid,
 )
+from nbddp.wire.descriptors import OwnedFd
 
 
 def forkserver_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -164,6 +165,19 @@ class ForkserverStarter:
             os.close(status_w)
             NOTEBOOK_FDS.keep(status_r)
             return ForkserverStarting(self, status_r)
+
+    def serve_store(self, sock: socket.socket) -> OwnedFd:
+        """A child of the forkserver serves a rendezvous store on ``sock`` (closed here)
+        until the descriptor returned is closed."""
+        end, ours = os.pipe()
+        store = OwnedFd(ours)  # closed with it if the request fails
+        with self._lock, sock:
+            try:
+                request = REQUEST.pack(b"S", 0, 0.0)
+                socket.send_fds(self._ensure_running(), [request], [sock.fileno(), end])
+            finally:
+                os.close(end)
+        return store
 
     def read_pid(self, status_r: int) -> int:
         """The pid of the worker asked for with ``status_r``; if none comes, closes both, raises."""

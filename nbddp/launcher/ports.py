@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import errno
 import socket
-from datetime import timedelta
 
+from nbddp.forkserver.server import host_store
 from nbddp.launcher.config import JobSpec, NodeSlice
 from nbddp.launcher.spelling import OptionError
 
@@ -82,22 +82,3 @@ def rendezvous(spec: JobSpec, node: NodeSlice) -> tuple[int, str | None, object 
         return port, notice, None
     sock, notice = listen(spec.master_addr, spec.port, fallback=spec.port_fallback)
     return int(sock.getsockname()[1]), notice, host_store(spec.master_addr, sock)
-
-
-STORE_TIMEOUT = 1800.0  # the store's own timeout for a rank's request, as torch's default
-
-
-def host_store(address: str, sock: socket.socket) -> object:
-    """A rendezvous ``TCPStore`` served on ``sock``, which it takes over: dropping it
-    shuts the server down."""
-    import torch.distributed as dist  # not CUDA: safe in the notebook and in an agent
-
-    return dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime
-        address,
-        int(sock.getsockname()[1]),
-        None,
-        True,
-        timedelta(seconds=STORE_TIMEOUT),
-        wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )
