@@ -120,12 +120,7 @@ def one_line(call: Callable[P, R]) -> Callable[P, R]:
     return checked
 
 
-def start_run(
-    config: LaunchConfig,
-    fn: Fn,
-    args: Args,
-    kwargs: Kwargs,
-) -> Run:
+def start_run(config: LaunchConfig, fn: Fn, args: Args, kwargs: Kwargs) -> Run:
     """Serialise the call, start the job and return its handle; an interrupt while the ranks
     start (``Job.start`` stops those it had started) is raised as one line saying so."""
     try:

@@ -36,7 +36,7 @@ from nbddp.launcher.events import (
     StateChanged,
     Text,
 )
-from nbddp.launcher.failures import describe_exit, local_time
+from nbddp.launcher.failures import describe_exit, local_time, who
 from nbddp.launcher.logs import RankLogs
 from nbddp.wire.payload import Payload
 from nbddp.wire.protocol import Answer, ErrorInfo
@@ -109,9 +109,7 @@ class ClusterJob:
             for rank, pid in node_pids.items():
                 self.core.records[rank].pid = pid
         if fresh:  # where the ranks run, said once per set of agents
-            where = "; ".join(
-                f"{n.place}: {_ranks(list(n.place.global_ranks))}" for n in self._nodes
-            )
+            where = "; ".join(f"{n.place}: {who(list(n.place.global_ranks))}" for n in self._nodes)
             notice = Notice(f"on {where}; node 0 hosts the store (MASTER_ADDR)")
             self.core.call_soon(self.core.route, notice)
 
@@ -260,7 +258,7 @@ class ClusterJob:
         if node.ended:
             return
         ranks = [r for r in node.place.global_ranks if not core.records[r].exited]
-        names = _ranks(ranks)
+        names = who(ranks)
         # The channel's own words where it has them (Slurm: the step's end, a time limit).
         said = f" ({exc})" if isinstance(exc, ConnectionError) and str(exc) else ""
         why = f"the loss of {node.place}, which ran {names}{said},"
@@ -301,10 +299,6 @@ class ClusterJob:
         if all(n.ended for n in self._nodes):
             core.stop_reason = core.stop_reason or _node_reason([n.status for n in self._nodes])
             core.end()
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks))}"
 
 
 def _node_reason(statuses: list[RunStatus | None]) -> RunStatus | None:

@@ -36,12 +36,8 @@ PLACE_TIMEOUT = 60.0  # seconds the placement group and the agents get to be rea
 AGENT_CONCURRENCY = 32  # an agent's threads: a long poll never holds up a stop
 CLIENT_GRACE = "2"  # seconds Ray Client waits for a lost notebook (its default: 30)
 CLIENT_START_TRIES = 3
-"""Connections tried when Ray Client's server fails to start the notebook's own server
-process: its proxy forks that process from a gRPC-threaded one, and the child
-sometimes exits at once with nothing in its logs ("Starting Ray client server
-failed", or the proxy finding no channel to it: "Proxy failed to Connect to backend";
-seen on this project's 2-core CI machine about one first connection in several);
-the proxy starts a fresh one for each new connection."""
+"""Connections tried when Ray Client's proxy fails to start the notebook's own server process
+(it forks it from a gRPC-threaded one, which at times dies at once); each try starts afresh."""
 
 Ray = Any
 """Ray ships no types: its module, actor handles, placement groups and node records."""
@@ -105,10 +101,9 @@ def _init(ray: Ray, cluster: RayCluster) -> None:
             )
             return
         except ConnectionAbortedError as exc:
-            text = str(exc)
             # The proxy's two ways of failing to start this connection's server;
             # anything else it says (a version mismatch) stands.
-            retry = "client server failed" in text or "Proxy failed to Connect" in text
+            retry = any(s in str(exc) for s in ("client server failed", "Proxy failed to Connect"))
             if not retry or attempt == CLIENT_START_TRIES:
                 raise
             with contextlib.suppress(Exception):
@@ -199,12 +194,11 @@ def _fitting(ray: Ray, gpus: int) -> list[str]:
 
 
 def _check_fits(ray: Ray, config: LaunchConfig, gpus: int) -> None:
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    fit = _fitting(ray, gpus)
-    count = config.nodes
+    fit, count = _fitting(ray, gpus), config.nodes
     if len(fit) >= count:
         return
     held.say_gone(fit, count, "the cluster")  # a node of this notebook's is gone: that first
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     per_node = ("gpus", gpus) if gpus else ("procs", config.job.world_size // count)
     has = ", ".join(
         f"{n['NodeManagerAddress']} ({_has(n, 'GPU'):g} GPUs, {_has(n, 'CPU'):g} CPUs)"
@@ -253,9 +247,9 @@ def _new_agents(ray: Ray, shape: Shape) -> Agents:
             for i in range(nodes)
         ]
         infos: list[NodeInfo] = ray.get([h.describe.remote() for h in handles])
-        ours = local_versions()
         for info in infos:
-            if problem := mismatch(ours, info.versions, f"{info.address} ({info.hostname})"):
+            where = f"{info.address} ({info.hostname})"
+            if problem := mismatch(local_versions(), info.versions, where):
                 raise ConfigError(problem)
     except BaseException:
         remove_placement_group(group)

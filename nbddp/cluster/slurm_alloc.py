@@ -123,8 +123,7 @@ def _drain(proc: subprocess.Popen[str]) -> None:
 
 def _wait(job: str, proc: subprocess.Popen[str] | None) -> None:
     """Until Slurm starts ``job``, saying in the cell why it waits."""
-    started = time.monotonic()
-    shown = False
+    started, shown = time.monotonic(), False
     while True:
         state, _, reason = slurm("squeue", "-h", "-j", job, "-o", "%T|%r").strip().partition("|")
         if state == "RUNNING":

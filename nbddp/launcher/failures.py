@@ -157,7 +157,7 @@ def run_error(
         stuck = [o for o in outcomes if o.value is None]
         error = LaunchTimeout(
             f"the run exceeded its timeout of {timeout or 0:g}s and was stopped "
-            f"with {_ranks([o.rank for o in stuck])} still running; {_where_stacks(stuck, log_dir)}"
+            f"with {who([o.rank for o in stuck])} still running; {_where_stacks(stuck, log_dir)}"
         )
     elif status in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED) and any(
         o.value is None for o in outcomes
@@ -169,7 +169,8 @@ def run_error(
     return shown if shown is error else error  # never another type than the rank's
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def who(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``: who, in words."""
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
@@ -179,14 +180,14 @@ def _where_stacks(stuck: Sequence[RankOutcome], log_dir: Path) -> str:
     missing = [o.rank for o in stuck if o.stacks not in ("written", "signalled")]
     parts = []
     if written:
-        parts.append(f"the stacks of {_ranks(written)} are in the output and at the end of its log")
+        parts.append(f"the stacks of {who(written)} are in the output and at the end of its log")
     if signalled:
         parts.append(
-            f"{_ranks(signalled)} did not answer (a thread held the GIL); a C-level dump "
+            f"{who(signalled)} did not answer (a thread held the GIL); a C-level dump "
             "was asked for and is in the log unless the code handles that signal itself"
         )
     if missing:
-        parts.append(f"no stacks could be taken from {_ranks(missing)} (it had not started)")
+        parts.append(f"no stacks could be taken from {who(missing)} (it had not started)")
     return "; ".join(parts) + f"; logs in {log_dir}"
 
 
@@ -267,7 +268,7 @@ def other_failures(outcomes: Sequence[RankOutcome], cause: Failure) -> list[str]
         what = collateral(outcome, cause) or _own_failure(outcome, cause)
         if what is not None:
             said.setdefault(what, []).append(outcome.rank)
-    return [f"{_ranks(ranks)}: {what}" for what, ranks in said.items()]
+    return [f"{who(ranks)}: {what}" for what, ranks in said.items()]
 
 
 def _own_failure(outcome: RankOutcome, cause: Failure) -> str | None:

@@ -57,10 +57,6 @@ class RunResult:
     duration: float = 0.0
     """Seconds from start until the last rank's output was complete."""
 
-    def is_failed(self) -> bool:
-        """True if any rank failed or the run was stopped."""
-        return self.failure is not None
-
     def log_path(self, rank: int) -> Path:
         """The full log of ``rank``."""
         return rank_log(self.log_dir, rank)
