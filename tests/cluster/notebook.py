@@ -83,7 +83,7 @@ def stand_in_notebook(
     )
     assert proc.stdout is not None
     found: list[int] = []
-    timer = threading.Timer(120, proc.kill)  # a stuck start must not hang the test
+    timer = threading.Timer(240, proc.kill)  # a stuck start must not hang the test
     timer.start()
     try:
         for line in proc.stdout:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nbddp.agent.node import QUIET
 from tests.cluster.conftest import CLIENT_PORT, HEAD
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks, results_through
@@ -15,6 +17,8 @@ def test_a_client_notebook_gets_values_and_the_ranks_own_exception(cluster: obje
     assert "RAISED StepFailed step failed on rank 2\n" in out
 
 
+@pytest.mark.timeout(300)  # the stand-in notebook's cold start through Ray Client: on a
+# loaded machine, minutes
 def test_a_killed_client_notebooks_ranks_are_gone_soon_after_the_agents_last_poll(
     cluster: object,
 ) -> None:

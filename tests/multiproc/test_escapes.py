@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -71,7 +72,8 @@ def test_a_process_that_left_the_ranks_session_ends_with_the_rank(fn: object, me
     # Gone when the launch returns (a zombie nobody reaped counts as gone).
     assert _gone(escaped, timeout=0.5) == []
     threads, fds, _ = _resources()
-    assert (threads, fds) == before[:2]
+    named = [t.name for t in threading.enumerate()], psutil.Process().open_files()
+    assert (threads, fds) == before[:2], (before, threads, fds, named)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -119,23 +121,18 @@ def _release(fifo: Path) -> None:
 
 
 def _kill_forkserver_when_ready(run: nbddp.Run, fifo: Path) -> None:
-    ready = {0: "", 1: ""}
-
-    class KillWhenReady:
-        def __getattr__(self, name: str) -> object:
-            return lambda *args, **kwargs: None
-
-        def output(self, rank: int, stream: str, chunk: str) -> None:
-            ready[rank] += chunk
-            # The pid is read once: once killed, FORKSERVER.pid may reap it and say None.
-            pid = FORKSERVER.pid
-            if all("ready" in t for t in ready.values()) and pid is not None:
-                server = psutil.Process(pid)
-                os.kill(pid, signal.SIGKILL)
-                server.wait(5)
-                _release(fifo)
-
-    run.display = KillWhenReady()  # type: ignore[assignment]
+    """Once both ranks said they are ready (read from their logs: they may have said it
+    before this was called), SIGKILL the forkserver, then let the ranks go on."""
+    deadline = time.monotonic() + 60
+    while not all("ready" in run.output(rank) for rank in (0, 1)):
+        assert time.monotonic() < deadline, [run.output(rank) for rank in (0, 1)]
+        time.sleep(0.05)
+    pid = FORKSERVER.pid
+    assert pid is not None
+    server = psutil.Process(pid)
+    os.kill(pid, signal.SIGKILL)
+    server.wait(5)
+    _release(fifo)
 
 
 @pytest.mark.parametrize(("code", "values"), [(0, {0: "go", 1: "go"}), (3, None)])

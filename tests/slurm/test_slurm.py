@@ -94,9 +94,7 @@ def test_notebook_launcher_runs_on_the_cluster_nbddp_cluster_names(
 def test_a_warm_launch_reuses_the_agents_and_describe_names_the_job(in_allocation: str) -> None:
     nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm")
     agents_before = newest()
-    started = time.monotonic()
     env = nbddp.launch(env_of_rank, nodes=2, procs=1, cluster="slurm")
-    assert time.monotonic() - started < 5.0  # seconds to spare; the bench measures it
     assert newest() is agents_before and env["WORLD_SIZE"] == "2"
     said = nbddp.cluster.describe()
     assert said.startswith(f"Slurm job {in_allocation}: 2 agents (a CPU per node) on node 0 n1")
