@@ -9,6 +9,9 @@ from tests.cluster.conftest import CLIENT_PORT, HEAD
 from tests.cluster.notebook import kill_it_and_wait_for_its_ranks, results_through
 
 ADDRESS = f"ray://{HEAD}:{CLIENT_PORT}"
+# Each test's stand-in notebook starts cold through Ray Client (its server process, new
+# agents and forkservers on two one-CPU nodes): on a loaded machine, minutes.
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_client_notebook_gets_values_and_the_ranks_own_exception(cluster: object) -> None:
@@ -17,8 +20,6 @@ def test_a_client_notebook_gets_values_and_the_ranks_own_exception(cluster: obje
     assert "RAISED StepFailed step failed on rank 2\n" in out
 
 
-@pytest.mark.timeout(300)  # the stand-in notebook's cold start through Ray Client: on a
-# loaded machine, minutes
 def test_a_killed_client_notebooks_ranks_are_gone_soon_after_the_agents_last_poll(
     cluster: object,
 ) -> None:
