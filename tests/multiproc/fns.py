@@ -175,6 +175,9 @@ def spawn_style(rank: int, world_size: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
         f.write(f"{dist.get_rank()}/{dist.get_world_size()}")
+    # As a training script's collectives do: no rank closes its connections (destroy)
+    # while a peer may still be completing its side of the group's connections.
+    dist.barrier()
     dist.destroy_process_group()
 
 
