@@ -240,9 +240,10 @@ class SlurmEngine(held.Engine):
     def _about(self, node: str) -> str | None:
         if (loss := f"Node failure on {node}") in self._said:  # its own, whenever srun said it
             return loss
-        return next(
-            (s for s in self._said if s.startswith(f"{node}: ") or f" ON {node} " in s), None
-        )
+        # A task cancelled for another node's failure is not its own node's loss: the
+        # failed node's line is waited for (``gone``), so the run names that node.
+        mine = (s for s in self._said if s.startswith(f"{node}: ") or f" ON {node} " in s)
+        return next((s for s in mine if "DUE TO NODE FAILURE" not in s), None)
 
     def why(self, node: str = "") -> str:
         """Why the step, or ``node``'s task of it, ended, in Slurm's words where it gave some."""

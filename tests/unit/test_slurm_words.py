@@ -51,3 +51,15 @@ def test_the_lost_node_is_named_by_slurms_line_about_it_when_another_came_first(
         assert lost.closed.wait(10)
     assert lost.why[0] == "Slurm: Node failure on n2"
     assert engine.gone(lost) == "Slurm: Node failure on n2"  # type: ignore[arg-type]
+
+
+def test_a_task_cancelled_for_another_nodes_failure_is_not_its_own_nodes_loss() -> None:
+    read, write = os.pipe()
+    with os.fdopen(read) as stderr, os.fdopen(write, "w") as said:
+        engine = SlurmEngine("261", Step(stderr), None)  # type: ignore[arg-type]
+        said.write(CANCELLED)
+        said.flush()
+        with engine._heard:
+            assert engine._heard.wait_for(lambda: bool(engine._said), 10)
+        # n1's agent goes with its cancelled task: its loss waits for Slurm's word on n2.
+        assert engine._about("n1") is None
