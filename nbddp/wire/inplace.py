@@ -6,7 +6,8 @@ whole pages are swapped, 64 MiB at a time, for memfd pages with the same bytes: 
 and views stay, and the notebook never holds more than a chunk twice; the partial pages at its ends
 are written at each call. No Python thread runs meanwhile (native code writing those bytes without
 the GIL may lose a write). While ``owner`` (None once the buffer is freed or moved) lives it is not
-copied again. A forked child maps the pages copy-on-write.
+copied again; pages that outlive it (memory it borrowed) turn private again. A forked child maps
+the pages copy-on-write.
 """
 
 from __future__ import annotations
@@ -83,15 +84,16 @@ def share(address: int, nbytes: int, owner: Callable[[], object]) -> tuple[Owned
 
 
 def forget_gone() -> None:
-    """Drop the memfds of buffers whose owner is gone (the pages went with their mapping)."""
+    """Drop the memfds of buffers whose owner is gone. Memory the owner borrowed outlives it:
+    its pages become copy-on-write copies of the memfd, private again."""
     for address, held in list(_HELD.items()):
         if held.owner() is None:
             _HELD.pop(address, None)
+            _private(held, address)
 
 
 def _collected(phase: str, info: dict[str, int]) -> None:
-    # After each garbage collection: a freed buffer's memory goes with its memfd soon
-    # after (a weak reference's callback comes before the storage is freed).
+    # After each collection: a weak reference's callback would come before the storage is freed.
     if phase == "stop":
         forget_gone()
         if not _HELD and _collected in gc.callbacks:
@@ -152,18 +154,22 @@ def _swap(held: _Shared, address: int) -> None:
             sys.setswitchinterval(interval)
 
 
+def _private(held: _Shared, address: int) -> None:
+    """Map the swapped pages copy-on-write if still the memfd's (freed, they may hold others)."""
+    lo, inode = held.inner(address)[0], str(os.fstat(held.fd.fd).st_ino)
+    with open("/proc/self/maps") as maps:
+        spans = [(f[0].split("-"), f[4]) for f in map(str.split, maps)]
+    if held.done > lo and any(int(a, 16) <= lo < int(b, 16) and n == inode for (a, b), n in spans):
+        rw, private = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED
+        _libc.mmap(lo, held.done - lo, rw, private, held.fd.fd, lo - held.base)
+
+
 def _private_in_child() -> None:
-    """In a forked child: the shared pages become copy-on-write, as fork makes private memory
-    (and the lock is new: a thread of the parent's may have held it)."""
+    """In a forked child: shared pages copy-on-write, as fork makes private memory; a new lock."""
     global _SWAPPING
     _SWAPPING = threading.Lock()
-    rw, private = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED
     for address, held in list(_HELD.items()):
-        if held.owner() is None:
-            continue  # freed: its addresses may hold something else now
-        lo = held.inner(address)[0]
-        if held.done > lo:
-            _libc.mmap(lo, held.done - lo, rw, private, held.fd.fd, lo - held.base)
+        _private(held, address)
 
 
 os.register_at_fork(after_in_child=_private_in_child)

@@ -78,9 +78,8 @@ class SharingPickler(CloudPickler):
         fd = self._shared_fd(storage)
         if fd is not None:
             return fd, 0
-        # Only memory torch allocated itself (resizable): freeing the storage frees it.
-        mine = storage.resizable() and not _pinned(storage)
-        return self._buffer(storage.data_ptr(), storage.nbytes(), _weak(storage) if mine else None)
+        owner = None if _pinned(storage) else _weak(storage)
+        return self._buffer(storage.data_ptr(), storage.nbytes(), owner)
 
     def _shared_fd(self, storage: torch.UntypedStorage) -> int | None:
         """The descriptor of a storage already in torch's shared memory, kept while sent."""
@@ -103,12 +102,11 @@ class SharingPickler(CloudPickler):
         return found[0].fd, found[1]
 
     def _reduce_array(self, array: np.ndarray) -> _Reduced:
-        # Shared in place when it owns its memory, else copied once for all ranks
+        # Shared in place where it can be, else copied once for all ranks
         # (pickling would copy it once per rank, and again when unpickling).
         key = id(array)
         if key not in self._arrays:
-            owner = _weak_array(array) if array.flags.owndata else None
-            fd, start = self._buffer(array.ctypes.data, array.nbytes, owner)
+            fd, start = self._buffer(array.ctypes.data, array.nbytes, _weak_array(array))
             self._arrays[key] = (len(self.fds), start, array)  # the array kept: ids stay unique
             self.fds.append(fd)
         index, start, _ = self._arrays[key]
@@ -178,7 +176,7 @@ def _weak(storage: torch.UntypedStorage) -> _Owner:
 
 
 def _weak_array(array: np.ndarray) -> _Owner:
-    """As ``_weak``, for an array owning its memory (``resize`` moves it)."""
+    """As ``_weak``, for an array (``resize`` moves its memory)."""
     ref, address = weakref.ref(array), array.ctypes.data
 
     def owner() -> object:

@@ -129,18 +129,48 @@ def _open_files() -> list[os.stat_result]:
     return found
 
 
-@pytest.mark.parametrize("make", ["heap", "view_of_bytes"])
-def test_memory_not_of_its_own_is_copied_and_left_alone(make: str) -> None:
-    if make == "heap":
-        t = torch.ones(MIB // 4 + 1)  # may lie on the heap: copied there, never moved
-    else:
-        backing = bytearray(BIG)
-        t = torch.frombuffer(backing, dtype=torch.uint8)
+def test_heap_memory_is_copied_and_left_alone() -> None:
+    t = torch.ones(MIB // 4 + 1)  # may lie on the heap, beside other objects: never moved
     address = t.data_ptr()
     data, fds, _keep, _ = shm.dumps(t)
     assert t.data_ptr() == address and not t.is_shared()
     assert torch.equal(shm.loads(data, [os.dup(fds[0])]), t)
-    assert make == "heap" or not _memfd_pages(address + MIB)
+
+
+def test_a_tensor_once_viewed_through_numpy_is_not_copied_again() -> None:
+    t = torch.ones(BIG // 4)
+    t.numpy()  # torch marks its storage fixed in size from then on
+    address = t.data_ptr()
+    _, first, _keep, _ = shm.dumps(t)
+    assert _memfd_pages(address + MIB)
+    _, again, _keep2, _ = shm.dumps(t)
+    assert os.fstat(first[0]).st_ino == os.fstat(again[0]).st_ino
+
+
+@pytest.mark.parametrize("make", ["bytearray", "numpy"])
+def test_memory_a_tensor_borrows_is_shared_and_private_again_once_the_tensor_goes(
+    make: str,
+) -> None:
+    if make == "bytearray":
+        backing: bytearray | np.ndarray = bytearray(b"\x07") * BIG
+        t = torch.frombuffer(backing, dtype=torch.uint8)
+    else:
+        backing = np.full(BIG, 7, np.uint8)
+        t = torch.from_numpy(backing)
+    address = t.data_ptr()
+    _, fds, keep, _ = shm.dumps(t)
+    assert _memfd_pages(address + MIB)
+    made = os.fstat(fds[0])
+    del t, fds, keep
+    gc.collect()  # the tensor is gone; the memory it borrowed lives on, its owner's again
+    assert not any((s.st_dev, s.st_ino) == (made.st_dev, made.st_ino) for s in _open_files())
+    pid = os.fork()
+    if pid == 0:  # a forked child's writes stay its own, as with any private memory
+        memoryview(backing)[MIB] = 9
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert memoryview(backing)[MIB] == 7 and memoryview(backing)[BIG - 1] == 7
 
 
 def test_the_registry_forgets_what_is_gone() -> None:

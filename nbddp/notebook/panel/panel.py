@@ -88,10 +88,8 @@ class Panel:
     @property
     def running(self) -> bool:
         """True while a run launched from this panel goes on (shown, or not ended)."""
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            return True
-        return self.run is not None and not self.run.ended()
+        shown = self._thread is not None and self._thread.is_alive()
+        return shown or (self.run is not None and not self.run.ended())
 
     def settings(self) -> PanelSettings:
         """What the form holds now."""
