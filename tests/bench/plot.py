@@ -165,9 +165,11 @@ def plot_payload(data: dict[str, Any], plt: Any) -> Any:
         (left, "launch to return (s)", "s"),
         (right, "peak memory / tensor size", "x"),
     ):
-        values = [v if v is not None else 0.0 for v in column(t, name)]
+        shown = column(t, name)  # None: not measured (the copy's memory) or hung
+        values = [v if v is not None else 0.0 for v in shown]
         bars = ax.barh(range(len(names)), values, color=[colour(n) for n in names])
-        ax.bar_label(bars, labels=[f"{v:.2f} {unit}" for v in values], padding=3, fontsize=8)
+        labels = ["" if v is None else f"{v:.2f} {unit}" for v in shown]
+        ax.bar_label(bars, labels=labels, padding=3, fontsize=8)
         ax.set_xlabel(name)
     left.set_yticks(range(len(names)), names)
     left.invert_yaxis()
