@@ -320,9 +320,8 @@ def notebook_launcher(
     if num_nodes != 1 and cluster is None:
         raise ConfigError(
             f"num_nodes={num_nodes} needs a cluster: set NBDDP_CLUSTER=slurm inside a Slurm "
-            "allocation, or NBDDP_CLUSTER=ray://head:10001 "
-            "(or use nbddp.launch(fn, nodes=..., cluster=...)); run on one machine with "
-            "num_nodes=1"
+            "allocation, or NBDDP_CLUSTER=ray://head:10001 (or use nbddp.launch(fn, nodes=..., "
+            "cluster=...)); run on one machine with num_nodes=1"
         )
     use_gpus = len(visible_gpus()) > 0
     with NOTEBOOK_LAUNCHER.speaking():

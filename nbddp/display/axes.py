@@ -1,7 +1,6 @@
 """The axes of a metric chart: which scale a metric gets (``choose_scale``), where its ticks go
 (``Axis``), their labels (``tick_labels``). Values are finite floats; a range no float can span
-ticks only its ends.
-"""
+ticks only its ends."""
 
 from __future__ import annotations
 

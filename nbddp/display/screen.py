@@ -17,9 +17,8 @@ WIDTH = 1000
 MAX_ESCAPE = 4096
 """Longest escape sequence held while waiting for its end (an OSC link fits)."""
 _MAX_COUNT = 10**9  # a cursor count with more digits than this is clamped to it
-# One control token: newline, carriage return, backspace, a CSI sequence
-# (ESC [ params intermediates final), an OSC string (ESC ] ... BEL/ST), or
-# a two-character escape.
+# One control token: newline, carriage return, backspace, a CSI sequence (ESC [ params intermediates
+# final), an OSC string (ESC ] ... BEL/ST), or a two-character escape.
 _TOKEN = re.compile(
     r"(\n|\r|\x08|\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_])"
 )

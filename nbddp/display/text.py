@@ -60,9 +60,8 @@ class LineAssembler:
         if self._over and key in self._over:
             settled, writing = self._over.pop(key)
             if writing:
-                # What is being written is already past the width: what continues
-                # it is only counted, so a line without end costs each chunk its
-                # own length.
+                # What is being written is already past the width: what continues it is only
+                # counted, so a line without end costs each chunk its own length.
                 found = _CONTROL.search(text)
                 stop = found.start() if found else len(text)
                 writing += stop

@@ -41,8 +41,7 @@ REGROUP_WAIT = 30.0  # seconds every rank gets to join a new process group
 REGROUPED = (
     "a rank was blocked in a collective: the process group was closed to free it and "
     "re-initialised on every rank; the session keeps its other state, but objects bound "
-    "to the old group (a DistributedDataParallel wrapper, groups from new_group) must be "
-    "re-created"
+    "to the old group (a DistributedDataParallel wrapper, groups from new_group) must be re-created"
 )
 BETWEEN_CELLS = 1000  # events kept between cells, shown with the next one
 

@@ -266,9 +266,8 @@ class RunCore:
 
     def dump_running(self) -> list[int]:
         """Ask every running rank for its stacks (loop thread); the ranks asked."""
-        # Only ranks that said "started": before that, no thread answers and
-        # faulthandler has not claimed the fallback signal (whose default action
-        # would kill them).
+        # Only ranks that said "started": before that, no thread answers and faulthandler has not
+        # claimed the fallback signal (whose default action would kill them).
         if self.transport is None:
             return []
         running = (RankState.RUNNING, RankState.WAITING)

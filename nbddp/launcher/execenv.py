@@ -1,6 +1,5 @@
-"""What a new process can be given: the notebook's working directory, and an environment
-``execve`` takes (``E2BIG`` otherwise).
-"""
+"""What a new process can be given: the notebook's working directory, and an environment ``execve``
+takes (``E2BIG`` otherwise)."""
 
 from __future__ import annotations
 

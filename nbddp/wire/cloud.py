@@ -1,6 +1,5 @@
 """cloudpickle's ``Pickler``, typed as the ``pickle.Pickler`` it is, so that nbddp's picklers
-(``shm``, ``payload``) subclass a typed class (cloudpickle ships no type information).
-"""
+(``shm``, ``payload``) subclass a typed class (cloudpickle ships no type information)."""
 
 from __future__ import annotations
 

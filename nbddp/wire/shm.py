@@ -218,9 +218,8 @@ def dumps(
 
 
 def loads(data: bytes, fds: Sequence[int], *, shared: bool = False) -> object:
-    """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write; ``shared``:
-    map them shared (results: the sender is done with them), tensors as torch
-    shared-memory storages."""
+    """Unpickle in a rank, mapping the descriptors ``fds`` copy-on-write; ``shared``: map them
+    shared (results: the sender is done with them), tensors as torch shared-memory storages."""
     return _MappingUnpickler(data, fds, shared).load()
 
 

@@ -44,9 +44,8 @@ _CSS = """<style>
 
 _STYLE = {"description_width": "110px"}
 _PROMPT = "the rank's input, then Send"
-# The text fields, and what each takes. Text, not IntText, for numbers too: a number
-# input drops letters without a word; here they stay visible and the field's error
-# says what it takes.
+# The text fields, and what each takes. Text, not IntText, for numbers too: a number input drops
+# letters without a word; here they stay visible and the field's error says what it takes.
 _PLACEHOLDERS = {
     "procs": "e.g. 2",
     "nodes": "1 (this machine)",
