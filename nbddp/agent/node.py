@@ -78,7 +78,7 @@ class _Held:
     """One run this agent holds."""
 
     job: NodeRun
-    kept: dict[Mark, OwnedFd]  # the memory of its last payload (``portable.land_payload``)
+    kept: dict[Mark, OwnedFd]  # the memory the notebook holds (``portable.land_payload``)
     sent: int = 0  # failures already sent
 
     def new_failures(self) -> list[tuple[float, Failure]]:

@@ -6,8 +6,8 @@ arguments travel as bytes plus shared-memory descriptors (``descriptors.Packed``
 sending side) read each descriptor's memory into bytes once; ``land`` and ``land_payload`` (on the
 receiving side) write them into fresh shared memory (memfd), so the rest of nbddp gets the very
 objects it gets locally: ``values.unpack`` and ``failures.run_error`` work unchanged. A session's
-node keeps the memory of its last payload by mark (``shm.Mark``: the same tensor, unchanged),
-so a cell reading what the last one read sends none of it again. A payload
+node keeps the memory it was sent by mark (``shm.Mark``: the same tensor, unchanged) while the
+notebook holds that memory, so a cell reading what an earlier one read sends none of it. A payload
 holding multiprocessing objects (pipes, queues, locks) cannot be shipped: ``PayloadError`` says so.
 Nothing here imports ray.
 """
@@ -21,6 +21,7 @@ import pickle
 import stat
 
 from nbddp.errors import PayloadError
+from nbddp.wire import inplace
 from nbddp.wire.descriptors import Descriptors, OwnedFd, memfd_with, read_all
 from nbddp.wire.payload import Payload
 from nbddp.wire.shm import Mark
@@ -82,22 +83,27 @@ def land(shipped: Shipped) -> object:
     return _Lander(shipped).load()
 
 
-ShippedPayload = tuple[bytes, tuple["bytes | pickle.PickleBuffer | None", ...], dict[int, Mark]]
-"""A call's bytes, its shared memory (None: the node holds it already) and the memory's marks,
-as ``ship_payload`` hands them to the engine."""
+ShippedPayload = tuple[
+    bytes, tuple["bytes | pickle.PickleBuffer | None", ...], dict[int, Mark], frozenset[Mark]
+]
+"""A call's bytes, its shared memory (None: the node holds it already), the memory's marks and
+every mark the nodes are to keep, as ``ship_payload`` hands them to the engine."""
 
 
 def ship_payload(payload: Payload, held: frozenset[Mark] = frozenset()) -> ShippedPayload:
-    """The call's bytes and its shared memory (notebook side) but what the nodes hold (``held``).
+    """The call's bytes and its shared memory (notebook side) but what the nodes hold (``held``);
+    they keep what this call reads and what the notebook still holds unchanged (pass it next).
 
     Each memory goes as a ``PickleBuffer`` over a read-only map of its descriptor: Ray stores such a
     buffer out of band (one copy, into its object store) and a node reads it from there without
     another copy; plain bytes cost two more copies of a large argument."""
-    marks = payload.marks
+    marks, live = payload.marks, inplace.live()
     memory = tuple(
         None if marks.get(i) in held else _mapped(fd) for i, fd in enumerate(payload.fds)
     )
-    return payload.data, memory, marks
+    newer = {m[:2] for m in marks.values()}  # an older version of it is let go
+    keep = {m for m in held if m[:2] in live and m[:2] not in newer}
+    return payload.data, memory, marks, frozenset(keep | set(marks.values()))
 
 
 def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
@@ -106,12 +112,13 @@ def _mapped(fd: int) -> bytes | pickle.PickleBuffer:
 
 
 def land_payload(shipped: ShippedPayload, kept: dict[Mark, OwnedFd]) -> Payload:
-    """The ``Payload`` again on a node, on memory it owns (``kept``: the last one's, by mark)."""
-    data, memory, marks = shipped
+    """The ``Payload`` again on a node, on memory it owns (``kept``: what it holds, by mark)."""
+    data, memory, marks, keep = shipped
     owned = [
         kept[marks[i]] if m is None else OwnedFd(memfd_with(memoryview(m), "nbddp-landed"))
         for i, m in enumerate(memory)
     ]
-    kept.clear()
+    for gone in set(kept) - keep:
+        del kept[gone]
     kept.update((marks[i], owned[i]) for i in marks)
     return Payload(data, tuple(o.fd for o in owned), tuple(owned), marks)

@@ -80,7 +80,7 @@ class ClusterJob:
         """Take agents, host the store, start every node's ranks (caller thread)."""
         assert self._payload is not None, "a job starts once, right after it is made"
         shipped = ship_payload(self._payload)
-        self._held = frozenset(self._payload.marks.values())
+        self._held = shipped[3]
         slurm = isinstance(self.config.cluster, SlurmCluster)
         agents = self._agents = (slurm_engine.place if slurm else ray_engine.place)(self.config)
         spec, count = self.config.job, self.config.nodes
@@ -181,7 +181,7 @@ class ClusterJob:
         agents' ``send_cell`` arguments after the run id."""
         assert self._agents is not None
         shipped = ship_payload(payload, self._held)
-        self._held = frozenset(payload.marks.values())
+        self._held = shipped[3]
         return number, self._agents.engine.share(shipped), debug
 
     def send_cell(self, order: object, ranks: list[int]) -> None:

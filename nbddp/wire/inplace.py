@@ -92,6 +92,12 @@ def forget_gone() -> None:
             _private(held, address)
 
 
+def live() -> set[tuple[int, int]]:
+    """The (device, inode) of each memfd held for a buffer still there."""
+    forget_gone()
+    return {(s.st_dev, s.st_ino) for s in (os.fstat(h.fd.fd) for h in list(_HELD.values()))}
+
+
 def _collected(phase: str, info: dict[str, int]) -> None:
     # After each collection: a weak reference's callback would come before the storage is freed.
     if phase == "stop":

@@ -45,8 +45,8 @@ once; beside it the same tensor through ``ray.put``
 and ``ray.get`` in warm actors on both nodes (the worker node's copy crosses
 the nodes), from the put until both sums are back. Each after one untimed
 round with the tensor; median of ``--repeat``. And in a session: a cell
-reading the tensor that the cell before read (the nodes hold it, unchanged),
-beside a cell reading nothing.
+reading the tensor that an earlier cell read (the nodes hold it, unchanged),
+after a cell reading nothing, beside that cell.
 
 (d) Output latency: 2 ranks per node (4 in all) each print ``--lines`` lines,
 one every 25 ms, each carrying ``time.time()`` when it was printed. Through
@@ -277,8 +277,8 @@ def ray_large_argument(weights: Any, repeat: int) -> list[float]:
 
 
 def nbddp_session_cells(address: str, weights: Any, repeat: int) -> tuple[list[float], list[float]]:
-    """Seconds of a session cell reading ``weights``, which the cell before read too (the
-    nodes hold it), and of a cell that reads nothing."""
+    """Seconds of a session cell reading ``weights``, which a cell two before read too (the
+    nodes hold it), and of the cell between, which reads nothing."""
     same, empty = [], []
     with nbddp.session(nodes=2, procs=1, cluster=address, output="none") as session:
         session.run(total, weights)  # the first cell with it: it travels

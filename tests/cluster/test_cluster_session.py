@@ -116,11 +116,12 @@ def test_a_tensor_the_nodes_hold_unchanged_is_not_sent_again(
     monkeypatch.setattr(client, "ship_payload", recording)
     data = torch.ones(10 << 20)  # 40 MiB
     assert session.run(total_on_every_node, data) == [float(10 << 20)] * 2
+    session.exec("between = 1")  # a cell that reads nothing of it
     assert session.run(total_on_every_node, data) == [float(10 << 20)] * 2
     data[0] = 5.0  # changed in the notebook: it goes again
     assert session.run(total_on_every_node, data) == [float(10 << 20) + 4.0] * 2
-    assert [len(memory) for memory in shipped] == [1, 1, 1]
-    assert shipped[0] != (None,) and shipped[1] == (None,) and shipped[2] != (None,)
+    assert [len(memory) for memory in shipped] == [1, 0, 1, 1]
+    assert shipped[0] != (None,) and shipped[2] == (None,) and shipped[3] != (None,)
 
 
 def test_a_live_session_holds_its_agents_when_idle_ones_are_handed_back(

@@ -3,6 +3,7 @@ each node's environment, the versions check and what crosses between machines.""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -213,6 +214,24 @@ def test_a_node_is_not_sent_again_what_it_holds_unchanged() -> None:
     shipped = ship_payload(changed, frozenset(again.marks.values()))
     assert shipped[1] != (None,)
     assert float(load_call(land_payload(shipped, kept).ref()).args[0][7]) == -1.0
+
+
+def test_a_node_keeps_what_the_notebook_still_holds_across_cells_that_do_not_read_it() -> None:
+    data = torch.ones(10 << 20)  # 40 MiB, shared in place
+    kept: dict[Mark, OwnedFd] = {}
+    held: frozenset[Mark] = frozenset()
+    sent = []
+    for args in ((data,), (), (data,)):  # a cell between reads nothing
+        shipped = ship_payload(Payload.serialize(torch.sum, args, {}), held)
+        held = shipped[3]
+        sent.append(shipped[1])
+        land_payload(shipped, kept)
+    assert sent[2] == (None,) and len(kept) == 1
+    del data, args
+    gc.collect()  # gone from the notebook: the nodes let it go at the next cell
+    shipped = ship_payload(Payload.serialize(torch.sum, (), {}), held)
+    land_payload(shipped, kept)
+    assert shipped[3] == frozenset() and kept == {}
 
 
 def test_a_multiprocessing_object_cannot_go_to_another_machine() -> None:
