@@ -1,6 +1,6 @@
 """A CUDA tensor back in the notebook: nbddp against torch.multiprocessing, in one run.
 
-    python3 tests/bench/cuda_return.py [--gib 1] [--rounds 3]
+    python3 tests/bench/cuda_return.py [--gib 1] [--rounds 3] [--json PATH]
 
 One GPU rank fills a tensor of ``--gib`` GiB on its GPU and returns it; the
 notebook gets it on the CPU. Each launcher runs the same function twice per
@@ -8,7 +8,8 @@ round, returning the tensor and returning None, and the difference is the
 time the tensor took to come back. Beside it: the floor (the rank's own
 ``tensor.cpu()``, timed in the rank) and torch.multiprocessing's way (a
 spawned child puts ``tensor.cpu()`` on a queue, the parent takes it). The
-rounds alternate the launchers. Not a test: nothing here asserts a time.
+rounds alternate the launchers. ``--json`` also writes the table (``benchjson``).
+Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
     import nbddp
 
@@ -101,6 +103,14 @@ def main() -> None:
         f"\nnbddp / torch.mp (median): {med[0] / med[1]:.2f}x; "
         f"nbddp / floor: {med[0] / med[2]:.2f}x"
     )
+    if args.json:
+        import benchjson
+
+        columns = ("round", "nbddp (s)", "torch.mp (s)", "floor (s)", "nbddp x floor")
+        table = [[str(i), *r, r[0] / r[2]] for i, r in enumerate(rows, 1)]
+        table.append(["median", *med, med[0] / med[2]])
+        title = f"a {args.gib:g} GiB CUDA tensor back on the CPU, 1 GPU rank"
+        benchjson.write(args.json, "cuda_return", [benchjson.table("back", title, columns, table)])
 
 
 if __name__ == "__main__":

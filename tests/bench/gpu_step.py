@@ -1,6 +1,6 @@
 """Training step rate: the same DDP script under nbddp and under torchrun, in one run.
 
-    python3 tests/bench/gpu_step.py [--gpus N] [--steps 200] [--warmup 30] [--rounds 3]
+    python3 tests/bench/gpu_step.py [--gpus N] [--steps 200] [--warmup 30] [--rounds 3] [--json P]
     python3 tests/bench/gpu_step.py --cpu 2   # the same comparison on gloo CPU ranks
 
 The script (``train`` below, written to a file so torchrun runs exactly the
@@ -11,8 +11,8 @@ GPU, runs ``--warmup`` steps and then times ``--steps`` steps between two
 steps per second; the rounds alternate nbddp and torchrun, so drift in the
 machine touches both alike. The table shows each round, the medians and
 nbddp's median as a ratio of torchrun's. What is compared is the training
-loop once it runs, not the start-up (see ``launch.py`` for that). Not a test:
-nothing here asserts a rate.
+loop once it runs, not the start-up (see ``launch.py`` for that). ``--json``
+also writes the table (``benchjson``). Not a test: nothing here asserts a rate.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures there as JSON")
     args = parser.parse_args()
     if args.cpu is None:
         import torch
@@ -152,6 +153,14 @@ def main() -> None:
     theirs = statistics.median(r[1] for r in rows)
     print(f"{'median':>5} {ours:>10.2f} {theirs:>10.2f} {ours / theirs:>7.3f}")
     print(f"\nnbddp / torchrun (median steps/s): {ours / theirs:.3f}x")
+    if args.json:
+        import benchjson
+
+        columns = ("round", "nbddp (steps per second)", "torchrun (steps per second)", "ratio")
+        table = [[str(i), a, b, a / b] for i, (a, b) in enumerate(rows, 1)]
+        table.append(["median", ours, theirs, ours / theirs])
+        title = f"steps/s of rank 0, {where}"
+        benchjson.write(args.json, "gpu_step", [benchjson.table("steps", title, columns, table)])
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 Run from the checkout on a machine with CUDA GPUs: ``python3 -m pytest tests/gpu``
 (skipped where none is visible). It needs torch with CUDA, nbddp's own
 dependencies (cloudpickle, psutil), pytest, and for two tests accelerate and
-IPython; nothing from JupyterLab or Playwright. test_gpu_frameworks.py also needs
-deepspeed for its DeepSpeed test (skipped without it). On a machine with no network,
-carry their wheels: ``pip download pytest pytest-timeout cloudpickle psutil
-accelerate ipython -d wheels`` on a machine that has one, then
+IPython; test_gpu_kernel.py ipykernel and jupyter_client; nothing from JupyterLab or
+Playwright. test_gpu_frameworks.py also needs deepspeed for its DeepSpeed test (skipped
+without it). On a machine with no network, carry their wheels: ``pip download pytest
+pytest-timeout cloudpickle psutil accelerate ipython ipykernel jupyter_client -d wheels``
+on a machine that has one, then
 ``pip install --no-index --find-links wheels ...`` there. Every test checks
 that no rank process is left over (tests/conftest.py).
 """
