@@ -216,10 +216,10 @@ class Kernel:
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = self.kc.get_shell_msg(timeout=timeout)
         result = CellResult(reply["content"]["status"], messages, reply["content"])
-        if reply["content"].get("ename") == "UsageError" and "UsageError" not in result.stderr:
+        if result.reply.get("ename") == "UsageError" and "UsageError" not in result.stderr:
             # Its stderr line can follow the idle status: ipykernel 6.5 does not wait for its
             # stream flush while another thread holds the import lock (nbddp's torch import).
-            messages += self.wait_for_output(msg_id, "UsageError", timeout)
+            result.messages += self.wait_for_output(msg_id, "UsageError", timeout)
         return result
 
     def wait_for_output(
