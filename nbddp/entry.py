@@ -44,6 +44,8 @@ from nbddp.wire.payload import LARGE_PAYLOAD_BYTES, Args, Fn, Kwargs, Payload
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from nbddp.cluster.client import ClusterJob
+
 P = ParamSpec("P")
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -162,16 +164,22 @@ def start_with_display(
                 "every rank (CPU tensors are shared, not copied); load large data inside "
                 "the function instead"
             )
+        job: Job | ClusterJob
         if config.cluster is not None:
             from nbddp.cluster.client import ClusterJob  # imports ray: only for cluster runs
 
-            cluster_job = ClusterJob(config, payload)
-            cluster_job.start()
-            return Run(cluster_job.core, shown, config)
-        job = Job(config.job, payload)
+            job = ClusterJob(config, payload)
+        else:
+            job = Job(config.job, payload)
         job.start()
-        core = Restarting(job, payload) if config.job.max_restarts else job.core
-        return Run(core, shown, config)
+        try:
+            if isinstance(job, Job) and config.job.max_restarts:  # refused on a cluster
+                return Run(Restarting(job, payload), shown, config)
+            return Run(job.core, shown, config)
+        except BaseException:  # an interrupt before the run has its handle: its ranks end
+            job.core.stop()
+            job.core.wait(config.job.kill_grace + 5.0)
+            raise
     except BaseException:
         shown.not_started()  # the error says why
         raise

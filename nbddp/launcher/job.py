@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterable
 
@@ -32,6 +31,7 @@ from nbddp.launcher.events import (
     Text,
 )
 from nbddp.launcher.failures import local_time
+from nbddp.launcher.forkserver_link import interrupts_after
 from nbddp.launcher.ports import rendezvous
 from nbddp.launcher.relay import RankPipes, Relay, Unsent
 from nbddp.wire import protocol
@@ -41,11 +41,9 @@ from nbddp.wire.protocol import (
     STACKS_SIGNAL,
     Answer,
     Body,
-    CallRef,
     CellOrder,
     InputAnswer,
     InputRequest,
-    RunOrder,
 )
 
 ORPHAN_GRACE = 1.0  # seconds a finished rank's children get to close its pipes
@@ -73,7 +71,7 @@ class Job:
         # A session's cell ends when its replies are read: they must not wait a tick.
         self._relay = Relay(self.log_dir, self, ctrl_rests=not session)
         self._ranks = self.core.records
-        self._pipes: dict[int, RankPipes] = {}
+        self._pipes: dict[int, RankPipes] = {}  # started ranks' pipes until relayed
         self._store: object | None = None  # the rendezvous store, while the run lasts
 
     # -- starting ---------------------------------------------------------
@@ -85,51 +83,45 @@ class Job:
         if notice:
             self.core.call_soon(self.core.route, Notice(notice))
         call = self.payload.ref()  # one memory file for every rank, closed once they have it
-        try:
-            links = self._start_ranks(port, call)
-            for state, (sock, order) in zip(self._ranks, links, strict=True):
-                # Blocking send: the worker reads its order as soon as it runs. An OSError:
-                # it already died, and the relay reports how.
-                with contextlib.suppress(OSError):
-                    protocol.send_with_fds(sock, *protocol.encode_with_fds("run", order))
-                self._relay.attach(state.rank, self._pipes[state.rank])
-        finally:
-            call.fds.close()
-        if self.spec.timeout is not None:
-            self.core.call_soon(arm_timeout, self.core, self.spec.timeout)
-
-    def _start_ranks(self, port: int, call: CallRef) -> list[tuple[socket.socket, RunOrder]]:
-        """Ask the starter for every rank, then take each (``launching``); each rank's
-        link and order."""
         start = launching.starter(self.spec, self.node.ranks)
-        links: list[tuple[socket.socket, RunOrder]] = []
-        asked: list[launching.Asked] = []
+        asked: list[launching.Asked] = []  # asked for, not yet taken
+        taken: list[launching.Asked] = []
         try:
+            # Every rank is asked for before any is taken, and taken before any runs.
             for rank in range(self.node.ranks):
                 order = launching.order(self.spec, self.node, rank, port, call, self.run_id)
                 asked.append(launching.ask(start, order))
-            for rank in range(self.node.ranks):
-                taken = asked.pop(0)
-                self._ranks[rank].pid, self._pipes[rank] = taken.take()
-                links.append((taken.ours, taken.order))
+            for state in self._ranks:
+                taken.append(asked.pop(0))  # its take() releases its fds if it raises
+                state.pid, self._pipes[state.rank] = taken[-1].take()
+            for state, link in zip(self._ranks, taken, strict=True):
+                # Blocking send: the worker reads its order as soon as it runs. An OSError:
+                # it already died, and the relay reports how.
+                with contextlib.suppress(OSError):
+                    protocol.send_with_fds(link.ours, *protocol.encode_with_fds("run", link.order))
+                with interrupts_after():  # relayed and forgotten here in one step
+                    self._relay.attach(state.rank, self._pipes.pop(state.rank))
         except BaseException:  # a rank that cannot start, or an interrupt meanwhile
             for pending in asked:
                 pending.give_up()
             self._abandon_start()
             raise
-        return links
+        finally:
+            call.fds.close()
+        if self.spec.timeout is not None:
+            self.core.call_soon(arm_timeout, self.core, self.spec.timeout)
 
     def _abandon_start(self) -> None:
         """Starting failed part-way: stop the ranks started so far and wait (bounded)
         until their fds, the store and the run's directory are released, as at the
         end of a run. Ranks never started count as stopped and closed."""
         for record in self._ranks:
-            if record.rank not in self._pipes:
+            if record.pid is None:
                 record.state, record.exited, record.closed = RankState.STOPPED, True, True
         self.core.stop(RunStatus.FAILED)
-        for rank, pipes in self._pipes.items():
+        for rank, pipes in self._pipes.items():  # started, not yet relayed
             self._relay.attach(rank, pipes)
-        if not self._pipes:
+        if all(record.pid is None for record in self._ranks):
             self.core.call_soon(self.core.end)
         self.core.wait(self.spec.kill_grace + 2 * ORPHAN_GRACE + 1.0)
 

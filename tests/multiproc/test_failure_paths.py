@@ -195,6 +195,44 @@ def test_an_interrupt_while_the_forkserver_process_starts_leaves_nothing_behind(
     del kept
 
 
+@pytest.mark.parametrize("where", ["sending the run orders", "making the run's handle"])
+def test_an_interrupt_once_the_ranks_exist_stops_them_and_leaks_nothing(
+    where: str, warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel's interrupt can land after the ranks were forked and before the
+    # notebook holds the run: none of them may outlive the KeyboardInterrupt.
+    import signal
+
+    from nbddp import entry
+    from nbddp.launcher.relay import Relay
+
+    before = _resources()
+    if where == "sending the run orders":
+        real_attach = Relay.attach
+
+        def attach(self: Relay, rank: int, pipes: object) -> None:
+            real_attach(self, rank, pipes)  # type: ignore[arg-type]
+            if rank == 0:  # rank 0 has its order and runs; rank 1 has none yet
+                signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(Relay, "attach", attach)
+    else:
+        real_run = entry.Run
+
+        def run(*args: object) -> object:
+            signal.raise_signal(signal.SIGINT)
+            return real_run(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(entry, "Run", run)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        nbddp.launch(fns.hang, procs=2, output="none")
+    monkeypatch.undo()
+    shown = caught.value._render_traceback_()  # type: ignore[attr-defined]  # as IPython shows it
+    assert shown == ["KeyboardInterrupt: interrupted while the ranks were starting; none was left"]
+    assert _resources() == before
+    assert nbddp.launch(fns.all_reduce_sum, 1.0, procs=2, output="none") == 3.0
+
+
 def _ended(pid: int) -> bool:
     """Whether process ``pid`` is gone, or goes within seconds."""
     try:
