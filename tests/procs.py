@@ -106,6 +106,18 @@ def fd_identities(pid: int) -> dict[int, Identity]:
     return found
 
 
+def fd_targets() -> list[str]:
+    """What each fd this process has open points at (``/proc/self/fd``), sorted: a
+    mismatch between two calls names what was opened or left."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{name}"))
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            continue
+    return sorted(found)
+
+
 def _pipes_and_sockets(pid: int, first: int = 0, sockets: bool = True) -> set[Identity]:
     found = set()
     for fd, ident in fd_identities(pid).items():

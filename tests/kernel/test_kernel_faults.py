@@ -111,23 +111,14 @@ def test_ddp_status_stacks_dumps_a_running_launch(kernel: Kernel) -> None:
 
 
 FIRST_LAUNCH_SETUP = """
-import threading, psutil, torch.distributed, nbddp
+import threading, torch.distributed, nbddp
 from tests.multiproc import escape_fns
+from tests.procs import fd_targets
 # What a process's first launch creates once (the relay's thread and fds) exists
 # before counting; spawn leaves the forkserver unstarted (prewarm is off).
 assert nbddp.launch(escape_fns.noop, procs=1, output="none", start_method="spawn") == 0
-me = psutil.Process()
 def held():
-    # The open fds by what they point at, so that a mismatch names what was left
-    # (the listing's own fd is closed by the time its name is read).
-    import os
-    targets = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except FileNotFoundError:
-            pass
-    return threading.active_count(), sorted(targets)
+    return threading.active_count(), fd_targets()  # a mismatch names what was left
 before = held()
 """
 

@@ -156,29 +156,22 @@ def test_ranks_outlive_a_killed_forkserver_and_report_how_they_ended(
 
 INTERRUPT_DURING_START = textwrap.dedent(
     """
-    import os, signal, threading
-    import psutil
+    import signal, threading
     import torch.distributed  # as a notebook that used torch has: the launch is at once
     import nbddp
     from tests.multiproc import escape_fns
+    from tests.procs import fd_targets
 
     # What the first launch of a process creates once (the relay's thread and fds,
     # torch's) exists before counting; spawn leaves the forkserver unstarted.
     assert nbddp.launch(escape_fns.noop, procs=1, output="none", start_method="spawn") == 0
-    me = psutil.Process()
 
     def held():
         # A launch returns once its ranks have; their keepers' reapers end just after.
         for thread in threading.enumerate():
             if thread.name == "nbddp-reap":
                 thread.join()
-        fds = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
-            except FileNotFoundError:  # the listing's own descriptor
-                pass
-        return sorted(t.name for t in threading.enumerate()), sorted(fds)
+        return sorted(t.name for t in threading.enumerate()), fd_targets()
 
     before = held()
     main = threading.main_thread().ident
